@@ -1,0 +1,42 @@
+package countlimit
+
+import (
+	"errors"
+	"fmt"
+)
+
+// ErrInvalid is returned by every Limiter method when an argument is bad: an
+// empty UseType or id, an id over 512 bytes or not valid UTF-8 or holding a NUL
+// byte, a negative Limit or Block, an invalid Window, n < 1. Nothing is
+// written. The error's message names the field; test with errors.Is.
+var ErrInvalid = errors.New("invalid argument")
+
+// ErrUnavailable is returned when the store cannot be reached, fails, or the
+// context ends before it answers. Stores wrap their driver's error with it, so
+// errors.Is(err, ErrUnavailable) holds and errors.As still finds the cause.
+// A call that fails with ErrUnavailable may or may not have been counted
+// (the network may fail after the store committed); the Result is zero and
+// Allowed is false.
+var ErrUnavailable = errors.New("store unavailable")
+
+// fieldError is an ErrInvalid that names the offending field.
+type fieldError struct {
+	field string
+	msg   string
+}
+
+func (e *fieldError) Error() string { return "invalid argument: " + e.field + ": " + e.msg }
+func (e *fieldError) Unwrap() error { return ErrInvalid }
+
+func invalidf(field, format string, args ...any) error {
+	return &fieldError{field: field, msg: fmt.Sprintf(format, args...)}
+}
+
+// Unavailable wraps a store's error so that errors.Is(err, ErrUnavailable)
+// holds. Store implementations use it; a nil err stays nil.
+func Unavailable(err error) error {
+	if err == nil || errors.Is(err, ErrUnavailable) {
+		return err
+	}
+	return fmt.Errorf("%w: %w", ErrUnavailable, err)
+}

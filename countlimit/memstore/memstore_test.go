@@ -1,0 +1,128 @@
+package memstore_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/countlimit/countlimit/countlimit"
+	"github.com/countlimit/countlimit/countlimit/memstore"
+	"github.com/countlimit/countlimit/countlimit/storetest"
+)
+
+func TestConformance(t *testing.T) {
+	s := memstore.New()
+	t.Cleanup(func() { s.Close() })
+	storetest.Run(t, func(*testing.T) countlimit.Store { return s })
+}
+
+func TestJanitorDropsExpiredState(t *testing.T) {
+	s := memstore.New(memstore.WithJanitorInterval(10 * time.Millisecond))
+	defer s.Close()
+	l := countlimit.New(s)
+	ctx := context.Background()
+	short := countlimit.Rule{UseType: "short", Limit: 1, Window: countlimit.Rolling(50 * time.Millisecond)}
+	penalty := countlimit.Rule{UseType: "penalty", Limit: 0, Window: countlimit.Rolling(time.Millisecond), Block: 300 * time.Millisecond}
+	forever := countlimit.Rule{UseType: "forever", Limit: 1, Window: countlimit.Lifetime()}
+	for _, r := range []countlimit.Rule{short, penalty, forever} {
+		if _, err := l.Allow(ctx, r, "id"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := s.Len(); got != 3 {
+		t.Fatalf("Len = %d after three checks, want 3", got)
+	}
+	waitFor(t, func() bool { return s.Len() == 2 }, "the 50ms window to be dropped")
+	if r, _ := l.Peek(ctx, penalty, "id"); r.BlockedUntil.IsZero() {
+		t.Fatal("penalty dropped before it ended")
+	}
+	waitFor(t, func() bool { return s.Len() == 1 }, "the penalty to be dropped")
+	if r, _ := l.Peek(ctx, forever, "id"); r.Used != 1 {
+		t.Fatalf("lifetime counter Used = %d, want 1: the janitor must keep it", r.Used)
+	}
+}
+
+func waitFor(t *testing.T, cond func() bool, what string) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func TestClosedAndCanceled(t *testing.T) {
+	s := memstore.New()
+	l := countlimit.New(s)
+	rule := countlimit.Rule{UseType: "x", Limit: 1, Window: countlimit.Fixed(time.Minute)}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if r, err := l.Allow(ctx, rule, "id"); !errors.Is(err, countlimit.ErrUnavailable) || !errors.Is(err, context.Canceled) || r.Allowed {
+		t.Errorf("Allow with a canceled context = %+v, %v; want ErrUnavailable wrapping context.Canceled", r, err)
+	}
+	s.Close()
+	s.Close()
+	if _, err := l.Allow(context.Background(), rule, "id"); !errors.Is(err, countlimit.ErrUnavailable) {
+		t.Errorf("Allow after Close: err = %v, want ErrUnavailable", err)
+	}
+	if s.Len() != 0 {
+		t.Errorf("failed calls wrote state: Len = %d", s.Len())
+	}
+}
+
+func BenchmarkAllowExistingKey(b *testing.B) {
+	s := memstore.New()
+	defer s.Close()
+	l := countlimit.New(s)
+	ctx := context.Background()
+	rule := countlimit.Rule{UseType: "api", Limit: 1 << 62, Window: countlimit.Fixed(time.Hour)}
+	if _, err := l.Allow(ctx, rule, "user-1"); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := l.Allow(ctx, rule, "user-1"); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkAllowParallel(b *testing.B) {
+	s := memstore.New()
+	defer s.Close()
+	l := countlimit.New(s)
+	ctx := context.Background()
+	rule := countlimit.Rule{UseType: "api", Limit: 1 << 62, Window: countlimit.Fixed(time.Hour)}
+	ids := make([]string, 1024)
+	for i := range ids {
+		ids[i] = "user-" + string(rune('a'+i%26)) + string(rune('a'+i/26%26)) + string(rune('a'+i/676))
+	}
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		i := 0
+		for pb.Next() {
+			if _, err := l.Allow(ctx, rule, ids[i%len(ids)]); err != nil {
+				b.Error(err)
+				return
+			}
+			i++
+		}
+	})
+}
+
+func BenchmarkAllowSliding(b *testing.B) {
+	s := memstore.New()
+	defer s.Close()
+	l := countlimit.New(s)
+	ctx := context.Background()
+	rule := countlimit.Rule{UseType: "sms", Limit: 1 << 62, Window: countlimit.Sliding(time.Millisecond)}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := l.Allow(ctx, rule, "phone"); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

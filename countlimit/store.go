@@ -1,0 +1,114 @@
+package countlimit
+
+import (
+	"context"
+	"time"
+)
+
+// Store keeps counters and applies checks to them atomically. The stores in
+// this module are memstore, pgstore and redisstore; storetest.Run proves a
+// Store meets the contract below.
+//
+// A Store holds no policy: the Limiter validates input, reads its clock and
+// turns each rule into explicit bounds before calling Do, and turns the
+// State a store reports into a Result. A Store does storage and atomicity.
+//
+// Do carries out every request in reqs, each one atomically on its own, and
+// writes each Check's State. It may serve the requests in one round trip
+// (pipelining, group commit). When it returns an error, it must wrap
+// ErrUnavailable (see [Unavailable]) and the caller treats every request in
+// the batch as failed. Implementations must be safe for concurrent use and
+// must not keep reqs after returning.
+//
+// The semantics of one Request, for each Check c (one per rule, all with
+// the same ID):
+//
+//   - The stored window of (c.UseType, req.ID) is current when Begin <= Now
+//     and (End is zero or Now < End). A Sliding check instead keeps its log of
+//     event times e with e > Now - c.Span. Otherwise the check sees a fresh
+//     window [c.Begin, c.End) with nothing counted.
+//   - The check is blocked when its stored BlockedUntil is after Now; it fits
+//     when it is not blocked and Used + N <= c.Limit.
+//   - OpAllow: if every check fits, each counts N (a stale window is replaced
+//     by [c.Begin, c.End); a sliding check appends N copies of Now) and
+//     Allowed is true. Otherwise nothing is counted anywhere, Allowed is
+//     false, and each check that does not fit adds 1 to its denied tally; if
+//     it was not blocked and c.Block > 0, it is blocked until Now + c.Block.
+//     A denial leaves the window columns as they were.
+//   - OpPeek: like OpAllow with N = 1, but writes nothing.
+//   - OpRefund: each check's current window gives back N, never below 0 (a
+//     sliding check drops its N newest events); then Allowed is computed as
+//     for OpPeek.
+//   - OpReset: forgets every check's state, penalty included.
+type Store interface {
+	Do(ctx context.Context, reqs []*Request) error
+}
+
+// Op is what a Request does.
+type Op uint8
+
+// The operations a Store carries out.
+const (
+	OpAllow Op = iota + 1
+	OpPeek
+	OpRefund
+	OpReset
+)
+
+func (o Op) String() string {
+	switch o {
+	case OpAllow:
+		return "allow"
+	case OpPeek:
+		return "peek"
+	case OpRefund:
+		return "refund"
+	case OpReset:
+		return "reset"
+	}
+	return "op?"
+}
+
+// Request is one atomic step for a Store: one id, one or more rules. All
+// times are truncated to microseconds.
+type Request struct {
+	Op     Op
+	ID     string
+	Now    time.Time
+	N      int64
+	Checks []Check
+}
+
+// Check is one rule of a Request, in the explicit form a Store needs, and the
+// State the Store reports back.
+type Check struct {
+	UseType UseType
+	Limit   int64
+	// Begin and End bound the window a counted event opens if the stored one
+	// is not current. End is zero for a lifetime window.
+	Begin, End time.Time
+	// Span is the length of a Sliding window; zero for every other kind.
+	Span time.Duration
+	// Block is the penalty a denial sets; zero for none.
+	Block time.Duration
+
+	State State
+}
+
+// State is what a Store reports for one Check after a Request.
+type State struct {
+	// Allowed is the request's verdict, the same for every Check.
+	Allowed bool
+	// Used is the count in the current window after the request.
+	Used int64
+	// Begin and End bound the current window (End zero for lifetime). For
+	// sliding checks Begin is the oldest logged event and End the newest plus
+	// Span; both are zero when the log is empty.
+	Begin, End time.Time
+	// BlockedUntil is the penalty's end when it is after Now, else zero.
+	BlockedUntil time.Time
+	// FreeAt is set for a sliding check that did not fit: the logged event
+	// whose expiry makes room for N (the (Used+N-Limit)-th oldest). Zero when
+	// no expiry can make room (N > Limit).
+	FreeAt time.Time
+}

@@ -1,0 +1,182 @@
+package countlimit
+
+import (
+	"fmt"
+	"time"
+)
+
+// Unit is a calendar unit for [Calendar] windows.
+type Unit int
+
+// The calendar units. Weeks are ISO weeks: they begin on Monday.
+const (
+	Day Unit = iota + 1
+	Week
+	Month
+	Year
+)
+
+func (u Unit) String() string {
+	switch u {
+	case Day:
+		return "day"
+	case Week:
+		return "week"
+	case Month:
+		return "month"
+	case Year:
+		return "year"
+	}
+	return fmt.Sprintf("Unit(%d)", int(u))
+}
+
+type windowKind uint8
+
+const (
+	kindRolling windowKind = iota + 1
+	kindFixed
+	kindCalendar
+	kindSliding
+	kindLifetime
+)
+
+// Window says when counted events stop counting. Windows are small values,
+// safe to copy and share between goroutines. The zero Window is invalid: a
+// call made with it fails with [ErrInvalid].
+type Window struct {
+	kind windowKind
+	unit Unit
+	d    time.Duration
+	loc  *time.Location
+}
+
+// Rolling returns a window of length d that begins at the first counted
+// event after the previous window ended (seed 003's model with beginTime =
+// now). Denied calls never start a window.
+func Rolling(d time.Duration) Window { return Window{kind: kindRolling, d: d} }
+
+// Fixed returns windows of length d aligned to multiples of d since the Unix
+// epoch, in UTC: Fixed(time.Hour) resets on every full hour.
+func Fixed(d time.Duration) Window { return Window{kind: kindFixed, d: d} }
+
+// Calendar returns natural calendar windows in loc: a Day runs from midnight
+// to midnight (23 or 25 hours on daylight-saving days), a Week from Monday
+// midnight, a Month from the first, a Year from January 1st.
+func Calendar(u Unit, loc *time.Location) Window {
+	return Window{kind: kindCalendar, unit: u, loc: loc}
+}
+
+// Sliding returns an exact sliding log: at most Limit events in any span of
+// length d. It stores one timestamp per counted event, so its cost grows with
+// Limit; prefer Fixed or Rolling for large limits.
+func Sliding(d time.Duration) Window { return Window{kind: kindSliding, d: d} }
+
+// Lifetime returns a window that never ends: Limit events ever, until Reset.
+func Lifetime() Window { return Window{kind: kindLifetime} }
+
+// String describes the window, e.g. "fixed 1h0m0s" or "calendar day Asia/Shanghai".
+func (w Window) String() string {
+	switch w.kind {
+	case kindRolling:
+		return "rolling " + w.d.String()
+	case kindFixed:
+		return "fixed " + w.d.String()
+	case kindSliding:
+		return "sliding " + w.d.String()
+	case kindLifetime:
+		return "lifetime"
+	case kindCalendar:
+		if w.loc == nil {
+			return "calendar " + w.unit.String()
+		}
+		return "calendar " + w.unit.String() + " " + w.loc.String()
+	}
+	return "invalid window"
+}
+
+// validate reports why w cannot be used, naming the field.
+func (w Window) validate() error {
+	switch w.kind {
+	case kindRolling, kindFixed, kindSliding:
+		if w.d < time.Microsecond {
+			return invalidf("Rule.Window", "%s duration must be at least 1µs, got %v", w.kindName(), w.d)
+		}
+	case kindCalendar:
+		if w.unit < Day || w.unit > Year {
+			return invalidf("Rule.Window", "calendar unit %d is not Day, Week, Month or Year", int(w.unit))
+		}
+		if w.loc == nil {
+			return invalidf("Rule.Window", "calendar location is nil")
+		}
+	case kindLifetime:
+	default:
+		return invalidf("Rule.Window", "zero Window; use Rolling, Fixed, Calendar, Sliding or Lifetime")
+	}
+	return nil
+}
+
+func (w Window) kindName() string {
+	switch w.kind {
+	case kindRolling:
+		return "rolling"
+	case kindFixed:
+		return "fixed"
+	case kindSliding:
+		return "sliding"
+	}
+	return "window"
+}
+
+// bounds returns the window a counted event at now would open: [begin, end).
+// end is the zero Time for Lifetime windows. Sliding windows have no fixed
+// bounds; bounds returns [now-d, now+d) for them, which stores ignore.
+// now must already be truncated to microseconds and w must be valid.
+func bounds(now time.Time, w Window) (begin, end time.Time) {
+	switch w.kind {
+	case kindRolling:
+		return now, now.Add(truncMicro(w.d))
+	case kindFixed:
+		d := int64(truncMicro(w.d) / time.Microsecond)
+		us := now.UnixMicro()
+		b := us - floorMod(us, d)
+		return time.UnixMicro(b).UTC(), time.UnixMicro(b + d).UTC()
+	case kindCalendar:
+		return calendarBounds(now, w.unit, w.loc)
+	case kindSliding:
+		d := truncMicro(w.d)
+		return now.Add(-d), now.Add(d)
+	}
+	return now, time.Time{}
+}
+
+func calendarBounds(now time.Time, u Unit, loc *time.Location) (begin, end time.Time) {
+	t := now.In(loc)
+	y, m, d := t.Date()
+	switch u {
+	case Day:
+		begin, end = time.Date(y, m, d, 0, 0, 0, 0, loc), time.Date(y, m, d+1, 0, 0, 0, 0, loc)
+	case Week:
+		d -= (int(t.Weekday()) + 6) % 7 // days since Monday
+		begin, end = time.Date(y, m, d, 0, 0, 0, 0, loc), time.Date(y, m, d+7, 0, 0, 0, 0, loc)
+	case Month:
+		begin, end = time.Date(y, m, 1, 0, 0, 0, 0, loc), time.Date(y, m+1, 1, 0, 0, 0, 0, loc)
+	default:
+		begin, end = time.Date(y, 1, 1, 0, 0, 0, 0, loc), time.Date(y+1, 1, 1, 0, 0, 0, 0, loc)
+	}
+	// Where midnight does not exist (a DST jump at 00:00), time.Date may
+	// normalise forward past now; the day then began at the jump.
+	if begin.After(now) {
+		begin = now
+	}
+	return begin, end
+}
+
+func floorMod(a, b int64) int64 {
+	m := a % b
+	if m < 0 {
+		m += b
+	}
+	return m
+}
+
+func truncMicro(d time.Duration) time.Duration { return d.Truncate(time.Microsecond) }

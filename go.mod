@@ -1,0 +1,3 @@
+module github.com/countlimit/countlimit
+
+go 1.26
