@@ -1,0 +1,385 @@
+package pgstore_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/countlimit/countlimit/countlimit"
+	"github.com/countlimit/countlimit/countlimit/pgstore"
+	"github.com/countlimit/countlimit/countlimit/storetest"
+	"github.com/countlimit/countlimit/internal/testbackend"
+)
+
+func TestMain(m *testing.M) { testbackend.Main(m) }
+
+func TestConformance(t *testing.T) {
+	pools := []*pgxpool.Pool{testbackend.Postgres(t), testbackend.PostgresPool(t)}
+	var n atomic.Int64
+	storetest.Run(t, func(*testing.T) countlimit.Store {
+		// Alternate between two pools: two clients on the same counters.
+		return pgstore.New(pools[n.Add(1)%2])
+	})
+}
+
+// counter is a pgx QueryTracer that counts statements sent.
+type counter struct{ n atomic.Int64 }
+
+func (c *counter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	c.n.Add(1)
+	return ctx
+}
+func (c *counter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func TestOneStatementPerCall(t *testing.T) {
+	cfg := testbackend.PoolConfig(t)
+	tracer := &counter{}
+	cfg.ConnConfig.Tracer = tracer
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	ctx := context.Background()
+	if err := pool.Ping(ctx); err != nil {
+		t.Fatal(err)
+	}
+	l := countlimit.New(pgstore.New(pool))
+	fixed := countlimit.Rule{UseType: storetest.UseType(t, "one"), Limit: 5, Window: countlimit.Fixed(time.Hour)}
+	sliding := countlimit.Rule{UseType: storetest.UseType(t, "one.sliding"), Limit: 5, Window: countlimit.Sliding(time.Minute), Block: time.Minute}
+	calls := []struct {
+		name string
+		call func() error
+	}{
+		{"Allow (new row)", func() error { _, err := l.Allow(ctx, fixed, "new"); return err }},
+		{"Allow (existing row)", func() error { _, err := l.Allow(ctx, fixed, "new"); return err }},
+		{"AllowN", func() error { _, err := l.AllowN(ctx, fixed, "new", 2); return err }},
+		{"AllowN denied", func() error { _, err := l.AllowN(ctx, fixed, "new", 9); return err }},
+		{"Allow sliding", func() error { _, err := l.Allow(ctx, sliding, "new"); return err }},
+		{"Peek", func() error { _, err := l.Peek(ctx, fixed, "new"); return err }},
+		{"Peek (no row)", func() error { _, err := l.Peek(ctx, fixed, "nobody"); return err }},
+		{"Refund", func() error { _, err := l.Refund(ctx, fixed, "new", 1); return err }},
+		{"AllowAll (3 rules)", func() error {
+			third := fixed
+			third.UseType += ".3"
+			_, err := l.AllowAll(ctx, "new", fixed, sliding, third)
+			return err
+		}},
+		{"CheckLimit", func() error { _, err := l.CheckLimit(ctx, fixed.UseType, "cl", 3, time.Hour, time.Time{}); return err }},
+		{"Reset", func() error { return l.Reset(ctx, fixed, "new") }},
+	}
+	for _, c := range calls {
+		before := tracer.n.Load()
+		if err := c.call(); err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if got := tracer.n.Load() - before; got != 1 {
+			t.Errorf("%s sent %d statements, want exactly 1", c.name, got)
+		}
+	}
+}
+
+func TestTransactionCommitsOrRollsBackWithCaller(t *testing.T) {
+	pool := testbackend.Postgres(t)
+	ctx := context.Background()
+	rule := countlimit.Rule{UseType: storetest.UseType(t, "tx"), Limit: 1, Window: countlimit.Calendar(countlimit.Month, time.UTC)}
+	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS pgstore_test_pins (user_id text, article int)`); err != nil {
+		t.Fatal(err)
+	}
+	pin := func(commit bool) countlimit.Result {
+		t.Helper()
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(ctx)
+		res, err := countlimit.New(pgstore.New(tx)).Allow(ctx, rule, "author-1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Allowed {
+			if _, err := tx.Exec(ctx, `INSERT INTO pgstore_test_pins VALUES ($1, 7)`, string(rule.UseType)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if commit {
+			if err := tx.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return res
+	}
+	pins := func() int {
+		var n int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM pgstore_test_pins WHERE user_id = $1`, string(rule.UseType)).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if r := pin(false); !r.Allowed {
+		t.Fatalf("first pin, rolled back: %+v, want allowed", r)
+	}
+	if r := pin(true); !r.Allowed {
+		t.Fatalf("pin after a rolled-back pin: %+v, want allowed (the rollback took the count back)", r)
+	}
+	if r := pin(true); r.Allowed {
+		t.Fatalf("second committed pin in the month: %+v, want denied", r)
+	}
+	if n := pins(); n != 1 {
+		t.Errorf("%d pins written, want 1", n)
+	}
+}
+
+func TestUnreachable(t *testing.T) {
+	// A listener that accepts and never answers: the driver waits on it until
+	// the context ends.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var conns []net.Conn
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	}()
+	defer func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+	}()
+	refused, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	refusedAddr := refused.Addr().String()
+	refused.Close()
+
+	rule := countlimit.Rule{UseType: "down", Limit: 10, Window: countlimit.Fixed(time.Minute)}
+	for _, tc := range []struct{ name, addr string }{{"silent server", ln.Addr().String()}, {"connection refused", refusedAddr}} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, err := pgxpool.ParseConfig(fmt.Sprintf("postgres://u@%s/db?sslmode=disable&connect_timeout=30", tc.addr))
+			if err != nil {
+				t.Fatal(err)
+			}
+			pool, err := pgxpool.NewWithConfig(context.Background(), cfg) // connects lazily
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pool.Close()
+			l := countlimit.New(pgstore.New(pool))
+			const deadline = 300 * time.Millisecond
+			ctx, cancel := context.WithTimeout(context.Background(), deadline)
+			defer cancel()
+			start := time.Now()
+			res, err := l.Allow(ctx, rule, "id")
+			elapsed := time.Since(start)
+			if !errors.Is(err, countlimit.ErrUnavailable) {
+				t.Fatalf("err = %v, want ErrUnavailable", err)
+			}
+			if res.Allowed {
+				t.Error("Allowed = true on a failing store")
+			}
+			// Not a speed goal: the call must give up with its context,
+			// not after the 30 s connect timeout.
+			if elapsed > deadline+5*time.Second {
+				t.Errorf("returned after %v, long past the context deadline of %v", elapsed, deadline)
+			}
+			if _, err := l.AllowAll(ctx, "id", rule); !errors.Is(err, countlimit.ErrUnavailable) {
+				t.Errorf("AllowAll: err = %v, want ErrUnavailable", err)
+			}
+			if err := l.Reset(ctx, rule, "id"); !errors.Is(err, countlimit.ErrUnavailable) {
+				t.Errorf("Reset: err = %v, want ErrUnavailable", err)
+			}
+		})
+	}
+}
+
+func TestMigrateUpDownUp(t *testing.T) {
+	pool := testbackend.FreshSchema(t)
+	ctx := context.Background()
+	tables := func() (n int) {
+		t.Helper()
+		err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_class c JOIN pg_namespace s ON s.oid = c.relnamespace
+			WHERE s.nspname = current_schema() AND c.relname IN ('count_limit', 'count_limit_status')`).Scan(&n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if err := pgstore.Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	if err := pgstore.Migrate(ctx, pool); err != nil {
+		t.Fatalf("second Migrate (nothing pending): %v", err)
+	}
+	if n := tables(); n != 2 {
+		t.Fatalf("after up: %d of count_limit, count_limit_status exist", n)
+	}
+	var version int64
+	if err := pool.QueryRow(ctx, `SELECT max(version_id) FROM `+pgstore.VersionTable).Scan(&version); err != nil || version < 1 {
+		t.Fatalf("version table %s: version %d, %v", pgstore.VersionTable, version, err)
+	}
+	p, closeDB, err := pgstore.NewMigrationProvider(pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeDB()
+	if _, err := p.DownTo(ctx, 0); err != nil {
+		t.Fatalf("down: %v", err)
+	}
+	if n := tables(); n != 0 {
+		t.Fatalf("after down: %d objects remain", n)
+	}
+	var fn int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_proc WHERE proname = 'countlimit_apply' AND pronamespace = current_schema()::regnamespace`).Scan(&fn); err != nil || fn != 0 {
+		t.Fatalf("after down: countlimit_apply count %d, %v", fn, err)
+	}
+	if err := pgstore.Migrate(ctx, pool); err != nil {
+		t.Fatalf("up again: %v", err)
+	}
+	l := countlimit.New(pgstore.New(pool))
+	if r, err := l.Allow(ctx, countlimit.Rule{UseType: "after.migrate", Limit: 1, Window: countlimit.Lifetime()}, "x"); err != nil || !r.Allowed {
+		t.Fatalf("Allow after up/down/up: %+v, %v", r, err)
+	}
+}
+
+func TestConcurrentMigrate(t *testing.T) {
+	pool := testbackend.FreshSchema(t)
+	var wg sync.WaitGroup
+	errs := make(chan error, 4)
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs <- pgstore.Migrate(context.Background(), pool)
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Errorf("concurrent Migrate: %v", err)
+		}
+	}
+}
+
+func TestSchemaIsDocumentedForDBAs(t *testing.T) {
+	pool := testbackend.Postgres(t)
+	ctx := context.Background()
+	rows, err := pool.Query(ctx, `
+		SELECT a.attname FROM pg_attribute a
+		WHERE a.attrelid = 'count_limit'::regclass AND a.attnum > 0 AND NOT a.attisdropped
+		  AND col_description(a.attrelid, a.attnum) IS NULL`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	undocumented, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(undocumented) > 0 {
+		t.Errorf("count_limit columns without COMMENT ON: %v", undocumented)
+	}
+	var opts []string
+	if err := pool.QueryRow(ctx, `SELECT coalesce(reloptions, '{}') FROM pg_class WHERE oid = 'count_limit'::regclass`).Scan(&opts); err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(opts) != "[fillfactor=80]" {
+		t.Errorf("count_limit reloptions = %v, want fillfactor=80 for HOT updates", opts)
+	}
+
+	// The view reads like the API: used, remaining, blocked, for the database's now.
+	ut := storetest.UseType(t, "view")
+	l := countlimit.New(pgstore.New(pool))
+	rule := countlimit.Rule{UseType: ut, Limit: 2, Window: countlimit.Rolling(time.Hour), Block: 10 * time.Minute}
+	for range 3 {
+		if _, err := l.Allow(ctx, rule, "dba-visible"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var (
+		kind                 string
+		used, remaining, den int64
+		isBlocked            bool
+		blockedFor           time.Duration
+	)
+	err = pool.QueryRow(ctx, `SELECT window_kind, used, remaining, denied_count, blocked, blocked_for
+		FROM count_limit_status WHERE use_type = $1 AND unique_id = 'dba-visible'`, string(ut)).
+		Scan(&kind, &used, &remaining, &den, &isBlocked, &blockedFor)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if kind != "window" || used != 2 || remaining != 0 || den != 1 || !isBlocked || blockedFor <= 9*time.Minute {
+		t.Errorf("count_limit_status = kind %s used %d remaining %d denied %d blocked %v for %v; want window 2 0 1 true ~10m",
+			kind, used, remaining, den, isBlocked, blockedFor)
+	}
+}
+
+func TestPurge(t *testing.T) {
+	pool := testbackend.FreshSchema(t)
+	ctx := context.Background()
+	if err := pgstore.Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	clock := storetest.NewClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	store := pgstore.New(pool)
+	l := countlimit.New(store, countlimit.WithClock(clock.Now))
+	minute := countlimit.Rule{UseType: "purge.minute", Limit: 1, Window: countlimit.Fixed(time.Minute)}
+	blockedRule := countlimit.Rule{UseType: "purge.blocked", Limit: 0, Window: countlimit.Fixed(time.Minute), Block: 24 * time.Hour}
+	forever := countlimit.Rule{UseType: "purge.forever", Limit: 1, Window: countlimit.Lifetime()}
+	const expired = 250
+	for i := range expired {
+		if _, err := l.Allow(ctx, minute, fmt.Sprint("id-", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, r := range []countlimit.Rule{blockedRule, forever} {
+		if _, err := l.Allow(ctx, r, "keep"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	clock.Set(clock.Now().Add(time.Hour))
+	if _, err := l.Allow(ctx, minute, "live"); err != nil {
+		t.Fatal(err)
+	}
+	n, err := store.Purge(ctx, clock.Now(), 40)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != expired {
+		t.Errorf("Purge deleted %d rows, want %d", n, expired)
+	}
+	var left []string
+	rows, err := pool.Query(ctx, `SELECT use_type || '/' || unique_id FROM count_limit ORDER BY 1`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if left, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(left) != "[purge.blocked/keep purge.forever/keep purge.minute/live]" {
+		t.Errorf("rows left after purge: %v", left)
+	}
+	if _, err := store.Purge(ctx, clock.Now(), 0); !errors.Is(err, countlimit.ErrInvalid) {
+		t.Errorf("Purge with batch size 0: err = %v, want ErrInvalid", err)
+	}
+}

@@ -1,0 +1,35 @@
+-- name: Apply :many
+-- Apply runs one countlimit.Request (allow, peek or refund) as one statement.
+SELECT
+    r.o_ord::int                   AS ord,
+    r.o_allowed::boolean           AS allowed,
+    r.o_used::bigint               AS used,
+    r.o_begin::timestamptz         AS window_begin,
+    r.o_end::timestamptz           AS window_end,
+    r.o_blocked_until::timestamptz AS blocked_until,
+    r.o_free_at::timestamptz       AS free_at
+FROM countlimit_apply(
+    @op::text, @unique_id::text, @now::timestamptz, @n::bigint,
+    @use_types::text[], @limits::bigint[], @begins::timestamptz[],
+    @lengths::bigint[], @spans::bigint[], @blocks::bigint[]
+) AS r;
+
+-- name: Reset :exec
+DELETE FROM count_limit
+WHERE unique_id = @unique_id::text AND use_type = ANY(@use_types::text[]);
+
+-- name: PurgeExpired :execrows
+-- PurgeExpired deletes at most batch_size rows whose window and penalty are
+-- over, skipping rows that live checks hold locked.
+WITH doomed AS (
+    SELECT c.use_type, c.unique_id
+    FROM count_limit c
+    WHERE c.end_time <= @now::timestamptz
+      AND (c.blocked_until IS NULL OR c.blocked_until <= @now::timestamptz)
+    ORDER BY c.end_time
+    LIMIT @batch_size::int
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM count_limit c
+USING doomed d
+WHERE c.use_type = d.use_type AND c.unique_id = d.unique_id;
