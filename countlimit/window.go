@@ -154,21 +154,30 @@ func calendarBounds(now time.Time, u Unit, loc *time.Location) (begin, end time.
 	y, m, d := t.Date()
 	switch u {
 	case Day:
-		begin, end = time.Date(y, m, d, 0, 0, 0, 0, loc), time.Date(y, m, d+1, 0, 0, 0, 0, loc)
+		return midnight(y, m, d, loc), midnight(y, m, d+1, loc)
 	case Week:
 		d -= (int(t.Weekday()) + 6) % 7 // days since Monday
-		begin, end = time.Date(y, m, d, 0, 0, 0, 0, loc), time.Date(y, m, d+7, 0, 0, 0, 0, loc)
+		return midnight(y, m, d, loc), midnight(y, m, d+7, loc)
 	case Month:
-		begin, end = time.Date(y, m, 1, 0, 0, 0, 0, loc), time.Date(y, m+1, 1, 0, 0, 0, 0, loc)
-	default:
-		begin, end = time.Date(y, 1, 1, 0, 0, 0, 0, loc), time.Date(y+1, 1, 1, 0, 0, 0, 0, loc)
+		return midnight(y, m, 1, loc), midnight(y, m+1, 1, loc)
 	}
-	// Where midnight does not exist (a DST jump at 00:00), time.Date may
-	// normalise forward past now; the day then began at the jump.
-	if begin.After(now) {
-		begin = now
+	return midnight(y, 1, 1, loc), midnight(y+1, 1, 1, loc)
+}
+
+// midnight returns when the day y-m-d (normalised, so d may overflow) begins
+// in loc. Where a DST change skips midnight (America/Santiago, for one), the
+// day begins at the change; time.Date alone would answer an hour early.
+func midnight(y int, m time.Month, d int, loc *time.Location) time.Time {
+	y, m, d = time.Date(y, m, d, 12, 0, 0, 0, loc).Date()
+	t := time.Date(y, m, d, 0, 0, 0, 0, loc)
+	if h, mi, s := t.Clock(); h == 0 && mi == 0 && s == 0 {
+		return t
 	}
-	return begin, end
+	start, end := t.ZoneBounds()
+	if ty, tm, td := t.Date(); ty == y && tm == m && td == d {
+		return start // normalised forward, into the day: it began at the change
+	}
+	return end // normalised back into the day before: the day begins when that zone ends
 }
 
 func floorMod(a, b int64) int64 {

@@ -352,6 +352,10 @@ func testCheckLimitNaturalDay(t *testing.T, newStore func(*testing.T) countlimit
 // until the window ends to the microsecond.
 func testCalendarAndFixedBounds(t *testing.T, newStore func(*testing.T) countlimit.Store) {
 	sh, ny, berlin := mustLoad(t, "Asia/Shanghai"), mustLoad(t, "America/New_York"), mustLoad(t, "Europe/Berlin")
+	santiago := mustLoad(t, "America/Santiago")
+	// Santiago skips midnight on 2026-09-06: Sept 5 ends, and Sept 6 begins,
+	// at 04:00 UTC (00:00 -04 became 01:00 -03).
+	santiagoDST := time.Date(2026, 9, 6, 4, 0, 0, 0, time.UTC)
 	rows := []struct {
 		name      string
 		window    countlimit.Window
@@ -366,6 +370,10 @@ func testCalendarAndFixedBounds(t *testing.T, newStore func(*testing.T) countlim
 			time.Date(2026, 3, 8, 0, 30, 0, 0, ny), time.Date(2026, 3, 9, 0, 0, 0, 0, ny), time.Date(2026, 3, 10, 0, 0, 0, 0, ny), 22*time.Hour + 29*time.Minute + 59*time.Second},
 		{"day New York fall back (25h)", countlimit.Calendar(countlimit.Day, ny),
 			time.Date(2026, 11, 1, 0, 30, 0, 0, ny), time.Date(2026, 11, 2, 0, 0, 0, 0, ny), time.Date(2026, 11, 3, 0, 0, 0, 0, ny), 24*time.Hour + 29*time.Minute + 59*time.Second},
+		{"day Santiago before a skipped midnight", countlimit.Calendar(countlimit.Day, santiago),
+			time.Date(2026, 9, 5, 12, 0, 0, 0, santiago), santiagoDST, time.Date(2026, 9, 7, 0, 0, 0, 0, santiago), 12*time.Hour - time.Second},
+		{"day Santiago after a skipped midnight", countlimit.Calendar(countlimit.Day, santiago),
+			time.Date(2026, 9, 6, 12, 0, 0, 0, santiago), time.Date(2026, 9, 7, 0, 0, 0, 0, santiago), time.Date(2026, 9, 8, 0, 0, 0, 0, santiago), 12*time.Hour - time.Second},
 		{"ISO week from Sunday", countlimit.Calendar(countlimit.Week, berlin),
 			time.Date(2026, 11, 22, 12, 0, 0, 0, berlin), time.Date(2026, 11, 23, 0, 0, 0, 0, berlin), time.Date(2026, 11, 30, 0, 0, 0, 0, berlin), 11*time.Hour + 59*time.Minute + 59*time.Second},
 		{"ISO week across DST", countlimit.Calendar(countlimit.Week, berlin),

@@ -1,0 +1,134 @@
+package countlimit
+
+import (
+	"testing"
+	"time"
+)
+
+var fuzzZones = []string{"UTC", "Asia/Shanghai", "America/New_York", "Europe/Berlin", "Australia/Lord_Howe", "America/Santiago", "Asia/Kathmandu", "Pacific/Chatham"}
+
+func fuzzWindow(t *testing.T, kind, zone uint8, d int64) Window {
+	switch kind % 5 {
+	case 0:
+		return Rolling(time.Duration(d))
+	case 1:
+		return Fixed(time.Duration(d))
+	case 2:
+		return Sliding(time.Duration(d))
+	case 3:
+		return Lifetime()
+	}
+	loc, err := time.LoadLocation(fuzzZones[int(zone)%len(fuzzZones)])
+	if err != nil {
+		t.Skip(err)
+	}
+	return Calendar(Unit(1+int(d&3)), loc)
+}
+
+// FuzzBounds checks that every window contains now, and that Fixed and
+// Calendar windows tile time: no gaps, no overlaps, stable from any instant
+// inside them.
+func FuzzBounds(f *testing.F) {
+	f.Add(time.Date(2026, 3, 8, 2, 30, 0, 0, time.UTC).UnixMicro(), uint8(4), uint8(2), int64(0))
+	f.Add(time.Date(2026, 11, 1, 5, 30, 0, 0, time.UTC).UnixMicro(), uint8(4), uint8(2), int64(0))
+	f.Add(time.Date(2026, 4, 5, 1, 59, 59, 0, time.UTC).UnixMicro(), uint8(4), uint8(4), int64(1))
+	// Santiago skips its midnight on 2026-09-06: the day begins at 01:00.
+	f.Add(time.Date(2026, 9, 6, 4, 30, 0, 0, time.UTC).UnixMicro(), uint8(4), uint8(5), int64(0))
+	f.Add(time.Date(2026, 9, 6, 2, 59, 0, 0, time.UTC).UnixMicro(), uint8(4), uint8(5), int64(0))
+	f.Add(int64(-1), uint8(1), uint8(0), int64(7*24*time.Hour))
+	f.Add(int64(0), uint8(1), uint8(0), int64(time.Hour))
+	f.Add(int64(1700000000123456), uint8(0), uint8(0), int64(1500))
+	f.Fuzz(func(t *testing.T, us int64, kind, zone uint8, d int64) {
+		// Years 1900..2200: what a counter may meet.
+		const lo, hi = -2208988800 * 1e6, 7258118400 * 1e6
+		if us < lo || us > hi {
+			t.Skip()
+		}
+		w := fuzzWindow(t, kind, zone, d)
+		if err := w.validate(); err != nil {
+			if d >= int64(time.Microsecond) && w.kind != kindCalendar {
+				t.Fatalf("%v: valid duration rejected: %v", w, err)
+			}
+			return
+		}
+		if w.kind != kindCalendar && w.kind != kindLifetime && time.Duration(d) > 100*365*24*time.Hour {
+			t.Skip()
+		}
+		now := time.UnixMicro(us)
+		begin, end := bounds(now, w)
+		if begin.After(now) {
+			t.Fatalf("%v at %v: begin %v after now", w, now, begin)
+		}
+		if w.kind == kindLifetime {
+			if !end.IsZero() {
+				t.Fatalf("lifetime end = %v, want zero", end)
+			}
+			return
+		}
+		if !end.After(now) {
+			t.Fatalf("%v at %v: end %v not after now", w, now, end)
+		}
+		if begin.Nanosecond()%1000 != 0 || end.Nanosecond()%1000 != 0 {
+			t.Fatalf("%v at %v: bounds %v, %v finer than microseconds", w, now, begin, end)
+		}
+		if w.kind != kindFixed && w.kind != kindCalendar {
+			return
+		}
+		if b2, e2 := bounds(begin, w); !b2.Equal(begin) || !e2.Equal(end) {
+			t.Fatalf("%v: from now %v got [%v, %v); from its begin got [%v, %v)", w, now, begin, end, b2, e2)
+		}
+		last := end.Add(-time.Microsecond)
+		if b2, e2 := bounds(last, w); !b2.Equal(begin) || !e2.Equal(end) {
+			t.Fatalf("%v: from now %v got [%v, %v); from its last µs got [%v, %v)", w, now, begin, end, b2, e2)
+		}
+		if b3, _ := bounds(end, w); !b3.Equal(end) {
+			t.Fatalf("%v: window [%v, %v) is followed by one beginning %v", w, begin, end, b3)
+		}
+		if w.kind == kindCalendar {
+			if l := end.Sub(begin); l < 22*time.Hour || l > 367*24*time.Hour {
+				t.Fatalf("%v: window [%v, %v) is %v long", w, begin, end, l)
+			}
+		}
+	})
+}
+
+func TestCalendarDSTDays(t *testing.T) {
+	ny, err := time.LoadLocation("America/New_York")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		day  time.Time
+		want time.Duration
+	}{
+		{time.Date(2026, 3, 8, 12, 0, 0, 0, ny), 23 * time.Hour},
+		{time.Date(2026, 11, 1, 12, 0, 0, 0, ny), 25 * time.Hour},
+		{time.Date(2026, 7, 1, 12, 0, 0, 0, ny), 24 * time.Hour},
+	} {
+		b, e := bounds(tc.day, Calendar(Day, ny))
+		if got := e.Sub(b); got != tc.want {
+			t.Errorf("day of %s: [%v, %v) is %v, want %v", tc.day.Format("2006-01-02"), b, e, got, tc.want)
+		}
+	}
+}
+
+func TestWindowString(t *testing.T) {
+	sh, err := time.LoadLocation("Asia/Shanghai")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for w, want := range map[Window]string{
+		Rolling(time.Minute):  "rolling 1m0s",
+		Fixed(time.Hour):      "fixed 1h0m0s",
+		Sliding(time.Second):  "sliding 1s",
+		Lifetime():            "lifetime",
+		Calendar(Month, sh):   "calendar month Asia/Shanghai",
+		{}:                    "invalid window",
+		Calendar(Week, nil):   "calendar week",
+		Calendar(Unit(7), sh): "calendar Unit(7) Asia/Shanghai",
+	} {
+		if got := w.String(); got != want {
+			t.Errorf("String() = %q, want %q", got, want)
+		}
+	}
+}
