@@ -16,6 +16,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -226,6 +227,25 @@ func FreshSchema(t testing.TB) *pgxpool.Pool {
 	}
 	t.Cleanup(p.Close)
 	return p
+}
+
+// FreshSchemaURL returns a URL for a new, empty schema (no migrations),
+// dropped when the test process ends: for code under test that opens its
+// own connections, like the CLI.
+func FreshSchemaURL(t testing.TB) string {
+	t.Helper()
+	url := PostgresURL(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	name := schemaName()
+	if err := createSchema(ctx, url, name); err != nil {
+		t.Fatalf("PostgreSQL at %s: %v", redact(url), err)
+	}
+	sep := "?"
+	if strings.Contains(url, "?") {
+		sep = "&"
+	}
+	return url + sep + "search_path=" + name
 }
 
 // PoolConfig returns a pool config for url on the schema Postgres uses, for

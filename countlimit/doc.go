@@ -1,0 +1,40 @@
+// Package countlimit answers one question for business code: may this event
+// happen once more for this key in this period?
+//
+// A [Rule] names what is limited (a [UseType]), how many events a window
+// allows, and the [Window]: [Rolling], [Fixed], natural [Calendar] days,
+// weeks, months and years in any time zone, an exact [Sliding] log, or a
+// [Lifetime]. A [Limiter] checks rules against a [Store]: memstore (in
+// process), pgstore (PostgreSQL, inside your own transaction if you like) or
+// redisstore. Every check is one atomic step in the store, so N concurrent
+// callers with a limit of L get exactly min(N, L) allowed.
+//
+// Quick start:
+//
+//	store := memstore.New() // or pgstore.New(pool), redisstore.New(client)
+//	defer store.Close()
+//	limiter := countlimit.New(store)
+//
+//	shanghai, _ := time.LoadLocation("Asia/Shanghai")
+//	passwordChange := countlimit.Rule{
+//		UseType: "password.change",
+//		Limit:   3,
+//		Window:  countlimit.Calendar(countlimit.Day, shanghai),
+//	}
+//	res, err := limiter.Allow(ctx, passwordChange, userID)
+//	if err != nil {
+//		return err // bad input (ErrInvalid) or the store failed (ErrUnavailable)
+//	}
+//	if !res.Allowed {
+//		return fmt.Errorf("try again in %v", res.RetryAfter)
+//	}
+//
+// A denial is a Result with Allowed false, never an error. Only allowed
+// events count. [Limiter.AllowAll] checks several rules (10 per hour AND 50
+// per day) all-or-nothing; [Limiter.Refund] gives events back; a Rule's
+// Block puts an id in a penalty box after a denial; [Limiter.CheckLimit] is
+// the classic CheckLimit(useType, id, limit, duration, beginTime) model.
+//
+// Time: the Limiter's clock (see [WithClock]) is the only clock that
+// decides; stores never read their own. Times are kept to the microsecond.
+package countlimit
