@@ -7,9 +7,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/memstore"
 	"github.com/countlimit/countlimit/countlimit/pgstore"
+	"github.com/countlimit/countlimit/countlimit/redisstore"
 	"github.com/countlimit/countlimit/countlimit/storetest"
 	"github.com/countlimit/countlimit/internal/testbackend"
 )
@@ -30,6 +33,14 @@ func backends() []backend {
 		// that opened it.
 		{"memory", func(*testing.T) countlimit.Store { return memstore.New(memstore.WithJanitorInterval(0)) }},
 		{"postgres", func(t *testing.T) countlimit.Store { return pgstore.New(testbackend.Postgres(t)) }},
+		{"redis", func(t *testing.T) countlimit.Store {
+			opts, err := redis.ParseURL(testbackend.RedisURL(t))
+			if err != nil {
+				t.Fatalf("%s: %v", testbackend.EnvRedis, err)
+			}
+			// Closed with the process: the store outlives the subtest that opened it.
+			return redisstore.New(redis.NewClient(opts))
+		}},
 	}
 }
 

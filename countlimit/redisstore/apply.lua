@@ -1,0 +1,146 @@
+-- countlimit: one atomic check of one id against one or more rules.
+-- The Lua twin of countlimit_apply in migrations/00001_count_limit.sql; the
+-- contract is countlimit.Store's, proven by storetest on both.
+--
+-- KEYS, per check i: KEYS[2i-1] the counter hash, KEYS[2i] the sliding log
+-- (a sorted set: member "<µs>:<seq>", score µs).
+-- ARGV: op ('allow' | 'peek' | 'refund'), now (µs), n, then per check:
+-- limit, begin (µs), length (µs; 0 = lifetime), span (µs; 0 = not sliding),
+-- block (µs; 0 = none).
+-- Hash fields: c count, b window begin, e window end (absent = lifetime),
+-- l limit last applied, d denied tally, x blocked until, s log sequence.
+-- Returns per check: {used, begin, end, blocked_until, free_at}, -1 for
+-- none, then the verdict (1 or 0) as the last element.
+local op = ARGV[1]
+local now = tonumber(ARGV[2])
+local n = tonumber(ARGV[3])
+local cnt = (#ARGV - 3) / 5
+local need = n
+if op ~= 'allow' then need = 1 end
+
+local function s(x) return string.format('%.0f', x) end
+
+-- expire sets a key's TTL so it vanishes when its window and penalty are
+-- over; nil means never (a lifetime count).
+local function expire(key, at)
+  if at == nil then
+    redis.call('PERSIST', key)
+    return
+  end
+  local ms = math.ceil((at - now) / 1000)
+  if ms < 1 then ms = 1 end
+  redis.call('PEXPIRE', key, ms)
+end
+
+-- the live sliding log: count, oldest, newest + span, and the event whose
+-- expiry makes room for need.
+local function slide(c)
+  local cut = '(' .. s(now - c.span)
+  c.used = redis.call('ZCOUNT', c.z, cut, '+inf')
+  c.wbegin, c.wend, c.free = nil, nil, nil
+  if c.used > 0 then
+    c.wbegin = tonumber(redis.call('ZRANGEBYSCORE', c.z, cut, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)[2])
+    c.wend = tonumber(redis.call('ZRANGE', c.z, -1, -1, 'WITHSCORES')[2]) + c.span
+  end
+  if c.used + need > c.limit and need <= c.limit then
+    local k = c.used + need - c.limit
+    c.free = tonumber(redis.call('ZRANGEBYSCORE', c.z, cut, '+inf', 'WITHSCORES', 'LIMIT', k - 1, 1)[2])
+  end
+end
+
+local checks = {}
+local allok = true
+for i = 1, cnt do
+  local a = 3 + (i - 1) * 5
+  local c = {
+    h = KEYS[2 * i - 1], z = KEYS[2 * i],
+    limit = tonumber(ARGV[a + 1]), begin = tonumber(ARGV[a + 2]), len = tonumber(ARGV[a + 3]),
+    span = tonumber(ARGV[a + 4]), block = tonumber(ARGV[a + 5]),
+  }
+  local f = redis.call('HMGET', c.h, 'c', 'b', 'e', 'x')
+  c.exists = f[2] ~= false
+  local x = tonumber(f[4])
+  if x ~= nil and x > now then c.blocked = x end
+  if c.span > 0 then
+    if op == 'refund' then
+      local drop = math.min(n, redis.call('ZCOUNT', c.z, '(' .. s(now - c.span), '+inf'))
+      if drop > 0 then redis.call('ZPOPMAX', c.z, drop) end
+    end
+    slide(c)
+  else
+    local b, e = tonumber(f[2]), tonumber(f[3])
+    if c.exists and b <= now and (e == nil or e > now) then
+      c.used, c.wbegin, c.wend = tonumber(f[1]), b, e
+      if op == 'refund' and c.used > 0 then
+        c.used = math.max(c.used - n, 0)
+        redis.call('HSET', c.h, 'c', s(c.used))
+      end
+    else
+      c.used, c.wbegin = 0, c.begin
+      if c.len > 0 then c.wend = c.begin + c.len end
+    end
+  end
+  c.fits = c.blocked == nil and c.used + need <= c.limit
+  allok = allok and c.fits
+  checks[i] = c
+end
+
+if op == 'allow' then
+  for i = 1, cnt do
+    local c = checks[i]
+    if allok then
+      if c.span > 0 then
+        redis.call('ZREMRANGEBYSCORE', c.z, '-inf', s(now - c.span))
+        local seq = redis.call('HINCRBY', c.h, 's', n)
+        for j = seq - n + 1, seq do
+          redis.call('ZADD', c.z, s(now), s(now) .. ':' .. s(j))
+        end
+        c.used = c.used + n
+        c.wend = now + c.span
+        if c.wbegin == nil then c.wbegin = now end
+        redis.call('HSET', c.h, 'c', s(c.used), 'b', s(c.wbegin), 'e', s(c.wend), 'l', s(c.limit))
+        expire(c.z, c.wend)
+      else
+        c.used = c.used + n
+        redis.call('HSET', c.h, 'c', s(c.used), 'b', s(c.wbegin), 'l', s(c.limit))
+        if c.wend == nil then
+          redis.call('HDEL', c.h, 'e')
+        else
+          redis.call('HSET', c.h, 'e', s(c.wend))
+        end
+      end
+    elseif not c.fits then
+      if not c.exists then
+        -- An empty window (begin = end) that only a counted event opens.
+        redis.call('HSET', c.h, 'b', s(now), 'e', s(now), 'c', '0')
+      end
+      redis.call('HINCRBY', c.h, 'd', 1)
+      redis.call('HSET', c.h, 'l', s(c.limit))
+      if c.blocked == nil and c.block > 0 then
+        c.blocked = now + c.block
+        redis.call('HSET', c.h, 'x', s(c.blocked))
+      end
+    end
+    if allok or not c.fits then
+      -- The hash lives as long as its window and its penalty.
+      local e = tonumber(redis.call('HGET', c.h, 'e'))
+      local x = tonumber(redis.call('HGET', c.h, 'x'))
+      if e ~= nil and x ~= nil and x > e then e = x end
+      expire(c.h, e)
+    end
+  end
+end
+
+local out = {}
+for i = 1, cnt do
+  local c = checks[i]
+  local free = -1
+  if not allok and c.free ~= nil then free = c.free end
+  out[#out + 1] = c.used
+  out[#out + 1] = c.wbegin or -1
+  out[#out + 1] = c.wend or -1
+  out[#out + 1] = c.blocked or -1
+  out[#out + 1] = free
+end
+out[#out + 1] = allok and 1 or 0
+return out

@@ -1,0 +1,331 @@
+package redisstore_test
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"net"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/countlimit/countlimit/countlimit"
+	"github.com/countlimit/countlimit/countlimit/redisstore"
+	"github.com/countlimit/countlimit/countlimit/storetest"
+	"github.com/countlimit/countlimit/internal/testbackend"
+)
+
+func TestMain(m *testing.M) { testbackend.Main(m) }
+
+// client returns a new client on the test Redis, closed when t ends.
+func client(t testing.TB) *redis.Client {
+	t.Helper()
+	opts, err := redis.ParseURL(testbackend.RedisURL(t))
+	if err != nil {
+		t.Fatalf("%s: %v", testbackend.EnvRedis, err)
+	}
+	c := redis.NewClient(opts)
+	t.Cleanup(func() { c.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := c.Ping(ctx).Err(); err != nil {
+		t.Fatalf("Redis at %s: %v", opts.Addr, err)
+	}
+	return c
+}
+
+func TestConformance(t *testing.T) {
+	clients := []*redis.Client{client(t), client(t)}
+	var n atomic.Int64
+	storetest.Run(t, func(*testing.T) countlimit.Store {
+		// Alternate between two clients (two connection pools) on one server.
+		return redisstore.New(clients[n.Add(1)%2])
+	})
+}
+
+func TestKeysAreEscapedAndShareTheIDsSlot(t *testing.T) {
+	for _, tc := range []struct {
+		ut   countlimit.UseType
+		id   string
+		want string
+	}{
+		{"sms.code", "18500000000", "countlimit:sms.code:{18500000000}"},
+		{"a:b", "c", "countlimit:a%3Ab:{c}"},
+		{"a", "b:c", "countlimit:a:{b%3Ac}"},
+		{"x", "{evil}", "countlimit:x:{%7Bevil%7D}"},
+		{"x", "50%", "countlimit:x:{50%25}"},
+		{"x", "50%25", "countlimit:x:{50%2525}"},
+	} {
+		if got := redisstore.Key(tc.ut, tc.id); got != tc.want {
+			t.Errorf("Key(%q, %q) = %q, want %q", tc.ut, tc.id, got, tc.want)
+		}
+	}
+	// Every key of one id carries the same hash tag: the escaped id.
+	for _, ut := range []countlimit.UseType{"a", "b:c", "{d}"} {
+		k := redisstore.Key(ut, "u}1")
+		if tag := k[strings.Index(k, "{")+1 : strings.Index(k, "}")]; tag != "u%7D1" {
+			t.Errorf("Key(%q, \"u}1\") = %q has hash tag %q", ut, k, tag)
+		}
+	}
+}
+
+func TestScriptsSurviveScriptFlush(t *testing.T) {
+	c := client(t)
+	ctx := context.Background()
+	l := countlimit.New(redisstore.New(c))
+	rule := countlimit.Rule{UseType: storetest.UseType(t, "flush"), Limit: 2, Window: countlimit.Fixed(time.Hour)}
+	if r, err := l.Allow(ctx, rule, "id"); err != nil || !r.Allowed {
+		t.Fatalf("Allow: %+v, %v", r, err)
+	}
+	if err := c.ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := l.Allow(ctx, rule, "id"); err != nil || r.Used != 2 {
+		t.Fatalf("Allow after SCRIPT FLUSH: %+v, %v; want Used 2", r, err)
+	}
+	if err := c.ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Reset(ctx, rule, "id"); err != nil {
+		t.Fatalf("Reset after SCRIPT FLUSH: %v", err)
+	}
+}
+
+// TestKeysExpire uses real time: once a window and its penalty are over,
+// the keys are gone, and no update ever leaves a key without a TTL.
+func TestKeysExpire(t *testing.T) {
+	t.Parallel()
+	c := client(t)
+	ctx := context.Background()
+	l := countlimit.New(redisstore.New(c))
+	fixed := countlimit.Rule{UseType: storetest.UseType(t, "ttl.fixed"), Limit: 3, Window: countlimit.Rolling(time.Second)}
+	sliding := countlimit.Rule{UseType: storetest.UseType(t, "ttl.sliding"), Limit: 2, Window: countlimit.Sliding(time.Second)}
+	penalty := countlimit.Rule{UseType: storetest.UseType(t, "ttl.penalty"), Limit: 1, Window: countlimit.Rolling(500 * time.Millisecond), Block: 2 * time.Second}
+	lifetime := countlimit.Rule{UseType: storetest.UseType(t, "ttl.lifetime"), Limit: 1, Window: countlimit.Lifetime()}
+	keys := func(r countlimit.Rule) []string {
+		return []string{redisstore.Key(r.UseType, "id"), redisstore.LogKey(r.UseType, "id")}
+	}
+	checkTTL := func(step string, r countlimit.Rule, max time.Duration) {
+		t.Helper()
+		for _, k := range keys(r) {
+			ttl, err := c.PTTL(ctx, k).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			switch {
+			case ttl == -2*time.Nanosecond: // no such key (go-redis reports -2 as a Duration)
+			case ttl < 0:
+				t.Errorf("%s: %s has no TTL (%v)", step, k, ttl)
+			case ttl > max:
+				t.Errorf("%s: %s TTL %v, want at most %v", step, k, ttl, max)
+			}
+		}
+	}
+	for i := range 5 {
+		for _, r := range []countlimit.Rule{fixed, sliding, penalty} {
+			if _, err := l.Allow(ctx, r, "id"); err != nil {
+				t.Fatal(err)
+			}
+			limit := time.Second
+			if r.Block > 0 {
+				limit = r.Block
+			}
+			checkTTL(string(r.UseType)+" call "+string(rune('1'+i)), r, limit)
+		}
+		if _, err := l.Refund(ctx, sliding, "id", 1); err != nil {
+			t.Fatal(err)
+		}
+		checkTTL("after refund", sliding, time.Second)
+	}
+	if _, err := l.Allow(ctx, lifetime, "id"); err != nil {
+		t.Fatal(err)
+	}
+	exists := func(r countlimit.Rule) int64 {
+		n, err := c.Exists(ctx, keys(r)...).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	time.Sleep(1500 * time.Millisecond)
+	if n := exists(fixed); n != 0 {
+		t.Errorf("1.5s after a 1s window: %d keys remain", n)
+	}
+	if n := exists(sliding); n != 0 {
+		t.Errorf("1.5s after the last event of a 1s sliding window: %d keys remain", n)
+	}
+	if n := exists(penalty); n != 1 {
+		t.Errorf("inside a 2s penalty: %d keys remain, want the counter", n)
+	}
+	time.Sleep(1000 * time.Millisecond)
+	if n := exists(penalty); n != 0 {
+		t.Errorf("after the penalty: %d keys remain", n)
+	}
+	if n := exists(lifetime); n != 1 {
+		t.Errorf("lifetime counter: %d keys, want 1", n)
+	}
+}
+
+// scriptCounter counts the commands a client sends.
+type scriptCounter struct {
+	mu   sync.Mutex
+	cmds []string
+}
+
+func (h *scriptCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *scriptCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.mu.Lock()
+		h.cmds = append(h.cmds, cmd.Name())
+		h.mu.Unlock()
+		return next(ctx, cmd)
+	}
+}
+func (h *scriptCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+func TestOneScriptPerOperation(t *testing.T) {
+	c := client(t)
+	ctx := context.Background()
+	l := countlimit.New(redisstore.New(c))
+	rule := countlimit.Rule{UseType: storetest.UseType(t, "one"), Limit: 3, Window: countlimit.Sliding(time.Minute)}
+	other := countlimit.Rule{UseType: storetest.UseType(t, "one.other"), Limit: 3, Window: countlimit.Fixed(time.Minute)}
+	// Load the scripts first: the very first call may add an EVAL after NOSCRIPT.
+	if _, err := l.AllowAll(ctx, "warm", rule, other); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Reset(ctx, rule, "warm"); err != nil {
+		t.Fatal(err)
+	}
+	h := &scriptCounter{}
+	c.AddHook(h)
+	calls := map[string]func() error{
+		"Allow":      func() error { _, err := l.Allow(ctx, rule, "id"); return err },
+		"AllowN":     func() error { _, err := l.AllowN(ctx, rule, "id", 2); return err },
+		"AllowAll":   func() error { _, err := l.AllowAll(ctx, "id", rule, other); return err },
+		"Peek":       func() error { _, err := l.Peek(ctx, rule, "id"); return err },
+		"Refund":     func() error { _, err := l.Refund(ctx, rule, "id", 1); return err },
+		"CheckLimit": func() error { _, err := l.CheckLimit(ctx, other.UseType, "id", 1, time.Hour, time.Time{}); return err },
+		"Reset":      func() error { return l.Reset(ctx, rule, "id") },
+	}
+	for name, call := range calls {
+		h.mu.Lock()
+		h.cmds = nil
+		h.mu.Unlock()
+		if err := call(); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		h.mu.Lock()
+		if len(h.cmds) != 1 || h.cmds[0] != "evalsha" {
+			t.Errorf("%s sent %v, want one evalsha", name, h.cmds)
+		}
+		h.mu.Unlock()
+	}
+}
+
+func TestUnreachable(t *testing.T) {
+	// A server that accepts and never answers, and a port that refuses.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	var held []net.Conn
+	var mu sync.Mutex
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			held = append(held, c)
+			mu.Unlock()
+		}
+	}()
+	defer func() {
+		mu.Lock()
+		for _, c := range held {
+			c.Close()
+		}
+		mu.Unlock()
+	}()
+	refused, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	refusedAddr := refused.Addr().String()
+	refused.Close()
+
+	rule := countlimit.Rule{UseType: "down", Limit: 1, Window: countlimit.Fixed(time.Minute)}
+	for _, addr := range []string{ln.Addr().String(), refusedAddr} {
+		c := redis.NewClient(&redis.Options{Addr: addr, ReadTimeout: 30 * time.Second, DialTimeout: 30 * time.Second, MaxRetries: -1,
+			ContextTimeoutEnabled: true})
+		l := countlimit.New(redisstore.New(c))
+		const deadline = 300 * time.Millisecond
+		ctx, cancel := context.WithTimeout(context.Background(), deadline)
+		start := time.Now()
+		res, err := l.Allow(ctx, rule, "id")
+		elapsed := time.Since(start)
+		cancel()
+		c.Close()
+		if !errors.Is(err, countlimit.ErrUnavailable) || res.Allowed {
+			t.Errorf("%s: Allow = %+v, %v; want ErrUnavailable, not allowed", addr, res, err)
+		}
+		if elapsed > deadline+5*time.Second {
+			t.Errorf("%s: returned after %v, long past the context deadline", addr, elapsed)
+		}
+	}
+}
+
+//go:embed testdata/incr.lua
+var incrSrc string
+
+// BenchmarkAllowVersusBareScript compares Allow with a bare EVALSHA of a
+// minimal INCR+PEXPIRE script through the same client, at 16 concurrent
+// callers: the price of countlimit's semantics over the simplest counter.
+func BenchmarkAllowVersusBareScript(b *testing.B) {
+	c := client(b)
+	ctx := context.Background()
+	l := countlimit.New(redisstore.New(c))
+	rule := countlimit.Rule{UseType: storetest.UseType(b, "bench"), Limit: 1 << 50, Window: countlimit.Fixed(time.Hour)}
+	incr := redis.NewScript(incrSrc)
+	ids := make([]string, 256)
+	for i := range ids {
+		ids[i] = "user-" + string(rune('a'+i%26)) + string(rune('a'+i/26))
+	}
+	run := func(b *testing.B, call func(id string) error) {
+		// RunParallel starts parallelism × GOMAXPROCS goroutines: 16 callers.
+		b.SetParallelism(max(1, 16/runtime.GOMAXPROCS(0)))
+		var next atomic.Int64
+		b.ResetTimer()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				if err := call(ids[next.Add(1)%int64(len(ids))]); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	}
+	b.Run("bare INCR+PEXPIRE", func(b *testing.B) {
+		run(b, func(id string) error {
+			return incr.Run(ctx, c, []string{"countlimit-bench:" + id}, 3600000).Err()
+		})
+	})
+	b.Run("countlimit Allow", func(b *testing.B) {
+		run(b, func(id string) error { _, err := l.Allow(ctx, rule, id); return err })
+	})
+	sliding := rule
+	sliding.UseType += ".sliding"
+	sliding.Window = countlimit.Sliding(time.Second)
+	b.Run("countlimit Allow sliding", func(b *testing.B) {
+		run(b, func(id string) error { _, err := l.Allow(ctx, sliding, id); return err })
+	})
+}
