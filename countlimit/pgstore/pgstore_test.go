@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -381,5 +382,28 @@ func TestPurge(t *testing.T) {
 	}
 	if _, err := store.Purge(ctx, clock.Now(), 0); !errors.Is(err, countlimit.ErrInvalid) {
 		t.Errorf("Purge with batch size 0: err = %v, want ErrInvalid", err)
+	}
+}
+
+// BenchmarkAllow measures Allow on PostgreSQL at 16 concurrent callers over
+// 256 ids: one statement per call.
+func BenchmarkAllow(b *testing.B) {
+	pool := testbackend.Postgres(b)
+	l := countlimit.New(pgstore.New(pool))
+	ctx := context.Background()
+	for _, w := range []countlimit.Window{countlimit.Fixed(time.Hour), countlimit.Sliding(time.Second)} {
+		rule := countlimit.Rule{UseType: storetest.UseType(b, "bench"), Limit: 1 << 50, Window: w}
+		b.Run(w.String(), func(b *testing.B) {
+			var next atomic.Int64
+			b.SetParallelism(max(1, 16/runtime.GOMAXPROCS(0)))
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					if _, err := l.Allow(ctx, rule, fmt.Sprint("user-", next.Add(1)%256)); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+		})
 	}
 }

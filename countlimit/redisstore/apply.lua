@@ -60,6 +60,7 @@ for i = 1, cnt do
   local f = redis.call('HMGET', c.h, 'c', 'b', 'e', 'x')
   c.exists = f[2] ~= false
   local x = tonumber(f[4])
+  c.x, c.e = x, tonumber(f[3])
   if x ~= nil and x > now then c.blocked = x end
   if c.span > 0 then
     if op == 'refund' then
@@ -100,6 +101,7 @@ if op == 'allow' then
         if c.wbegin == nil then c.wbegin = now end
         redis.call('HSET', c.h, 'c', s(c.used), 'b', s(c.wbegin), 'e', s(c.wend), 'l', s(c.limit))
         expire(c.z, c.wend)
+        c.e = c.wend
       else
         c.used = c.used + n
         redis.call('HSET', c.h, 'c', s(c.used), 'b', s(c.wbegin), 'l', s(c.limit))
@@ -108,25 +110,28 @@ if op == 'allow' then
         else
           redis.call('HSET', c.h, 'e', s(c.wend))
         end
+        c.e = c.wend
       end
     elseif not c.fits then
       if not c.exists then
         -- An empty window (begin = end) that only a counted event opens.
         redis.call('HSET', c.h, 'b', s(now), 'e', s(now), 'c', '0')
+        c.e = now
       end
       redis.call('HINCRBY', c.h, 'd', 1)
       redis.call('HSET', c.h, 'l', s(c.limit))
       if c.blocked == nil and c.block > 0 then
         c.blocked = now + c.block
+        c.x = c.blocked
         redis.call('HSET', c.h, 'x', s(c.blocked))
       end
     end
     if allok or not c.fits then
-      -- The hash lives as long as its window and its penalty.
-      local e = tonumber(redis.call('HGET', c.h, 'e'))
-      local x = tonumber(redis.call('HGET', c.h, 'x'))
-      if e ~= nil and x ~= nil and x > e then e = x end
-      expire(c.h, e)
+      -- The hash lives as long as its window and its penalty (c.e nil: a
+      -- lifetime count, kept for good).
+      local at = c.e
+      if at ~= nil and c.x ~= nil and c.x > at then at = c.x end
+      expire(c.h, at)
     end
   end
 end

@@ -1,0 +1,161 @@
+package redisstore_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/countlimit/countlimit/countlimit"
+	"github.com/countlimit/countlimit/countlimit/redisstore"
+	"github.com/countlimit/countlimit/countlimit/storetest"
+	"github.com/countlimit/countlimit/internal/testbackend"
+)
+
+// TestCluster starts a three-node Redis Cluster from the local redis-server
+// and runs the conformance suite through redis.NewClusterClient.
+func TestCluster(t *testing.T) {
+	server, err := exec.LookPath("redis-server")
+	if err != nil {
+		testbackend.Unavailable(t, "redis-server (for a Redis Cluster)", err)
+	}
+	cli, err := exec.LookPath("redis-cli")
+	if err != nil {
+		testbackend.Unavailable(t, "redis-cli (for a Redis Cluster)", err)
+	}
+	addrs := startCluster(t, server, cli, 3)
+	ctx := context.Background()
+	clients := make([]*redis.ClusterClient, 2)
+	for i := range clients {
+		clients[i] = redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
+		t.Cleanup(func() { clients[i].Close() })
+		if err := clients[i].Ping(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// One id's counters share a slot, so a multi-rule check is one script.
+	l := countlimit.New(redisstore.New(clients[0]))
+	rules := []countlimit.Rule{
+		{UseType: "cluster.a", Limit: 1, Window: countlimit.Fixed(time.Hour)},
+		{UseType: "cluster.b", Limit: 1, Window: countlimit.Sliding(time.Hour)},
+		{UseType: "cluster:c{x}", Limit: 1, Window: countlimit.Lifetime()},
+	}
+	if res, err := l.AllowAll(ctx, "user-1", rules...); err != nil || !res[0].Allowed {
+		t.Fatalf("AllowAll on the cluster: %v, %v", res, err)
+	}
+	slot := func(key string) int64 {
+		s, err := clients[0].ClusterKeySlot(ctx, key).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	want := slot(redisstore.Key(rules[0].UseType, "user-1"))
+	for _, r := range rules {
+		for _, k := range []string{redisstore.Key(r.UseType, "user-1"), redisstore.LogKey(r.UseType, "user-1")} {
+			if got := slot(k); got != want {
+				t.Errorf("%s is in slot %d, want %d with the id's other keys", k, got, want)
+			}
+		}
+	}
+
+	var n atomic.Int64
+	storetest.Run(t, func(*testing.T) countlimit.Store { return redisstore.New(clients[n.Add(1)%2]) })
+}
+
+// startCluster starts n cluster-enabled redis-server processes on free
+// loopback ports, forms a cluster of them, and stops them when t ends.
+func startCluster(t *testing.T, server, cli string, n int) []string {
+	t.Helper()
+	var addrs []string
+	for _, port := range freePorts(t, n) {
+		dir := t.TempDir()
+		logf, err := os.Create(filepath.Join(dir, "redis.log"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd := exec.Command(server,
+			"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
+			"--cluster-enabled", "yes", "--cluster-config-file", filepath.Join(dir, "nodes.conf"),
+			"--cluster-node-timeout", "5000",
+			"--dir", dir, "--save", "", "--appendonly", "no", "--daemonize", "no")
+		cmd.Stdout, cmd.Stderr = logf, logf
+		if err := cmd.Start(); err != nil {
+			t.Fatalf("start redis-server: %v", err)
+		}
+		t.Cleanup(func() {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+			logf.Close()
+		})
+		addr := fmt.Sprintf("127.0.0.1:%d", port)
+		addrs = append(addrs, addr)
+		waitFor(t, 10*time.Second, "redis-server on "+addr, func() bool {
+			c := redis.NewClient(&redis.Options{Addr: addr})
+			defer c.Close()
+			return c.Ping(context.Background()).Err() == nil
+		})
+	}
+	args := append([]string{"--cluster", "create"}, addrs...)
+	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
+	if out, err := exec.Command(cli, args...).CombinedOutput(); err != nil {
+		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
+	}
+	for _, addr := range addrs {
+		waitFor(t, 30*time.Second, "cluster_state:ok on "+addr, func() bool {
+			c := redis.NewClient(&redis.Options{Addr: addr})
+			defer c.Close()
+			info, err := c.ClusterInfo(context.Background()).Result()
+			return err == nil && strings.Contains(info, "cluster_state:ok")
+		})
+	}
+	return addrs
+}
+
+// freePorts finds n loopback ports free for clients, with port+10000 free
+// for the cluster bus.
+func freePorts(t *testing.T, n int) []int {
+	t.Helper()
+	free := func(p int) bool {
+		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
+		if err != nil {
+			return false
+		}
+		ln.Close()
+		return true
+	}
+	var ports []int
+	for tries := 0; len(ports) < n && tries < 1000; tries++ {
+		p := 20000 + rand.IntN(20000)
+		if free(p) && free(p+10000) && !slices.Contains(ports, p) {
+			ports = append(ports, p)
+		}
+	}
+	if len(ports) < n {
+		t.Fatal("no free ports for a Redis Cluster")
+	}
+	return ports
+}
+
+func waitFor(t *testing.T, limit time.Duration, what string, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", limit, what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
