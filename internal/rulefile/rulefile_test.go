@@ -1,0 +1,139 @@
+package rulefile_test
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/countlimit/countlimit/countlimit"
+	"github.com/countlimit/countlimit/internal/rulefile"
+)
+
+func TestDefaultHoldsTheSeedScenarios(t *testing.T) {
+	f := rulefile.Default()
+	shanghai, _ := time.LoadLocation("Asia/Shanghai")
+	for _, tc := range []struct {
+		name, tier string
+		want       []countlimit.Rule
+	}{
+		{"sms.code", "", []countlimit.Rule{{UseType: "sms.code", Limit: 2, Window: countlimit.Sliding(5 * time.Minute)}}},
+		{"password.change", "", []countlimit.Rule{{UseType: "password.change", Limit: 3, Window: countlimit.Calendar(countlimit.Day, shanghai)}}},
+		{"article.pin", "", []countlimit.Rule{{UseType: "article.pin", Limit: 1, Window: countlimit.Calendar(countlimit.Month, shanghai)}}},
+		{"api", "", []countlimit.Rule{{UseType: "api", Limit: 10, Window: countlimit.Fixed(time.Minute)}}},
+		{"api", "registered", []countlimit.Rule{{UseType: "api", Limit: 100, Window: countlimit.Fixed(time.Minute)}}},
+		{"api", "anonymous", []countlimit.Rule{{UseType: "api", Limit: 10, Window: countlimit.Fixed(time.Minute)}}},
+		{"post.create", "bronze", []countlimit.Rule{{UseType: "post.create", Limit: 3, Window: countlimit.Fixed(time.Hour)}}},
+		{"post.create", "silver", []countlimit.Rule{{UseType: "post.create", Limit: 5, Window: countlimit.Fixed(time.Hour)}}},
+		{"post.create", "gold", []countlimit.Rule{{UseType: "post.create", Limit: 8, Window: countlimit.Fixed(time.Hour)}}},
+		{"login", "", []countlimit.Rule{{UseType: "login", Limit: 5, Window: countlimit.Rolling(15 * time.Minute), Block: 30 * time.Minute}}},
+		{"conversation.create", "", []countlimit.Rule{
+			{UseType: "conversation.hour", Limit: 10, Window: countlimit.Fixed(time.Hour)},
+			{UseType: "conversation.day", Limit: 50, Window: countlimit.Calendar(countlimit.Day, shanghai)},
+		}},
+	} {
+		got, err := f.Resolve(tc.name, tc.tier)
+		if err != nil {
+			t.Errorf("Resolve(%q, %q): %v", tc.name, tc.tier, err)
+			continue
+		}
+		if len(got) != len(tc.want) {
+			t.Errorf("Resolve(%q, %q) = %d rules, want %d", tc.name, tc.tier, len(got), len(tc.want))
+			continue
+		}
+		for i := range got {
+			g, w := got[i], tc.want[i]
+			if g.UseType != w.UseType || g.Limit != w.Limit || g.Block != w.Block || g.Window.String() != w.Window.String() {
+				t.Errorf("Resolve(%q, %q)[%d] = %+v (%v), want %+v (%v)", tc.name, tc.tier, i, g, g.Window, w, w.Window)
+			}
+		}
+	}
+	if got := strings.Join(f.Names(), " "); got != "sms.code password.change article.pin api post.create login conversation.hour conversation.day conversation.create" {
+		t.Errorf("Names() = %s", got)
+	}
+}
+
+func TestResolveErrors(t *testing.T) {
+	f := rulefile.Default()
+	for _, tc := range []struct {
+		name, tier string
+		is         error
+		msg        string
+	}{
+		{"nope", "", rulefile.ErrUnknown, `"nope"`},
+		{"post.create", "", rulefile.ErrTier, "needs a tier (one of bronze, gold, silver)"},
+		{"post.create", "platinum", rulefile.ErrTier, `no tier "platinum"`},
+		{"sms.code", "gold", rulefile.ErrTier, "has no tiers"},
+		{"conversation.create", "gold", rulefile.ErrTier, "has no tiers"},
+	} {
+		_, err := f.Resolve(tc.name, tc.tier)
+		if !errors.Is(err, tc.is) || !strings.Contains(err.Error(), tc.msg) {
+			t.Errorf("Resolve(%q, %q) = %v, want %v containing %q", tc.name, tc.tier, err, tc.is, tc.msg)
+		}
+	}
+}
+
+func TestParseErrorsNameFileLineAndField(t *testing.T) {
+	for _, tc := range []struct {
+		name, yaml, want string
+	}{
+		{"unknown top-level field", "rules:\n  a: {window: fixed 1m, limit: 1}\nrulez: {}\n", "r.yaml:3: rulez: unknown field"},
+		{"unknown rule field", "rules:\n  a:\n    window: fixed 1m\n    limit: 1\n    limt: 2\n", "r.yaml:5: rules.a.limt: unknown field"},
+		{"bad duration", "rules:\n  a:\n    window: rolling 5 minutes\n    limit: 1\n", "r.yaml:3: rules.a.window: want \"rolling\" followed by a duration"},
+		{"bad duration value", "rules:\n  a:\n    window: fixed 5x\n    limit: 1\n", `r.yaml:3: rules.a.window: bad duration "5x"`},
+		{"unknown zone", "rules:\n  a:\n    window: calendar day Asia/Shangai\n    limit: 1\n", `r.yaml:3: rules.a.window: unknown time zone "Asia/Shangai"`},
+		{"unknown unit", "rules:\n  a:\n    window: calendar fortnight\n    limit: 1\n", `r.yaml:3: rules.a.window: unknown calendar unit "fortnight"`},
+		{"unknown kind", "rules:\n  a:\n    window: leaky 1m\n    limit: 1\n", `r.yaml:3: rules.a.window: unknown window kind "leaky"`},
+		{"negative limit", "rules:\n  a:\n    window: fixed 1m\n    limit: -1\n", `r.yaml:4: rules.a.limit: want a whole number >= 0, got "-1"`},
+		{"bad tier limit", "rules:\n  a:\n    window: fixed 1m\n    tiers:\n      gold: lots\n", `r.yaml:5: rules.a.tiers.gold: want a whole number >= 0, got "lots"`},
+		{"bad block", "rules:\n  a:\n    window: fixed 1m\n    limit: 1\n    block: forever\n", `r.yaml:5: rules.a.block: want a positive duration`},
+		{"missing window", "rules:\n  a:\n    limit: 1\n", "r.yaml:3: rules.a.window: missing"},
+		{"missing limit", "rules:\n  a:\n    window: fixed 1m\n", "r.yaml:3: rules.a.limit: missing"},
+		{"duplicate rule", "rules:\n  a: {window: fixed 1m, limit: 1}\n  a: {window: fixed 1m, limit: 2}\n", "r.yaml:3: rules.a: appears twice"},
+		{"group of unknown rule", "rules:\n  a: {window: fixed 1m, limit: 1}\ngroups:\n  g: {rules: [a, b]}\n", `r.yaml: groups.g.rules: unknown rule "b"`},
+		{"group sharing a use type", "rules:\n  a: {window: fixed 1m, limit: 1}\n  b: {window: fixed 1h, limit: 1, use_type: a}\ngroups:\n  g: {rules: [a, b]}\n", `share use type "a"`},
+		{"group named like a rule", "rules:\n  a: {window: fixed 1m, limit: 1}\ngroups:\n  a: {rules: [a]}\n", "groups.a: a rule has the same name"},
+		{"empty group", "rules:\n  a: {window: fixed 1m, limit: 1}\ngroups:\n  g: {rules: []}\n", "r.yaml:4: groups.g.rules: want a list"},
+		{"no rules", "groups: {}\n", "r.yaml: no rules"},
+		{"not YAML", "rules: [\n", "r.yaml: yaml:"},
+		{"empty", "", "r.yaml: no rules"},
+	} {
+		_, err := rulefile.Parse("r.yaml", []byte(tc.yaml))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: err = %v, want one containing %q", tc.name, err, tc.want)
+		}
+	}
+}
+
+func TestLoad(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "rules.yaml")
+	if err := os.WriteFile(path, []byte("rules:\n  reports.export:\n    window: lifetime\n    limit: 3\n    use_type: export\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f, err := rulefile.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs, err := f.Resolve("reports.export", "")
+	if err != nil || rs[0].UseType != "export" || rs[0].Limit != 3 || rs[0].Window.String() != "lifetime" {
+		t.Fatalf("Resolve = %+v, %v", rs, err)
+	}
+	if _, err := rulefile.Load(filepath.Join(t.TempDir(), "missing.yaml")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("Load of a missing file: %v", err)
+	}
+}
+
+func TestParseDuration(t *testing.T) {
+	for in, want := range map[string]time.Duration{"90s": 90 * time.Second, "7d": 7 * 24 * time.Hour, "1h30m": 90 * time.Minute} {
+		if got, err := rulefile.ParseDuration(in); err != nil || got != want {
+			t.Errorf("ParseDuration(%q) = %v, %v; want %v", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "d", "-1d", "1.5d", "abc"} {
+		if _, err := rulefile.ParseDuration(in); err == nil {
+			t.Errorf("ParseDuration(%q): no error", in)
+		}
+	}
+}
