@@ -7,42 +7,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/countlimit/countlimit/countlimit"
-	"github.com/countlimit/countlimit/countlimit/memstore"
-	"github.com/countlimit/countlimit/countlimit/pgstore"
-	"github.com/countlimit/countlimit/countlimit/redisstore"
 	"github.com/countlimit/countlimit/countlimit/storetest"
 	"github.com/countlimit/countlimit/internal/testbackend"
 )
 
 func TestMain(m *testing.M) { testbackend.Main(m) }
-
-// backend is a store under end-to-end test.
-type backend struct {
-	name string
-	open func(t *testing.T) countlimit.Store
-}
-
-// backends lists every store; one whose server is missing skips its subtests
-// (or fails them under COUNTLIMIT_REQUIRE_BACKENDS=1).
-func backends() []backend {
-	return []backend{
-		// No janitor: nothing to stop, so the store may outlive the subtest
-		// that opened it.
-		{"memory", func(*testing.T) countlimit.Store { return memstore.New(memstore.WithJanitorInterval(0)) }},
-		{"postgres", func(t *testing.T) countlimit.Store { return pgstore.New(testbackend.Postgres(t)) }},
-		{"redis", func(t *testing.T) countlimit.Store {
-			opts, err := redis.ParseURL(testbackend.RedisURL(t))
-			if err != nil {
-				t.Fatalf("%s: %v", testbackend.EnvRedis, err)
-			}
-			// Closed with the process: the store outlives the subtest that opened it.
-			return redisstore.New(redis.NewClient(opts))
-		}},
-	}
-}
 
 // TestSeedScenarios walks the scenarios countlimit grew from, on every store.
 func TestSeedScenarios(t *testing.T) {
@@ -50,10 +20,10 @@ func TestSeedScenarios(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, b := range backends() {
-		t.Run(b.name, func(t *testing.T) {
+	for _, b := range testbackend.Backends() {
+		t.Run(b.Name, func(t *testing.T) {
 			t.Parallel()
-			store := b.open(t)
+			store := b.Open(t)
 			ctx := context.Background()
 			// Friday 2026-05-15 22:00 in Shanghai.
 			clock := storetest.NewClock(time.Date(2026, 5, 15, 22, 0, 0, 0, shanghai))
@@ -163,13 +133,13 @@ func TestStoresAgree(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	bs := backends()
+	bs := testbackend.Backends()
 	stores := make([]countlimit.Store, 0, len(bs))
 	names := make([]string, 0, len(bs))
 	for _, b := range bs {
-		t.Run("open "+b.name, func(t *testing.T) {
-			stores = append(stores, b.open(t))
-			names = append(names, b.name)
+		t.Run("open "+b.Name, func(t *testing.T) {
+			stores = append(stores, b.Open(t))
+			names = append(names, b.Name)
 		})
 	}
 	if len(stores) < 2 {

@@ -319,14 +319,21 @@ func validate(r Rule, id string, n int64) error {
 	return nil
 }
 
-func validateKey(ut UseType, id string) error {
-	if err := validateName(string(ut)); err != "" {
-		return invalidf("UseType", "%s", err)
-	}
+// ValidateID reports whether id is usable as an id: non-empty, at most
+// MaxIDLen bytes, valid UTF-8, no NUL byte. The error wraps ErrInvalid and
+// names the field "id". Handlers use it to answer 400 before any check.
+func ValidateID(id string) error {
 	if err := validateName(id); err != "" {
 		return invalidf("id", "%s", err)
 	}
 	return nil
+}
+
+func validateKey(ut UseType, id string) error {
+	if err := validateName(string(ut)); err != "" {
+		return invalidf("UseType", "%s", err)
+	}
+	return ValidateID(id)
 }
 
 func validateName(s string) string {

@@ -1,0 +1,366 @@
+// Package server is countlimit's HTTP JSON service: allow, peek, refund and
+// reset by rule name and id, the rule list, /healthz and Prometheus /metrics.
+//
+// A verdict is 200 whether allowed or denied: the caller is a backend asking
+// a question, and "no" is an answer. Bad requests are 400 with a JSON error
+// naming the field; a failing store is 503.
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/countlimit/countlimit/countlimit"
+	"github.com/countlimit/countlimit/internal/rulefile"
+)
+
+// MaxBodyBytes bounds a request body.
+const MaxBodyBytes = 64 << 10
+
+// Config is what a Server serves.
+type Config struct {
+	Limiter *countlimit.Limiter
+	Rules   *rulefile.File
+	// Ping reports whether the store answers; nil means always healthy.
+	Ping func(context.Context) error
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// Server is the HTTP handler. It is safe for concurrent use.
+type Server struct {
+	cfg     Config
+	log     *slog.Logger
+	mux     *http.ServeMux
+	reg     *prometheus.Registry
+	decided *prometheus.CounterVec
+	latency *prometheus.HistogramVec
+	failed  *prometheus.CounterVec
+}
+
+// New returns a Server for cfg.
+func New(cfg Config) *Server {
+	s := &Server{cfg: cfg, log: cfg.Logger, mux: http.NewServeMux(), reg: prometheus.NewRegistry()}
+	if s.log == nil {
+		s.log = slog.Default()
+	}
+	s.decided = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "countlimit_decisions_total",
+		Help: "Checks answered, by rule (or group) and verdict (allowed, denied).",
+	}, []string{"rule", "verdict"})
+	s.latency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "countlimit_request_duration_seconds",
+		Help:    "Time to answer an API request, by endpoint.",
+		Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5},
+	}, []string{"endpoint"})
+	s.failed = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "countlimit_store_errors_total",
+		Help: "Requests that failed because the store did, by endpoint.",
+	}, []string{"endpoint"})
+	s.reg.MustRegister(s.decided, s.latency, s.failed,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+
+	s.mux.HandleFunc("POST /v1/allow", s.timed("allow", s.check(opAllow)))
+	s.mux.HandleFunc("POST /v1/peek", s.timed("peek", s.check(opPeek)))
+	s.mux.HandleFunc("POST /v1/refund", s.timed("refund", s.check(opRefund)))
+	s.mux.HandleFunc("POST /v1/reset", s.timed("reset", s.check(opReset)))
+	s.mux.HandleFunc("GET /v1/rules", s.rules)
+	s.mux.HandleFunc("GET /healthz", s.health)
+	s.mux.Handle("GET /metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
+	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		if m, ok := methods[r.URL.Path]; ok {
+			w.Header().Set("Allow", m)
+			writeJSON(w, http.StatusMethodNotAllowed, apiError{Error: r.URL.Path + " takes " + m})
+			return
+		}
+		writeJSON(w, http.StatusNotFound, apiError{Error: "no such endpoint: " + r.Method + " " + r.URL.Path})
+	})
+	return s
+}
+
+// methods maps each endpoint to its method, for 405 answers.
+var methods = map[string]string{
+	"/v1/allow": "POST", "/v1/peek": "POST", "/v1/refund": "POST", "/v1/reset": "POST",
+	"/v1/rules": "GET", "/healthz": "GET", "/metrics": "GET",
+}
+
+// ServeHTTP implements http.Handler.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+
+func (s *Server) timed(endpoint string, h http.HandlerFunc) http.HandlerFunc {
+	obs := s.latency.WithLabelValues(endpoint)
+	return func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		h(w, r)
+		obs.Observe(time.Since(start).Seconds())
+	}
+}
+
+type op int
+
+const (
+	opAllow op = iota
+	opPeek
+	opRefund
+	opReset
+)
+
+// Request is the body of POST /v1/allow, /v1/peek, /v1/refund and /v1/reset.
+type Request struct {
+	Rule string `json:"rule"`
+	ID   string `json:"id"`
+	// Cost is the event's weight for allow, and what refund gives back; default 1.
+	Cost *int64 `json:"cost,omitempty"`
+	// Tier picks the rule's per-tier limit.
+	Tier string `json:"tier,omitempty"`
+}
+
+// Response answers allow, peek and refund.
+type Response struct {
+	Allowed bool `json:"allowed"`
+	// RetryAfterSeconds is 0 when allowed, -1 when no wait helps.
+	RetryAfterSeconds float64      `json:"retry_after_seconds"`
+	Results           []RuleResult `json:"results"`
+}
+
+// RuleResult is one rule's state after a call.
+type RuleResult struct {
+	Rule         string     `json:"rule"`
+	UseType      string     `json:"use_type"`
+	Limit        int64      `json:"limit"`
+	Used         int64      `json:"used"`
+	Remaining    int64      `json:"remaining"`
+	ResetAt      *time.Time `json:"reset_at"`
+	BlockedUntil *time.Time `json:"blocked_until"`
+}
+
+type apiError struct {
+	Error string `json:"error"`
+	Field string `json:"field,omitempty"`
+}
+
+func (s *Server) check(o op) http.HandlerFunc {
+	endpoint := [...]string{"allow", "peek", "refund", "reset"}[o]
+	return func(w http.ResponseWriter, r *http.Request) {
+		req, names, rules, ok := s.decode(w, r, o)
+		if !ok {
+			return
+		}
+		ctx := r.Context()
+		var results []countlimit.Result
+		var err error
+		switch {
+		case o == opReset:
+			for _, rule := range rules {
+				if err = s.cfg.Limiter.Reset(ctx, rule, req.ID); err != nil {
+					break
+				}
+			}
+		case o == opAllow && len(rules) > 1:
+			if *req.Cost != 1 {
+				writeJSON(w, http.StatusBadRequest, apiError{Error: "a group counts one event: cost must be 1", Field: "cost"})
+				return
+			}
+			results, err = s.cfg.Limiter.AllowAll(ctx, req.ID, rules...)
+		default:
+			for _, rule := range rules {
+				var res countlimit.Result
+				switch o {
+				case opAllow:
+					res, err = s.cfg.Limiter.AllowN(ctx, rule, req.ID, *req.Cost)
+				case opPeek:
+					res, err = s.cfg.Limiter.Peek(ctx, rule, req.ID)
+				case opRefund:
+					res, err = s.cfg.Limiter.Refund(ctx, rule, req.ID, *req.Cost)
+				}
+				if err != nil {
+					break
+				}
+				results = append(results, res)
+			}
+		}
+		if err != nil {
+			s.fail(w, endpoint, req.Rule, err)
+			return
+		}
+		if o == opReset {
+			writeJSON(w, http.StatusOK, map[string]any{"reset": true})
+			return
+		}
+		resp := response(names, rules, results)
+		if o == opAllow {
+			verdict := "denied"
+			if resp.Allowed {
+				verdict = "allowed"
+			}
+			s.decided.WithLabelValues(req.Rule, verdict).Inc()
+		}
+		writeJSON(w, http.StatusOK, resp)
+	}
+}
+
+// decode reads and checks a request, answering 400 itself when it is bad.
+func (s *Server) decode(w http.ResponseWriter, r *http.Request, o op) (Request, []string, []countlimit.Rule, bool) {
+	var req Request
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		var mbe *http.MaxBytesError
+		switch {
+		case errors.As(err, &mbe):
+			writeJSON(w, http.StatusRequestEntityTooLarge, apiError{Error: fmt.Sprintf("body over %d bytes", MaxBodyBytes)})
+		case errors.Is(err, io.EOF):
+			writeJSON(w, http.StatusBadRequest, apiError{Error: `empty body: want JSON like {"rule": "sms.code", "id": "18500000000"}`})
+		default:
+			field := ""
+			if f, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
+				field = strings.Trim(f, `"`)
+			}
+			var ute *json.UnmarshalTypeError
+			if errors.As(err, &ute) {
+				field = ute.Field
+			}
+			writeJSON(w, http.StatusBadRequest, apiError{Error: "bad JSON: " + err.Error(), Field: field})
+		}
+		return req, nil, nil, false
+	}
+	if dec.More() {
+		writeJSON(w, http.StatusBadRequest, apiError{Error: "bad JSON: more than one value in the body"})
+		return req, nil, nil, false
+	}
+	bad := func(field, format string, args ...any) (Request, []string, []countlimit.Rule, bool) {
+		writeJSON(w, http.StatusBadRequest, apiError{Error: fmt.Sprintf(format, args...), Field: field})
+		return req, nil, nil, false
+	}
+	if req.Rule == "" {
+		return bad("rule", "rule is required")
+	}
+	if err := countlimit.ValidateID(req.ID); err != nil {
+		return bad("id", "%v", err)
+	}
+	if req.Cost == nil {
+		one := int64(1)
+		req.Cost = &one
+	} else if *req.Cost < 1 {
+		return bad("cost", "cost must be at least 1, got %d", *req.Cost)
+	} else if o == opPeek || o == opReset {
+		return bad("cost", "%s takes no cost", [...]string{"allow", "peek", "refund", "reset"}[o])
+	}
+	rules, err := s.cfg.Rules.Resolve(req.Rule, req.Tier)
+	switch {
+	case errors.Is(err, rulefile.ErrUnknown):
+		return bad("rule", "unknown rule %q (GET /v1/rules lists them)", req.Rule)
+	case errors.Is(err, rulefile.ErrTier):
+		return bad("tier", "%v", err)
+	case err != nil:
+		return bad("rule", "%v", err)
+	}
+	names := []string{req.Rule}
+	if g, ok := s.cfg.Rules.Groups[req.Rule]; ok {
+		names = g.Rules
+	}
+	return req, names, rules, true
+}
+
+func (s *Server) fail(w http.ResponseWriter, endpoint, rule string, err error) {
+	if errors.Is(err, countlimit.ErrInvalid) {
+		writeJSON(w, http.StatusBadRequest, apiError{Error: err.Error()})
+		return
+	}
+	s.failed.WithLabelValues(endpoint).Inc()
+	s.log.Error("store failed", "endpoint", endpoint, "rule", rule, "err", err)
+	writeJSON(w, http.StatusServiceUnavailable, apiError{Error: "store unavailable"})
+}
+
+func response(names []string, rules []countlimit.Rule, results []countlimit.Result) Response {
+	resp := Response{Allowed: true, Results: make([]RuleResult, len(results))}
+	for i, res := range results {
+		resp.Allowed = resp.Allowed && res.Allowed
+		if !res.Allowed {
+			resp.RetryAfterSeconds = combine(resp.RetryAfterSeconds, res.RetryAfter)
+		}
+		rr := RuleResult{Rule: names[i], UseType: string(rules[i].UseType), Limit: res.Limit, Used: res.Used, Remaining: res.Remaining}
+		if !res.ResetAt.IsZero() {
+			t := res.ResetAt.UTC()
+			rr.ResetAt = &t
+		}
+		if !res.BlockedUntil.IsZero() {
+			t := res.BlockedUntil.UTC()
+			rr.BlockedUntil = &t
+		}
+		resp.Results[i] = rr
+	}
+	return resp
+}
+
+// combine keeps the longest wait, -1 (never) winning.
+func combine(acc float64, d time.Duration) float64 {
+	if acc < 0 || d < 0 {
+		return -1
+	}
+	return math.Max(acc, d.Seconds())
+}
+
+func (s *Server) rules(w http.ResponseWriter, _ *http.Request) {
+	type ruleInfo struct {
+		Name        string           `json:"name"`
+		Description string           `json:"description,omitempty"`
+		UseType     string           `json:"use_type,omitempty"`
+		Window      string           `json:"window,omitempty"`
+		Limit       *int64           `json:"limit,omitempty"`
+		Tiers       map[string]int64 `json:"tiers,omitempty"`
+		Block       string           `json:"block,omitempty"`
+		Rules       []string         `json:"rules,omitempty"`
+	}
+	out := []ruleInfo{}
+	for _, n := range s.cfg.Rules.Names() {
+		if r, ok := s.cfg.Rules.Rules[n]; ok {
+			ri := ruleInfo{Name: n, Description: r.Description, UseType: string(r.UseType), Window: r.WindowText, Limit: r.Limit, Tiers: r.Tiers}
+			if r.Block > 0 {
+				ri.Block = r.Block.String()
+			}
+			out = append(out, ri)
+			continue
+		}
+		g := s.cfg.Rules.Groups[n]
+		out = append(out, ruleInfo{Name: n, Description: g.Description, Rules: g.Rules})
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"rules": out})
+}
+
+func (s *Server) health(w http.ResponseWriter, r *http.Request) {
+	if s.cfg.Ping != nil {
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		defer cancel()
+		if err := s.cfg.Ping(ctx); err != nil {
+			s.log.Warn("health check failed", "err", err)
+			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "unavailable", "error": "store unavailable"})
+			return
+		}
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		code, b = http.StatusInternalServerError, []byte(`{"error":"encoding the response failed"}`)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)+1))
+	w.WriteHeader(code)
+	_, _ = w.Write(append(b, '\n'))
+}
