@@ -39,17 +39,17 @@ CREATE VIEW count_limit_status AS
 SELECT
     s.use_type,
     s.unique_id,
-    s.window_kind,
-    s.used,
+    s.window_kind::text AS window_kind,
+    s.used::bigint AS used,
     s.limit_value,
-    greatest(s.limit_value - s.used, 0) AS remaining,
+    greatest(s.limit_value - s.used, 0)::bigint AS remaining,
     s.denied_count,
     s.begin_time AS window_begin,
     s.end_time AS window_end,
-    CASE WHEN s.used > 0 AND s.end_time IS NOT NULL THEN s.end_time - now() END AS resets_in,
-    coalesce(s.blocked_until > now(), false) AS blocked,
-    CASE WHEN s.blocked_until > now() THEN s.blocked_until END AS blocked_until,
-    CASE WHEN s.blocked_until > now() THEN s.blocked_until - now() END AS blocked_for,
+    (CASE WHEN s.used > 0 AND s.end_time IS NOT NULL THEN s.end_time - now() END)::interval AS resets_in,
+    coalesce(s.blocked_until > now(), false)::boolean AS blocked,
+    (CASE WHEN s.blocked_until > now() THEN s.blocked_until END)::timestamptz AS blocked_until,
+    (CASE WHEN s.blocked_until > now() THEN s.blocked_until - now() END)::interval AS blocked_for,
     s.updated_at
 FROM (
     SELECT

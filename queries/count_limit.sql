@@ -33,3 +33,22 @@ WITH doomed AS (
 DELETE FROM count_limit c
 USING doomed d
 WHERE c.use_type = d.use_type AND c.unique_id = d.unique_id;
+
+-- name: StatusNearestLimit :many
+-- The ids nearest their limits now (a full scan of the view: an audit tool).
+SELECT * FROM count_limit_status
+WHERE used > 0
+ORDER BY remaining, used DESC, use_type, unique_id
+LIMIT @max_rows::int;
+
+-- name: StatusMostDenied :many
+SELECT * FROM count_limit_status
+WHERE denied_count > 0
+ORDER BY denied_count DESC, use_type, unique_id
+LIMIT @max_rows::int;
+
+-- name: StatusBlocked :many
+SELECT * FROM count_limit_status
+WHERE blocked
+ORDER BY blocked_until DESC, use_type, unique_id
+LIMIT @max_rows::int;

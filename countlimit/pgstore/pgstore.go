@@ -115,25 +115,32 @@ func (s *Store) do(ctx context.Context, r *countlimit.Request) error {
 }
 
 // Purge deletes rows whose window and penalty ended before now, in batches
-// of batchSize rows, each its own statement that skips rows live checks hold
-// locked, so it is safe beside live traffic. It returns how many rows it
-// deleted. Lifetime rows are never purged. On a pgx.Tx all batches share the
-// caller's transaction.
+// of batchSize rows until none is left, and returns how many it deleted.
+// Each batch is one statement that skips rows live checks hold locked, so
+// Purge never waits on live traffic. Lifetime rows are never purged. On a
+// pgx.Tx all batches share the caller's transaction.
 func (s *Store) Purge(ctx context.Context, now time.Time, batchSize int) (int64, error) {
-	if batchSize < 1 {
-		return 0, fmt.Errorf("pgstore: purge: %w: batchSize must be at least 1, got %d", countlimit.ErrInvalid, batchSize)
-	}
 	var total int64
 	for {
-		n, err := s.q.PurgeExpired(ctx, s.db, db.PurgeExpiredParams{Now: timestamptz(now), BatchSize: int32(min(batchSize, 1<<30))})
+		n, err := s.PurgeBatch(ctx, now, batchSize)
 		total += n
-		if err != nil {
-			return total, fmt.Errorf("pgstore: purge: %w", interpretError(err))
-		}
-		if n < int64(batchSize) {
-			return total, nil
+		if err != nil || n < int64(batchSize) {
+			return total, err
 		}
 	}
+}
+
+// PurgeBatch is one batch of Purge: it deletes at most batchSize expired rows
+// that no one holds locked.
+func (s *Store) PurgeBatch(ctx context.Context, now time.Time, batchSize int) (int64, error) {
+	if batchSize < 1 || batchSize > 1<<20 {
+		return 0, fmt.Errorf("pgstore: purge: %w: batchSize must be 1 to %d, got %d", countlimit.ErrInvalid, 1<<20, batchSize)
+	}
+	n, err := s.q.PurgeExpired(ctx, s.db, db.PurgeExpiredParams{Now: timestamptz(now), BatchSize: int32(batchSize)})
+	if err != nil {
+		return n, fmt.Errorf("pgstore: purge: %w", interpretError(err))
+	}
+	return n, nil
 }
 
 // interpretError maps every driver error to countlimit.ErrUnavailable,

@@ -10,10 +10,6 @@ import (
 	"io"
 	"os"
 	"strings"
-
-	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/countlimit/countlimit/countlimit/pgstore"
 )
 
 // Exit statuses. Operator commands that check a limit exit 0 when allowed
@@ -27,10 +23,18 @@ const (
 const usage = `countlimit: may this event happen once more for this key in this period?
 
 Usage:
-  countlimit migrate up|down|status [--store postgres://...]
+  countlimit serve [--addr 127.0.0.1:8080] [--store URL] [--rules FILE] [--migrate]
+  countlimit allow|peek|refund|reset RULE ID [--cost N] [--tier T] [--store URL] [--rules FILE] [--json]
+  countlimit top [-n 20] --store postgres://...
+  countlimit purge [--batch 1000] --store postgres://...
+  countlimit migrate up|down|status --store postgres://...
+  countlimit rules check FILE
+  countlimit rules default
   countlimit help
 
---store defaults to $COUNTLIMIT_STORE.
+--store (default $COUNTLIMIT_STORE, else memory) is memory, postgres://... or redis://...
+--rules is a YAML rule file; without it the built-in rules (the seed scenarios) apply.
+allow, peek, refund and reset exit 0 when allowed, 1 when denied, 2 on error.
 `
 
 // Run runs the command line args (without the program name) and returns the
@@ -47,6 +51,20 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return ExitOK
 	case "migrate":
 		err = migrate(ctx, args[1:], stdout)
+	case "serve":
+		err = serve(ctx, args[1:], stdout, stderr)
+	case "allow", "peek", "refund", "reset":
+		var denied bool
+		denied, err = check(ctx, args[0], args[1:], stdout)
+		if err == nil && denied {
+			return ExitDenied
+		}
+	case "top":
+		err = top(ctx, args[1:], stdout)
+	case "purge":
+		err = purge(ctx, args[1:], stdout)
+	case "rules":
+		err = rules(args[1:], stdout)
 	default:
 		err = usageErrorf("unknown command %q", args[0])
 	}
@@ -91,68 +109,25 @@ func parse(fs *flag.FlagSet, args []string) error {
 	return nil
 }
 
-func isPostgres(url string) bool {
-	return strings.HasPrefix(url, "postgres://") || strings.HasPrefix(url, "postgresql://")
+// parseMixed parses flags that may come before, between or after the
+// positional arguments, and returns the positional ones.
+func parseMixed(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := parse(fs, args); err != nil {
+			return nil, err
+		}
+		args = fs.Args()
+		if len(args) == 0 {
+			return pos, nil
+		}
+		pos = append(pos, args[0])
+		args = args[1:]
+	}
 }
 
-func migrate(ctx context.Context, args []string, stdout io.Writer) error {
-	fs := newFlagSet("migrate")
-	store := storeFlag(fs)
-	if len(args) == 0 {
-		return usageErrorf("migrate: want up, down or status")
-	}
-	dir := args[0]
-	if err := parse(fs, args[1:]); err != nil {
-		return err
-	}
-	if dir != "up" && dir != "down" && dir != "status" {
-		return usageErrorf("migrate: want up, down or status, got %q", dir)
-	}
-	if !isPostgres(*store) {
-		return usageErrorf("migrate: --store must be a postgres:// URL (migrations are for PostgreSQL), got %q", redactURL(*store))
-	}
-	pool, err := pgxpool.New(ctx, *store)
-	if err != nil {
-		return fmt.Errorf("migrate: %w", err)
-	}
-	defer pool.Close()
-	p, closeDB, err := pgstore.NewMigrationProvider(pool)
-	if err != nil {
-		return err
-	}
-	defer closeDB()
-	switch dir {
-	case "up":
-		res, err := p.Up(ctx)
-		for _, r := range res {
-			fmt.Fprintf(stdout, "applied %s (%v)\n", r.Source.Path, r.Duration.Round(1e6))
-		}
-		if err != nil {
-			return fmt.Errorf("migrate up: %w", err)
-		}
-		if len(res) == 0 {
-			fmt.Fprintln(stdout, "nothing to apply")
-		}
-	case "down":
-		r, err := p.Down(ctx)
-		if err != nil {
-			return fmt.Errorf("migrate down: %w", err)
-		}
-		fmt.Fprintf(stdout, "rolled back %s\n", r.Source.Path)
-	case "status":
-		st, err := p.Status(ctx)
-		if err != nil {
-			return fmt.Errorf("migrate status: %w", err)
-		}
-		for _, s := range st {
-			applied := "pending"
-			if !s.AppliedAt.IsZero() {
-				applied = "applied " + s.AppliedAt.UTC().Format("2006-01-02 15:04:05Z")
-			}
-			fmt.Fprintf(stdout, "%-40s %s\n", s.Source.Path, applied)
-		}
-	}
-	return nil
+func isPostgres(url string) bool {
+	return strings.HasPrefix(url, "postgres://") || strings.HasPrefix(url, "postgresql://")
 }
 
 // redactURL hides a password in a store URL.

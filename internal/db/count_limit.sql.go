@@ -134,3 +134,142 @@ func (q *Queries) Reset(ctx context.Context, db DBTX, arg ResetParams) error {
 	_, err := db.Exec(ctx, reset, arg.UniqueID, arg.UseTypes)
 	return err
 }
+
+const statusBlocked = `-- name: StatusBlocked :many
+SELECT use_type, unique_id, window_kind, used, limit_value, remaining, denied_count, window_begin, window_end, resets_in, blocked, blocked_until, blocked_for, updated_at FROM count_limit_status
+WHERE blocked
+ORDER BY blocked_until DESC, use_type, unique_id
+LIMIT $1::int
+`
+
+type StatusBlockedParams struct {
+	MaxRows int32
+}
+
+func (q *Queries) StatusBlocked(ctx context.Context, db DBTX, arg StatusBlockedParams) ([]CountLimitStatus, error) {
+	rows, err := db.Query(ctx, statusBlocked, arg.MaxRows)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []CountLimitStatus
+	for rows.Next() {
+		var i CountLimitStatus
+		if err := rows.Scan(
+			&i.UseType,
+			&i.UniqueID,
+			&i.WindowKind,
+			&i.Used,
+			&i.LimitValue,
+			&i.Remaining,
+			&i.DeniedCount,
+			&i.WindowBegin,
+			&i.WindowEnd,
+			&i.ResetsIn,
+			&i.Blocked,
+			&i.BlockedUntil,
+			&i.BlockedFor,
+			&i.UpdatedAt,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const statusMostDenied = `-- name: StatusMostDenied :many
+SELECT use_type, unique_id, window_kind, used, limit_value, remaining, denied_count, window_begin, window_end, resets_in, blocked, blocked_until, blocked_for, updated_at FROM count_limit_status
+WHERE denied_count > 0
+ORDER BY denied_count DESC, use_type, unique_id
+LIMIT $1::int
+`
+
+type StatusMostDeniedParams struct {
+	MaxRows int32
+}
+
+func (q *Queries) StatusMostDenied(ctx context.Context, db DBTX, arg StatusMostDeniedParams) ([]CountLimitStatus, error) {
+	rows, err := db.Query(ctx, statusMostDenied, arg.MaxRows)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []CountLimitStatus
+	for rows.Next() {
+		var i CountLimitStatus
+		if err := rows.Scan(
+			&i.UseType,
+			&i.UniqueID,
+			&i.WindowKind,
+			&i.Used,
+			&i.LimitValue,
+			&i.Remaining,
+			&i.DeniedCount,
+			&i.WindowBegin,
+			&i.WindowEnd,
+			&i.ResetsIn,
+			&i.Blocked,
+			&i.BlockedUntil,
+			&i.BlockedFor,
+			&i.UpdatedAt,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const statusNearestLimit = `-- name: StatusNearestLimit :many
+SELECT use_type, unique_id, window_kind, used, limit_value, remaining, denied_count, window_begin, window_end, resets_in, blocked, blocked_until, blocked_for, updated_at FROM count_limit_status
+WHERE used > 0
+ORDER BY remaining, used DESC, use_type, unique_id
+LIMIT $1::int
+`
+
+type StatusNearestLimitParams struct {
+	MaxRows int32
+}
+
+// The ids nearest their limits now (a full scan of the view: an audit tool).
+func (q *Queries) StatusNearestLimit(ctx context.Context, db DBTX, arg StatusNearestLimitParams) ([]CountLimitStatus, error) {
+	rows, err := db.Query(ctx, statusNearestLimit, arg.MaxRows)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []CountLimitStatus
+	for rows.Next() {
+		var i CountLimitStatus
+		if err := rows.Scan(
+			&i.UseType,
+			&i.UniqueID,
+			&i.WindowKind,
+			&i.Used,
+			&i.LimitValue,
+			&i.Remaining,
+			&i.DeniedCount,
+			&i.WindowBegin,
+			&i.WindowEnd,
+			&i.ResetsIn,
+			&i.Blocked,
+			&i.BlockedUntil,
+			&i.BlockedFor,
+			&i.UpdatedAt,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}

@@ -39,15 +39,15 @@ type CountLimitStatus struct {
 	UseType      string
 	UniqueID     string
 	WindowKind   string
-	Used         int32
+	Used         int64
 	LimitValue   int64
-	Remaining    interface{}
+	Remaining    int64
 	DeniedCount  int64
 	WindowBegin  pgtype.Timestamptz
 	WindowEnd    pgtype.Timestamptz
-	ResetsIn     interface{}
-	Blocked      interface{}
-	BlockedUntil interface{}
-	BlockedFor   interface{}
+	ResetsIn     pgtype.Interval
+	Blocked      bool
+	BlockedUntil pgtype.Timestamptz
+	BlockedFor   pgtype.Interval
 	UpdatedAt    pgtype.Timestamptz
 }

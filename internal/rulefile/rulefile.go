@@ -147,6 +147,15 @@ func Parse(name string, data []byte) (*File, error) {
 // Names returns the names of the rules and groups, in file order.
 func (f *File) Names() []string { return append([]string(nil), f.order...) }
 
+// Members returns the rule names that name stands for: the group's rules,
+// or name itself.
+func (f *File) Members(name string) []string {
+	if g, ok := f.Groups[name]; ok {
+		return append([]string(nil), g.Rules...)
+	}
+	return []string{name}
+}
+
 // Resolve returns the countlimit rules that name (a rule or a group) stands
 // for, with limits for tier ("" for none).
 func (f *File) Resolve(name, tier string) ([]countlimit.Rule, error) {

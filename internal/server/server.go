@@ -73,10 +73,9 @@ func New(cfg Config) *Server {
 	s.reg.MustRegister(s.decided, s.latency, s.failed,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
-	s.mux.HandleFunc("POST /v1/allow", s.timed("allow", s.check(opAllow)))
-	s.mux.HandleFunc("POST /v1/peek", s.timed("peek", s.check(opPeek)))
-	s.mux.HandleFunc("POST /v1/refund", s.timed("refund", s.check(opRefund)))
-	s.mux.HandleFunc("POST /v1/reset", s.timed("reset", s.check(opReset)))
+	for _, o := range []Op{OpAllow, OpPeek, OpRefund, OpReset} {
+		s.mux.HandleFunc("POST /v1/"+o.String(), s.timed(o.String(), s.check(o)))
+	}
 	s.mux.HandleFunc("GET /v1/rules", s.rules)
 	s.mux.HandleFunc("GET /healthz", s.health)
 	s.mux.Handle("GET /metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
@@ -109,14 +108,56 @@ func (s *Server) timed(endpoint string, h http.HandlerFunc) http.HandlerFunc {
 	}
 }
 
-type op int
+// Op is what a request does.
+type Op int
 
+// The operations, by endpoint.
 const (
-	opAllow op = iota
-	opPeek
-	opRefund
-	opReset
+	OpAllow Op = iota
+	OpPeek
+	OpRefund
+	OpReset
 )
+
+func (o Op) String() string { return [...]string{"allow", "peek", "refund", "reset"}[o] }
+
+// Do carries out o for id on rules (one rule, or a group's) with weight
+// cost: allow checks a group all-or-nothing (cost must then be 1); peek,
+// refund and reset go rule by rule. Reset returns no results.
+func Do(ctx context.Context, l *countlimit.Limiter, o Op, rules []countlimit.Rule, id string, cost int64) ([]countlimit.Result, error) {
+	switch {
+	case o == OpReset:
+		for _, rule := range rules {
+			if err := l.Reset(ctx, rule, id); err != nil {
+				return nil, err
+			}
+		}
+		return nil, nil
+	case o == OpAllow && len(rules) > 1:
+		if cost != 1 {
+			return nil, fmt.Errorf("countlimit: allow: %w: cost: a group counts one event, got %d", countlimit.ErrInvalid, cost)
+		}
+		return l.AllowAll(ctx, id, rules...)
+	}
+	out := make([]countlimit.Result, 0, len(rules))
+	for _, rule := range rules {
+		var res countlimit.Result
+		var err error
+		switch o {
+		case OpAllow:
+			res, err = l.AllowN(ctx, rule, id, cost)
+		case OpPeek:
+			res, err = l.Peek(ctx, rule, id)
+		case OpRefund:
+			res, err = l.Refund(ctx, rule, id, cost)
+		}
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, res)
+	}
+	return out, nil
+}
 
 // Request is the body of POST /v1/allow, /v1/peek, /v1/refund and /v1/reset.
 type Request struct {
@@ -152,56 +193,23 @@ type apiError struct {
 	Field string `json:"field,omitempty"`
 }
 
-func (s *Server) check(o op) http.HandlerFunc {
-	endpoint := [...]string{"allow", "peek", "refund", "reset"}[o]
+func (s *Server) check(o Op) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		req, names, rules, ok := s.decode(w, r, o)
+		req, rules, ok := s.decode(w, r, o)
 		if !ok {
 			return
 		}
-		ctx := r.Context()
-		var results []countlimit.Result
-		var err error
-		switch {
-		case o == opReset:
-			for _, rule := range rules {
-				if err = s.cfg.Limiter.Reset(ctx, rule, req.ID); err != nil {
-					break
-				}
-			}
-		case o == opAllow && len(rules) > 1:
-			if *req.Cost != 1 {
-				writeJSON(w, http.StatusBadRequest, apiError{Error: "a group counts one event: cost must be 1", Field: "cost"})
-				return
-			}
-			results, err = s.cfg.Limiter.AllowAll(ctx, req.ID, rules...)
-		default:
-			for _, rule := range rules {
-				var res countlimit.Result
-				switch o {
-				case opAllow:
-					res, err = s.cfg.Limiter.AllowN(ctx, rule, req.ID, *req.Cost)
-				case opPeek:
-					res, err = s.cfg.Limiter.Peek(ctx, rule, req.ID)
-				case opRefund:
-					res, err = s.cfg.Limiter.Refund(ctx, rule, req.ID, *req.Cost)
-				}
-				if err != nil {
-					break
-				}
-				results = append(results, res)
-			}
-		}
+		results, err := Do(r.Context(), s.cfg.Limiter, o, rules, req.ID, *req.Cost)
 		if err != nil {
-			s.fail(w, endpoint, req.Rule, err)
+			s.fail(w, o.String(), req.Rule, err)
 			return
 		}
-		if o == opReset {
+		if o == OpReset {
 			writeJSON(w, http.StatusOK, map[string]any{"reset": true})
 			return
 		}
-		resp := response(names, rules, results)
-		if o == opAllow {
+		resp := NewResponse(s.cfg.Rules.Members(req.Rule), rules, results)
+		if o == OpAllow {
 			verdict := "denied"
 			if resp.Allowed {
 				verdict = "allowed"
@@ -213,7 +221,7 @@ func (s *Server) check(o op) http.HandlerFunc {
 }
 
 // decode reads and checks a request, answering 400 itself when it is bad.
-func (s *Server) decode(w http.ResponseWriter, r *http.Request, o op) (Request, []string, []countlimit.Rule, bool) {
+func (s *Server) decode(w http.ResponseWriter, r *http.Request, o Op) (Request, []countlimit.Rule, bool) {
 	var req Request
 	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
 	dec.DisallowUnknownFields()
@@ -235,15 +243,15 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request, o op) (Request, 
 			}
 			writeJSON(w, http.StatusBadRequest, apiError{Error: "bad JSON: " + err.Error(), Field: field})
 		}
-		return req, nil, nil, false
+		return req, nil, false
 	}
 	if dec.More() {
 		writeJSON(w, http.StatusBadRequest, apiError{Error: "bad JSON: more than one value in the body"})
-		return req, nil, nil, false
+		return req, nil, false
 	}
-	bad := func(field, format string, args ...any) (Request, []string, []countlimit.Rule, bool) {
+	bad := func(field, format string, args ...any) (Request, []countlimit.Rule, bool) {
 		writeJSON(w, http.StatusBadRequest, apiError{Error: fmt.Sprintf(format, args...), Field: field})
-		return req, nil, nil, false
+		return req, nil, false
 	}
 	if req.Rule == "" {
 		return bad("rule", "rule is required")
@@ -256,8 +264,10 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request, o op) (Request, 
 		req.Cost = &one
 	} else if *req.Cost < 1 {
 		return bad("cost", "cost must be at least 1, got %d", *req.Cost)
-	} else if o == opPeek || o == opReset {
-		return bad("cost", "%s takes no cost", [...]string{"allow", "peek", "refund", "reset"}[o])
+	} else if o == OpPeek || o == OpReset {
+		return bad("cost", "%s takes no cost", o)
+	} else if o == OpAllow && *req.Cost != 1 && len(s.cfg.Rules.Members(req.Rule)) > 1 {
+		return bad("cost", "a group counts one event: cost must be 1")
 	}
 	rules, err := s.cfg.Rules.Resolve(req.Rule, req.Tier)
 	switch {
@@ -268,11 +278,7 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request, o op) (Request, 
 	case err != nil:
 		return bad("rule", "%v", err)
 	}
-	names := []string{req.Rule}
-	if g, ok := s.cfg.Rules.Groups[req.Rule]; ok {
-		names = g.Rules
-	}
-	return req, names, rules, true
+	return req, rules, true
 }
 
 func (s *Server) fail(w http.ResponseWriter, endpoint, rule string, err error) {
@@ -285,7 +291,9 @@ func (s *Server) fail(w http.ResponseWriter, endpoint, rule string, err error) {
 	writeJSON(w, http.StatusServiceUnavailable, apiError{Error: "store unavailable"})
 }
 
-func response(names []string, rules []countlimit.Rule, results []countlimit.Result) Response {
+// NewResponse builds the answer to allow, peek or refund from the rules'
+// names, the rules and their results.
+func NewResponse(names []string, rules []countlimit.Rule, results []countlimit.Result) Response {
 	resp := Response{Allowed: true, Results: make([]RuleResult, len(results))}
 	for i, res := range results {
 		resp.Allowed = resp.Allowed && res.Allowed
