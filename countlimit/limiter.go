@@ -235,6 +235,10 @@ func (l *Limiter) CheckLimit(ctx context.Context, useType UseType, id string, li
 	return c.checks[0].State.Allowed, nil
 }
 
+// Now reads the Limiter's clock, to the microsecond as the stores keep
+// time: what a Result's ResetAt and BlockedUntil are relative to.
+func (l *Limiter) Now() time.Time { return l.clock() }
+
 // clock reads the Limiter's clock at the stores' precision.
 func (l *Limiter) clock() time.Time { return l.now().Truncate(time.Microsecond) }
 

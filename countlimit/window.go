@@ -94,6 +94,16 @@ func (w Window) String() string {
 	return "invalid window"
 }
 
+// Duration returns the length of a Rolling, Fixed or Sliding window, and 0
+// for Calendar windows (a day or a month has no single length) and Lifetime.
+func (w Window) Duration() time.Duration {
+	switch w.kind {
+	case kindRolling, kindFixed, kindSliding:
+		return w.d
+	}
+	return 0
+}
+
 // validate reports why w cannot be used, naming the field.
 func (w Window) validate() error {
 	switch w.kind {

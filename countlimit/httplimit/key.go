@@ -1,0 +1,94 @@
+package httplimit
+
+import (
+	"net/http"
+	"net/netip"
+	"slices"
+	"strings"
+)
+
+// KeyFunc returns the id a request is limited by: a client IP, an API key, a
+// user id. Any func of this type will do, such as one that reads the user
+// from the request's context. An empty string means the request has no
+// usable key; the check then fails with countlimit.ErrInvalid (see
+// [OnError]).
+type KeyFunc func(*http.Request) string
+
+// ClientIP returns a KeyFunc that keys requests by the client's IP address,
+// without port or zone, IPv4-mapped IPv6 addresses written as IPv4.
+//
+// X-Forwarded-For is believed only when the request comes straight from a
+// trusted proxy: when the IP of r.RemoteAddr is in one of the trusted
+// prefixes. Its addresses are then walked from the right, past every
+// trusted proxy, and the first untrusted one is the client; each proxy
+// appends the address it saw, so only the entries left of that one can be
+// forged. An entry that does not parse (a port is allowed, "unknown" is not)
+// stops the walk at the last address known good. Without trusted prefixes,
+// or from an untrusted peer, the header is ignored and the key is the peer's
+// IP. Forwarded and X-Real-IP are never read: a proxy that writes one of them
+// would pass the client's own copy of the other through.
+//
+// A RemoteAddr that is not an IP address (a Unix socket) gives no key.
+// IPv6 clients often hold a whole /64; keying by the full address lets them
+// take a fresh limit per address, so mask it in your own KeyFunc if that
+// matters.
+func ClientIP(trusted ...netip.Prefix) KeyFunc {
+	trusted = slices.Clone(trusted)
+	isTrusted := func(a netip.Addr) bool {
+		for _, p := range trusted {
+			if p.Contains(a) {
+				return true
+			}
+		}
+		return false
+	}
+	return func(r *http.Request) string {
+		client, ok := parseIP(r.RemoteAddr)
+		if !ok {
+			return ""
+		}
+		if !isTrusted(client) {
+			return client.String()
+		}
+		for _, line := range slices.Backward(r.Header.Values("X-Forwarded-For")) {
+			for _, entry := range slices.Backward(strings.Split(line, ",")) {
+				a, ok := parseIP(strings.TrimSpace(entry))
+				if !ok {
+					return client.String()
+				}
+				client = a
+				if !isTrusted(a) {
+					return client.String()
+				}
+			}
+		}
+		return client.String() // every hop is trusted: the request began inside
+	}
+}
+
+// parseIP reads an address as RemoteAddr and X-Forwarded-For write it:
+// "192.0.2.1", "192.0.2.1:443", "2001:db8::1", "[2001:db8::1]:443" or
+// "[2001:db8::1]".
+func parseIP(s string) (netip.Addr, bool) {
+	var a netip.Addr
+	if ap, err := netip.ParseAddrPort(s); err == nil {
+		a = ap.Addr()
+	} else {
+		if len(s) > 2 && s[0] == '[' && s[len(s)-1] == ']' {
+			s = s[1 : len(s)-1]
+		}
+		if a, err = netip.ParseAddr(s); err != nil {
+			return netip.Addr{}, false
+		}
+	}
+	return a.Unmap().WithZone(""), true
+}
+
+// Header returns a KeyFunc that keys requests by the value of the named
+// header, such as an API key, without surrounding spaces. A request without
+// it has no key. The value is stored as the id as it is, so hash secrets in
+// your own KeyFunc rather than keep them in the store.
+func Header(name string) KeyFunc {
+	name = http.CanonicalHeaderKey(name)
+	return func(r *http.Request) string { return strings.TrimSpace(r.Header.Get(name)) }
+}
