@@ -407,3 +407,111 @@ func BenchmarkAllow(b *testing.B) {
 		})
 	}
 }
+
+// TestPurgeBesideLiveTraffic deletes many expired rows in batches while
+// checks run, some on the very rows being purged, and while a transaction
+// holds one expired row locked: purge skips what is locked instead of
+// waiting, and every check succeeds with a correct count.
+func TestPurgeBesideLiveTraffic(t *testing.T) {
+	pool := testbackend.FreshSchema(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := pgstore.Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	const expired = 50000
+	if _, err := pool.Exec(ctx, `
+		INSERT INTO count_limit (use_type, unique_id, already_count, begin_time, end_time, limit_value)
+		SELECT 'old', 'id-' || g, 1, now() - interval '2 hours', now() - interval '1 hour', 1
+		FROM generate_series(1, $1::int) AS g`, expired); err != nil {
+		t.Fatal(err)
+	}
+	// A live transaction holds one expired row.
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM count_limit WHERE use_type = 'old' AND unique_id = 'id-1' FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+
+	store := pgstore.New(pool)
+	l := countlimit.New(store)
+	old := countlimit.Rule{UseType: "old", Limit: 1, Window: countlimit.Fixed(time.Minute)}
+	live := countlimit.Rule{UseType: "live", Limit: 1 << 40, Window: countlimit.Fixed(time.Hour)}
+	done := make(chan struct{})
+	var revived, liveCalls atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				// Even goroutines check expired ids (2..), odd ones a live key.
+				if g%2 == 0 {
+					id := fmt.Sprint("id-", 2+g/2+4*i)
+					if 2+g/2+4*i > expired {
+						continue
+					}
+					res, err := l.Allow(ctx, old, id)
+					if err != nil || !res.Allowed || res.Used != 1 {
+						errs <- fmt.Errorf("Allow(old, %s) during purge = %+v, %v; want a fresh window", id, res, err)
+						return
+					}
+					revived.Add(1)
+				} else {
+					if _, err := l.Allow(ctx, live, "hot"); err != nil {
+						errs <- fmt.Errorf("Allow(live) during purge: %v", err)
+						return
+					}
+					liveCalls.Add(1)
+				}
+			}
+		}()
+	}
+	n, err := store.Purge(ctx, time.Now(), 1000)
+	close(done)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if err != nil {
+		t.Fatalf("Purge: %v", err)
+	}
+	var left int64
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM count_limit WHERE use_type = 'old'`).Scan(&left); err != nil {
+		t.Fatal(err)
+	}
+	// Every old row was purged, or checked during the purge (which left one
+	// fresh window, whether the check came before the purge or after it), or
+	// locked by the open transaction.
+	if left != revived.Load()+1 {
+		t.Errorf("%d old rows left; want the %d checked during the purge and the 1 locked", left, revived.Load())
+	}
+	var stale int64
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM count_limit WHERE use_type = 'old' AND unique_id <> 'id-1'
+		AND (already_count <> 1 OR end_time <= now())`).Scan(&stale); err != nil || stale != 0 {
+		t.Errorf("%d rows left are not one fresh count (%v)", stale, err)
+	}
+	if n > expired-1 || n < expired-1-revived.Load() {
+		t.Errorf("purged %d rows; want between %d and %d", n, expired-1-revived.Load(), expired-1)
+	}
+	if liveCalls.Load() == 0 || revived.Load() == 0 {
+		t.Errorf("no checks ran beside the purge (live %d, revived %d)", liveCalls.Load(), revived.Load())
+	}
+	t.Logf("purged %d rows in batches of 1000 beside %d live checks and %d checks on purged ids", n, liveCalls.Load(), revived.Load())
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := store.Purge(ctx, time.Now(), 1000); err != nil || n != 1 {
+		t.Errorf("Purge after the lock is released: %d, %v; want the 1 row it skipped", n, err)
+	}
+}
