@@ -172,7 +172,8 @@ type Request struct {
 // Response answers allow, peek and refund.
 type Response struct {
 	Allowed bool `json:"allowed"`
-	// RetryAfterSeconds is 0 when allowed, -1 when no wait helps.
+	// RetryAfterSeconds is 0 when allowed, -1 when no wait helps, else the
+	// wait rounded up to the millisecond.
 	RetryAfterSeconds float64      `json:"retry_after_seconds"`
 	Results           []RuleResult `json:"results"`
 }
@@ -314,12 +315,13 @@ func NewResponse(names []string, rules []countlimit.Rule, results []countlimit.R
 	return resp
 }
 
-// combine keeps the longest wait, -1 (never) winning.
+// combine keeps the longest wait, -1 (never) winning, in seconds rounded
+// up to the millisecond so a client that waits as told is never early.
 func combine(acc float64, d time.Duration) float64 {
 	if acc < 0 || d < 0 {
 		return -1
 	}
-	return math.Max(acc, d.Seconds())
+	return math.Max(acc, math.Ceil(d.Seconds()*1000)/1000)
 }
 
 func (s *Server) rules(w http.ResponseWriter, _ *http.Request) {
