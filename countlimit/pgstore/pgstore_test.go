@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -140,42 +139,9 @@ func TestTransactionCommitsOrRollsBackWithCaller(t *testing.T) {
 }
 
 func TestUnreachable(t *testing.T) {
-	// A listener that accepts and never answers: the driver waits on it until
-	// the context ends.
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	var conns []net.Conn
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-		}
-	}()
-	defer func() {
-		ln.Close()
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-	}()
-	refused, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	refusedAddr := refused.Addr().String()
-	refused.Close()
-
+	silent, refused := testbackend.DeadAddrs(t)
 	rule := countlimit.Rule{UseType: "down", Limit: 10, Window: countlimit.Fixed(time.Minute)}
-	for _, tc := range []struct{ name, addr string }{{"silent server", ln.Addr().String()}, {"connection refused", refusedAddr}} {
+	for _, tc := range []struct{ name, addr string }{{"silent server", silent}, {"connection refused", refused}} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg, err := pgxpool.ParseConfig(fmt.Sprintf("postgres://u@%s/db?sslmode=disable&connect_timeout=30", tc.addr))
 			if err != nil {

@@ -4,7 +4,6 @@ import (
 	"context"
 	_ "embed"
 	"errors"
-	"net"
 	"runtime"
 	"strings"
 	"sync"
@@ -230,41 +229,9 @@ func TestOneScriptPerOperation(t *testing.T) {
 }
 
 func TestUnreachable(t *testing.T) {
-	// A server that accepts and never answers, and a port that refuses.
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	var held []net.Conn
-	var mu sync.Mutex
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			held = append(held, c)
-			mu.Unlock()
-		}
-	}()
-	defer func() {
-		mu.Lock()
-		for _, c := range held {
-			c.Close()
-		}
-		mu.Unlock()
-	}()
-	refused, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	refusedAddr := refused.Addr().String()
-	refused.Close()
-
+	silent, refused := testbackend.DeadAddrs(t)
 	rule := countlimit.Rule{UseType: "down", Limit: 1, Window: countlimit.Fixed(time.Minute)}
-	for _, addr := range []string{ln.Addr().String(), refusedAddr} {
+	for _, addr := range []string{silent, refused} {
 		c := redis.NewClient(&redis.Options{Addr: addr, ReadTimeout: 30 * time.Second, DialTimeout: 30 * time.Second, MaxRetries: -1,
 			ContextTimeoutEnabled: true})
 		l := countlimit.New(redisstore.New(c))

@@ -113,41 +113,43 @@ func RedisURL(t testing.TB) string {
 }
 
 func findPostgres() (string, error) {
-	if u := os.Getenv(EnvPostgres); u != "" {
-		return u, nil
-	}
-	if err := docker(); err != nil {
-		return "", fmt.Errorf("%s is not set, and testcontainers found no Docker engine: %w", EnvPostgres, err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	c, err := tcpostgres.Run(ctx, "postgres:15-alpine", tcpostgres.WithDatabase("countlimit"), tcpostgres.BasicWaitStrategies())
-	if c != nil {
-		atExit(func() { _ = testcontainers.TerminateContainer(c) })
-	}
-	if err != nil {
-		return "", fmt.Errorf("testcontainers postgres: %w", err)
-	}
-	return c.ConnectionString(ctx, "sslmode=disable")
+	return fromEnvOrContainer(EnvPostgres, func(ctx context.Context) (string, error) {
+		c, err := tcpostgres.Run(ctx, "postgres:15-alpine", tcpostgres.WithDatabase("countlimit"), tcpostgres.BasicWaitStrategies())
+		if c != nil {
+			atExit(func() { _ = testcontainers.TerminateContainer(c) })
+		}
+		if err != nil {
+			return "", fmt.Errorf("testcontainers postgres: %w", err)
+		}
+		return c.ConnectionString(ctx, "sslmode=disable")
+	})
 }
 
 func findRedis() (string, error) {
-	if u := os.Getenv(EnvRedis); u != "" {
+	return fromEnvOrContainer(EnvRedis, func(ctx context.Context) (string, error) {
+		c, err := tcredis.Run(ctx, "redis:7-alpine")
+		if c != nil {
+			atExit(func() { _ = testcontainers.TerminateContainer(c) })
+		}
+		if err != nil {
+			return "", fmt.Errorf("testcontainers redis: %w", err)
+		}
+		return c.ConnectionString(ctx)
+	})
+}
+
+// fromEnvOrContainer returns the URL in env, else starts a container where
+// a Docker engine answers.
+func fromEnvOrContainer(env string, start func(context.Context) (string, error)) (string, error) {
+	if u := os.Getenv(env); u != "" {
 		return u, nil
 	}
 	if err := docker(); err != nil {
-		return "", fmt.Errorf("%s is not set, and testcontainers found no Docker engine: %w", EnvRedis, err)
+		return "", fmt.Errorf("%s is not set, and testcontainers found no Docker engine: %w", env, err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	c, err := tcredis.Run(ctx, "redis:7-alpine")
-	if c != nil {
-		atExit(func() { _ = testcontainers.TerminateContainer(c) })
-	}
-	if err != nil {
-		return "", fmt.Errorf("testcontainers redis: %w", err)
-	}
-	return c.ConnectionString(ctx)
+	return start(ctx)
 }
 
 // docker reports whether a Docker engine answers. testcontainers panics on
