@@ -152,6 +152,10 @@ func interpretError(err error) error {
 	if errors.Is(err, pgx.ErrNoRows) {
 		err = fmt.Errorf("pgstore: unexpected empty result: %w", err)
 	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && (pgErr.Code == "42883" || pgErr.Code == "42P01") { // undefined function or table
+		err = fmt.Errorf("pgstore: countlimit's schema is missing here (run pgstore.Migrate or \"countlimit migrate up\"): %w", err)
+	}
 	return countlimit.Unavailable(err)
 }
 

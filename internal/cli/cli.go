@@ -28,6 +28,7 @@ Usage:
   countlimit top [-n 20] --store postgres://...
   countlimit purge [--batch 1000] --store postgres://...
   countlimit migrate up|down|status --store postgres://...
+  countlimit bench [--store URL] [--duration 10s] [--concurrency 16] [--ids 1000] [--rule NAME]
   countlimit rules check FILE
   countlimit rules default
   countlimit help
@@ -63,6 +64,8 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = top(ctx, args[1:], stdout)
 	case "purge":
 		err = purge(ctx, args[1:], stdout)
+	case "bench":
+		err = bench(ctx, args[1:], stdout)
 	case "rules":
 		err = rules(args[1:], stdout)
 	default:

@@ -294,3 +294,35 @@ func TestRulesCommands(t *testing.T) {
 		}
 	}
 }
+
+func TestBench(t *testing.T) {
+	code, out, stderr := run(t, "bench", "--duration", "200ms", "--concurrency", "4", "--ids", "10")
+	if code != cli.ExitOK {
+		t.Fatalf("bench: exit %d, %s", code, stderr)
+	}
+	m := regexp.MustCompile(`calls +(\d+) +\((\d+) allowed, 0 denied, 0 errors\)\nthroughput +\d+ calls/s`).FindStringSubmatch(out)
+	if m == nil || m[1] != m[2] || m[1] == "0" {
+		t.Errorf("bench output:\n%s", out)
+	}
+	// A rule that fills: denials are counted, not errors.
+	code, out, _ = run(t, "bench", "--duration", "100ms", "--rule", "article.pin", "--ids", "1")
+	if code != cli.ExitOK || !regexp.MustCompile(`\(1 allowed, [1-9]\d* denied, 0 errors\)`).MatchString(out) {
+		t.Errorf("bench --rule article.pin: exit %d\n%s", code, out)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"bench", "--duration", "0s"}, "--duration must be positive"},
+		{[]string{"bench", "--concurrency", "0"}, "--concurrency must be 1 to 10000"},
+		{[]string{"bench", "--ids", "0"}, "--ids must be at least 1"},
+		{[]string{"bench", "--rule", "conversation.create"}, "is a group"},
+		{[]string{"bench", "--rule", "post.create"}, "needs a tier"},
+		{[]string{"bench", "--duration", "100ms", "--store", testbackend.FreshSchemaURL(t)}, "countlimit's schema is missing here"},
+	} {
+		code, _, stderr := run(t, tc.args...)
+		if code != cli.ExitError || !strings.Contains(stderr, tc.want) {
+			t.Errorf("countlimit %v: exit %d, stderr %q; want 2 and %q", tc.args, code, stderr, tc.want)
+		}
+	}
+}
