@@ -55,6 +55,7 @@ const (
 	OpReset
 )
 
+// String returns the operation's name: "allow", "peek", "refund" or "reset".
 func (o Op) String() string {
 	switch o {
 	case OpAllow:

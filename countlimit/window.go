@@ -16,6 +16,7 @@ const (
 	Year
 )
 
+// String returns "day", "week", "month" or "year".
 func (u Unit) String() string {
 	switch u {
 	case Day:

@@ -119,6 +119,7 @@ const (
 	OpReset
 )
 
+// String returns the endpoint's name.
 func (o Op) String() string { return [...]string{"allow", "peek", "refund", "reset"}[o] }
 
 // Do carries out o for id on rules (one rule, or a group's) with weight
