@@ -156,6 +156,10 @@ func TestStoresAgree(t *testing.T) {
 		{UseType: ut("slidingblock"), Limit: 2, Window: countlimit.Sliding(4 * time.Second), Block: 3 * time.Second},
 		{UseType: ut("lifetime"), Limit: 5, Window: countlimit.Lifetime()},
 	}
+	// The same use type under another kind of window: a changed rule.
+	kindChange := rules[3]
+	kindChange.Window = countlimit.Fixed(20 * time.Second)
+	rules = append(rules, kindChange)
 	clock := storetest.NewClock(time.Date(2026, 3, 7, 23, 59, 0, 0, ny)) // runs into the DST night
 	ls := make([]*countlimit.Limiter, len(stores))
 	for i, s := range stores {
@@ -164,7 +168,13 @@ func TestStoresAgree(t *testing.T) {
 	ctx := context.Background()
 	ids := []string{"a", "b"}
 	for step := range 600 {
-		clock.Set(clock.Now().Add(time.Duration(rng.IntN(4000)) * time.Millisecond))
+		advance := time.Duration(rng.IntN(4000)) * time.Millisecond
+		if rng.IntN(8) == 0 {
+			// A late clock read: this caller read the clock a little
+			// before the previous one but reached the store after it.
+			advance = -time.Duration(rng.IntN(50)) * time.Millisecond
+		}
+		clock.Set(clock.Now().Add(advance))
 		r := rules[rng.IntN(len(rules))]
 		if rng.IntN(5) == 0 {
 			r.Limit += int64(rng.IntN(3)) - 1
@@ -176,6 +186,12 @@ func TestStoresAgree(t *testing.T) {
 			op = 9 // resets are rarer than the other calls
 		}
 		other := rules[(indexOf(rules, r)+1+rng.IntN(len(rules)-1))%len(rules)]
+		if other.UseType == r.UseType {
+			other = rules[0]
+			if r.UseType == other.UseType {
+				other = rules[1]
+			}
+		}
 		var desc string
 		outs := make([]string, len(ls))
 		for i, l := range ls {

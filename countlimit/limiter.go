@@ -15,6 +15,18 @@ type UseType string
 // MaxIDLen is the longest id, and the longest UseType, in bytes.
 const MaxIDLen = 512
 
+// Bounds on numbers, so every store computes exactly (Redis scripts count in
+// double precision) and no sum overflows.
+const (
+	// MaxLimit is the largest Limit, and the largest weight n.
+	MaxLimit = 1 << 53
+	// MaxSlidingLimit is the largest Limit of a Sliding window, which keeps
+	// one timestamp per counted event. Use Fixed or Rolling for more.
+	MaxSlidingLimit = 10000
+	// MaxDuration is the longest window, penalty or CheckLimit duration.
+	MaxDuration = 100 * 365 * 24 * time.Hour
+)
+
 // Rule is a limit: at most Limit events of UseType per Window for each id.
 // Rules are plain values; the Limiter and its store keep no configuration, so
 // a changed Limit applies at once to the current window. A changed Window
@@ -214,11 +226,11 @@ func (l *Limiter) CheckLimit(ctx context.Context, useType UseType, id string, li
 	if err := validateKey(useType, id); err != nil {
 		return false, wrap(OpAllow, useType, err)
 	}
-	if limit < 0 {
-		return false, wrap(OpAllow, useType, invalidf("limit", "must not be negative, got %d", limit))
+	if limit < 0 || limit > MaxLimit {
+		return false, wrap(OpAllow, useType, invalidf("limit", "must be 0 to 2^53, got %d", limit))
 	}
-	if duration < time.Microsecond {
-		return false, wrap(OpAllow, useType, invalidf("duration", "must be at least 1µs, got %v", duration))
+	if duration < time.Microsecond || duration > MaxDuration {
+		return false, wrap(OpAllow, useType, invalidf("duration", "must be 1µs to 100 years, got %v", duration))
 	}
 	now := l.clock()
 	begin := now
@@ -262,7 +274,7 @@ func need(c *Check, now time.Time, n int64) (wait time.Duration, never bool) {
 	if !s.BlockedUntil.IsZero() {
 		wait = s.BlockedUntil.Sub(now)
 	}
-	if s.Used+n <= c.Limit {
+	if n <= c.Limit-s.Used { // not s.Used+n: that may overflow
 		return wait, false
 	}
 	var room time.Time
@@ -308,17 +320,20 @@ func validate(r Rule, id string, n int64) error {
 	if err := validateKey(r.UseType, id); err != nil {
 		return err
 	}
-	if r.Limit < 0 {
-		return invalidf("Rule.Limit", "must not be negative, got %d", r.Limit)
+	if r.Limit < 0 || r.Limit > MaxLimit {
+		return invalidf("Rule.Limit", "must be 0 to 2^53, got %d", r.Limit)
 	}
 	if err := r.Window.validate(); err != nil {
 		return err
 	}
-	if r.Block < 0 {
-		return invalidf("Rule.Block", "must not be negative, got %v", r.Block)
+	if r.Window.kind == kindSliding && r.Limit > MaxSlidingLimit {
+		return invalidf("Rule.Limit", "a Sliding window logs every event: at most %d, got %d (use Fixed or Rolling for more)", MaxSlidingLimit, r.Limit)
 	}
-	if n < 1 {
-		return invalidf("n", "must be at least 1, got %d", n)
+	if r.Block < 0 || r.Block > MaxDuration {
+		return invalidf("Rule.Block", "must be 0 to 100 years, got %v", r.Block)
+	}
+	if n < 1 || n > MaxLimit {
+		return invalidf("n", "must be 1 to 2^53, got %d", n)
 	}
 	return nil
 }

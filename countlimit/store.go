@@ -23,18 +23,25 @@ import (
 // The semantics of one Request, for each Check c (one per rule, all with
 // the same ID):
 //
-//   - The stored window of (c.UseType, req.ID) is current when Begin <= Now
-//     and (End is zero or Now < End). A Sliding check instead keeps its log of
-//     event times e with e > Now - c.Span. Otherwise the check sees a fresh
-//     window [c.Begin, c.End) with nothing counted.
+//   - The stored window of (c.UseType, req.ID) is current when it is not
+//     empty (Begin < End, a zero End meaning it never ends) and Now < End.
+//     Begin is not compared with Now: a caller whose clock read is older
+//     than a window another caller has just opened joins that window, so
+//     concurrent callers never reset each other's counts. A Sliding check
+//     instead keeps its log of event times e with e > Now - c.Span, in time
+//     order whatever order callers arrive in. Otherwise the check sees a
+//     fresh window [c.Begin, c.End) with nothing counted.
 //   - The check is blocked when its stored BlockedUntil is after Now; it fits
 //     when it is not blocked and Used + N <= c.Limit.
 //   - OpAllow: if every check fits, each counts N (a stale window is replaced
-//     by [c.Begin, c.End); a sliding check appends N copies of Now) and
-//     Allowed is true. Otherwise nothing is counted anywhere, Allowed is
+//     by [c.Begin, c.End); a sliding check logs N events at Now, and its
+//     window becomes [oldest, newest + Span)) and Allowed is true. Counting
+//     with one kind of window clears what the other kind kept (a sliding log,
+//     or a count). Otherwise nothing is counted anywhere, Allowed is
 //     false, and each check that does not fit adds 1 to its denied tally; if
 //     it was not blocked and c.Block > 0, it is blocked until Now + c.Block.
-//     A denial leaves the window columns as they were.
+//     A denial leaves the window as it was, and creates no state for a
+//     check that fits.
 //   - OpPeek: like OpAllow with N = 1, but writes nothing.
 //   - OpRefund: each check's current window gives back N, never below 0 (a
 //     sliding check drops its N newest events); then Allowed is computed as

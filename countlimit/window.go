@@ -109,8 +109,8 @@ func (w Window) Duration() time.Duration {
 func (w Window) validate() error {
 	switch w.kind {
 	case kindRolling, kindFixed, kindSliding:
-		if w.d < time.Microsecond {
-			return invalidf("Rule.Window", "%s duration must be at least 1µs, got %v", w.kindName(), w.d)
+		if w.d < time.Microsecond || w.d > MaxDuration {
+			return invalidf("Rule.Window", "%s duration must be 1µs to 100 years, got %v", w.kindName(), w.d)
 		}
 	case kindCalendar:
 		if w.unit < Day || w.unit > Year {

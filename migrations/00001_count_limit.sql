@@ -60,9 +60,12 @@ FROM (
             ELSE 'window'
         END AS window_kind,
         CASE
+            -- The log is time-ordered and end_time is its newest event plus
+            -- the window's length; epoch arithmetic keeps DST out of it.
             WHEN c.events IS NOT NULL THEN (
                 SELECT count(*) FROM unnest(c.events) AS e
-                WHERE e > now() - (c.end_time - c.events[cardinality(c.events)]))
+                WHERE extract(epoch FROM e) > extract(epoch FROM now())
+                    - (extract(epoch FROM c.end_time) - extract(epoch FROM c.events[cardinality(c.events)])))
             WHEN c.begin_time <= now() AND (c.end_time IS NULL OR c.end_time > now()) THEN c.already_count
             ELSE 0
         END AS used
@@ -114,6 +117,8 @@ DECLARE
     us      interval := interval '1 microsecond';
     rec     count_limit;
     found_  boolean[] := array_fill(NULL::boolean, ARRAY[cnt]);
+    created boolean[] := array_fill(false, ARRAY[cnt]);
+    rc      bigint;
     used    bigint[] := array_fill(NULL::bigint, ARRAY[cnt]);
     wbegin  timestamptz[] := array_fill(NULL::timestamptz, ARRAY[cnt]);
     wend    timestamptz[] := array_fill(NULL::timestamptz, ARRAY[cnt]);
@@ -140,6 +145,8 @@ BEGIN
                 INSERT INTO count_limit (use_type, unique_id, begin_time, end_time, limit_value)
                 VALUES (p_use_types[k], p_unique_id, p_now, p_now, p_limits[k])
                 ON CONFLICT DO NOTHING;
+                GET DIAGNOSTICS rc = ROW_COUNT;
+                created[k] := rc = 1;
                 SELECT * INTO rec FROM count_limit c WHERE c.use_type = p_use_types[k] AND c.unique_id = p_unique_id FOR UPDATE;
                 IF NOT FOUND THEN
                     -- Only under REPEATABLE READ or SERIALIZABLE: the row was
@@ -160,6 +167,7 @@ BEGIN
             IF p_op = 'refund' THEN
                 used[k] := greatest(used[k] - p_n, 0);
                 live := live[1:used[k]];
+                wbegin[k] := live[1];
                 wend[k] := live[cardinality(live)] + span;
                 IF found_[k] THEN
                     UPDATE count_limit c SET
@@ -171,10 +179,13 @@ BEGIN
                     WHERE c.use_type = p_use_types[k] AND c.unique_id = p_unique_id;
                 END IF;
             END IF;
-            IF used[k] + need > p_limits[k] AND need <= p_limits[k] THEN
+            IF need > p_limits[k] - used[k] AND need <= p_limits[k] THEN
                 freeat[k] := live[used[k] + need - p_limits[k]];
             END IF;
-        ELSIF found_[k] AND rec.begin_time <= p_now AND (rec.end_time IS NULL OR rec.end_time > p_now) THEN
+        -- Current: not empty, not over. Begin is not compared with p_now, so
+        -- a caller whose clock read is older than a window another caller
+        -- just opened joins it instead of resetting it.
+        ELSIF found_[k] AND rec.begin_time < coalesce(rec.end_time, 'infinity') AND (rec.end_time IS NULL OR rec.end_time > p_now) THEN
             used[k] := rec.already_count;
             wbegin[k] := rec.begin_time;
             wend[k] := rec.end_time;
@@ -188,7 +199,7 @@ BEGIN
             wbegin[k] := p_begins[k];
             wend[k] := CASE WHEN p_lengths[k] > 0 THEN p_begins[k] + p_lengths[k] * us END;
         END IF;
-        fits[k] := blocked[k] IS NULL AND used[k] + need <= p_limits[k];
+        fits[k] := blocked[k] IS NULL AND need <= p_limits[k] - used[k];
         all_ok := all_ok AND fits[k];
     END LOOP;
 
@@ -198,11 +209,13 @@ BEGIN
                 IF p_spans[k] > 0 THEN
                     span := p_spans[k] * us;
                     SELECT c.events INTO live FROM count_limit c WHERE c.use_type = p_use_types[k] AND c.unique_id = p_unique_id;
-                    live := ARRAY(SELECT e FROM unnest(live) AS e WHERE e > p_now - span ORDER BY e)
-                        || array_fill(p_now, ARRAY[p_n]::int[]);
+                    -- Sorted, so the log stays in time order when this
+                    -- caller's clock read is older than the newest event.
+                    live := ARRAY(SELECT e FROM unnest(array_cat(live, array_fill(p_now, ARRAY[p_n]::int[]))) AS e
+                        WHERE e > p_now - span ORDER BY e);
                     used[k] := cardinality(live);
                     wbegin[k] := live[1];
-                    wend[k] := p_now + span;
+                    wend[k] := live[cardinality(live)] + span;
                 ELSE
                     live := NULL;
                     used[k] := used[k] + p_n;
@@ -215,7 +228,13 @@ BEGIN
                     limit_value = p_limits[k],
                     updated_at = now()
                 WHERE c.use_type = p_use_types[k] AND c.unique_id = p_unique_id;
-            ELSIF NOT fits[k] THEN
+            ELSIF fits[k] THEN
+                IF created[k] THEN
+                    -- Another rule denied: this check counts nothing and
+                    -- leaves no row behind.
+                    DELETE FROM count_limit c WHERE c.use_type = p_use_types[k] AND c.unique_id = p_unique_id;
+                END IF;
+            ELSE
                 IF blocked[k] IS NULL AND p_blocks[k] > 0 THEN
                     blocked[k] := p_now + p_blocks[k] * us;
                 END IF;

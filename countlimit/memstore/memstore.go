@@ -180,14 +180,14 @@ func look(e *entry, c *countlimit.Check, now int64) view {
 		}
 		return v
 	}
-	if e.begin <= now && now < e.end {
+	if e.begin < e.end && now < e.end {
 		return view{used: e.count, begin: e.begin, end: e.end, blocked: blocked}
 	}
 	fresh.blocked = blocked
 	return fresh
 }
 
-func (v view) fits(c *countlimit.Check, n int64) bool { return !v.blocked && v.used+n <= c.Limit }
+func (v view) fits(c *countlimit.Check, n int64) bool { return !v.blocked && n <= c.Limit-v.used }
 
 func (s *Store) apply(r *countlimit.Request) {
 	sh := s.shard(r.ID)
@@ -249,15 +249,13 @@ func (s *Store) write(e *entry, c *countlimit.Check, v view, allowed bool, n, no
 		return v
 	}
 	if span := c.Span.Microseconds(); span > 0 {
-		e.events = append(e.events[:0], e.events[v.live:]...)
-		for range n {
-			e.events = append(e.events, now)
-		}
+		e.events = insertSorted(append(e.events[:0], e.events[v.live:]...), now, int(n))
 		e.count = int64(len(e.events))
-		e.begin, e.end = e.events[0], now+span
+		e.begin, e.end = e.events[0], e.events[len(e.events)-1]+span
 	} else {
 		e.count = v.used + n
 		e.begin, e.end = v.begin, v.end
+		e.events = e.events[:0]
 	}
 	s.touch(e, now)
 	return view{used: v.used + n, begin: e.begin, end: e.end, live: 0}
@@ -278,14 +276,33 @@ func (s *Store) refund(e *entry, c *countlimit.Check, v view, n, now int64) {
 	}
 }
 
+// insertSorted adds n events at t to a time-ordered log, after any equal
+// ones: a caller whose clock read is older than the newest event still
+// lands in order.
+func insertSorted(log []int64, t int64, n int) []int64 {
+	i := len(log)
+	for i > 0 && log[i-1] > t {
+		i--
+	}
+	for range n {
+		log = append(log, 0)
+	}
+	copy(log[i+n:], log[i:len(log)-n])
+	for j := i; j < i+n; j++ {
+		log[j] = t
+	}
+	return log
+}
+
 // touch sets the janitor's deadline from the entry's window and penalty.
 func (s *Store) touch(e *entry, now int64) {
-	until := max(e.end, e.blocked)
-	if until == forever {
-		e.expires = forever
+	mono := int64(time.Since(s.start))
+	ttl := max(e.end, e.blocked) - now // µs
+	if ttl >= (forever-mono)/int64(time.Microsecond) {
+		e.expires = forever // lifetime, or beyond what the clock can hold
 		return
 	}
-	e.expires = int64(time.Since(s.start)) + (until-now)*int64(time.Microsecond)
+	e.expires = mono + ttl*int64(time.Microsecond)
 }
 
 func state(st *countlimit.State, e *entry, c *countlimit.Check, v view, allowed bool, n, now int64) {

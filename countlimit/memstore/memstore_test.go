@@ -78,7 +78,7 @@ func BenchmarkAllowExistingKey(b *testing.B) {
 	defer s.Close()
 	l := countlimit.New(s)
 	ctx := context.Background()
-	rule := countlimit.Rule{UseType: "api", Limit: 1 << 62, Window: countlimit.Fixed(time.Hour)}
+	rule := countlimit.Rule{UseType: "api", Limit: countlimit.MaxLimit, Window: countlimit.Fixed(time.Hour)}
 	if _, err := l.Allow(ctx, rule, "user-1"); err != nil {
 		b.Fatal(err)
 	}
@@ -95,7 +95,7 @@ func BenchmarkAllowParallel(b *testing.B) {
 	defer s.Close()
 	l := countlimit.New(s)
 	ctx := context.Background()
-	rule := countlimit.Rule{UseType: "api", Limit: 1 << 62, Window: countlimit.Fixed(time.Hour)}
+	rule := countlimit.Rule{UseType: "api", Limit: countlimit.MaxLimit, Window: countlimit.Fixed(time.Hour)}
 	ids := make([]string, 1024)
 	for i := range ids {
 		ids[i] = "user-" + string(rune('a'+i%26)) + string(rune('a'+i/26%26)) + string(rune('a'+i/676))
@@ -118,7 +118,7 @@ func BenchmarkAllowSliding(b *testing.B) {
 	defer s.Close()
 	l := countlimit.New(s)
 	ctx := context.Background()
-	rule := countlimit.Rule{UseType: "sms", Limit: 1 << 62, Window: countlimit.Sliding(time.Millisecond)}
+	rule := countlimit.Rule{UseType: "sms", Limit: countlimit.MaxSlidingLimit, Window: countlimit.Sliding(time.Millisecond)}
 	b.ReportAllocs()
 	for b.Loop() {
 		if _, err := l.Allow(ctx, rule, "phone"); err != nil {

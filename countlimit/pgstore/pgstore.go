@@ -13,6 +13,12 @@
 //	tx.Commit(ctx)
 //
 // Apply the schema first with Migrate.
+//
+// Checks need READ COMMITTED, PostgreSQL's default isolation level. In a
+// REPEATABLE READ or SERIALIZABLE transaction, concurrent checks of one id
+// fail with a serialization error (SQLSTATE 40001, wrapped in
+// countlimit.ErrUnavailable) and the caller's transaction must be retried;
+// a fail-open policy would then over-admit.
 package pgstore
 
 import (

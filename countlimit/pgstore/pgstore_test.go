@@ -180,6 +180,32 @@ func TestUnreachable(t *testing.T) {
 	}
 }
 
+// TestDeniedAllowAllLeavesNoRow: a rule that had room in a multi-rule check
+// another rule denied leaves no row behind, as in the other stores.
+func TestDeniedAllowAllLeavesNoRow(t *testing.T) {
+	pool := testbackend.Postgres(t)
+	ctx := context.Background()
+	l := countlimit.New(pgstore.New(pool))
+	fits := countlimit.Rule{UseType: storetest.UseType(t, "fits"), Limit: 5, Window: countlimit.Fixed(time.Hour)}
+	denies := countlimit.Rule{UseType: storetest.UseType(t, "denies"), Limit: 0, Window: countlimit.Fixed(time.Hour)}
+	res, err := l.AllowAll(ctx, "fresh-id", fits, denies)
+	if err != nil || res[0].Allowed {
+		t.Fatalf("AllowAll = %+v, %v; want denied", res, err)
+	}
+	var rows []string
+	r, err := pool.Query(ctx, `SELECT use_type FROM count_limit WHERE unique_id = 'fresh-id' AND use_type = ANY($1)`,
+		[]string{string(fits.UseType), string(denies.UseType)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rows, err = pgx.CollectRows(r, pgx.RowTo[string]); err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 1 || rows[0] != string(denies.UseType) {
+		t.Errorf("rows after a denied AllowAll: %v; want only the denying rule's (its denial tally)", rows)
+	}
+}
+
 func TestMigrateUpDownUp(t *testing.T) {
 	pool := testbackend.FreshSchema(t)
 	ctx := context.Background()
@@ -358,7 +384,9 @@ func BenchmarkAllow(b *testing.B) {
 	l := countlimit.New(pgstore.New(pool))
 	ctx := context.Background()
 	for _, w := range []countlimit.Window{countlimit.Fixed(time.Hour), countlimit.Sliding(time.Second)} {
-		rule := countlimit.Rule{UseType: storetest.UseType(b, "bench"), Limit: 1 << 50, Window: w}
+		// The limit is never reached: every call counts (a sliding log keeps
+		// at most MaxSlidingLimit events, so its one-second window must too).
+		rule := countlimit.Rule{UseType: storetest.UseType(b, "bench"), Limit: countlimit.MaxSlidingLimit, Window: w}
 		b.Run(w.String(), func(b *testing.B) {
 			var next atomic.Int64
 			b.SetParallelism(max(1, 16/runtime.GOMAXPROCS(0)))

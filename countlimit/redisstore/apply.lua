@@ -9,7 +9,7 @@
 -- block (µs; 0 = none).
 -- Hash fields: c count, b window begin, e window end (absent = lifetime),
 -- l limit last applied, d denied tally, x blocked until, s log sequence.
--- Returns per check: {used, begin, end, blocked_until, free_at}, -1 for
+-- Returns per check: {used, begin, end, blocked_until, free_at}, NONE for
 -- none, then the verdict (1 or 0) as the last element.
 local op = ARGV[1]
 local now = tonumber(ARGV[2])
@@ -17,6 +17,8 @@ local n = tonumber(ARGV[3])
 local cnt = (#ARGV - 3) / 5
 local need = n
 if op ~= 'allow' then need = 1 end
+
+local NONE = -9007199254740992 -- -2^53: no time (every valid one is larger)
 
 local function s(x) return string.format('%.0f', x) end
 
@@ -42,7 +44,7 @@ local function slide(c)
     c.wbegin = tonumber(redis.call('ZRANGEBYSCORE', c.z, cut, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)[2])
     c.wend = tonumber(redis.call('ZRANGE', c.z, -1, -1, 'WITHSCORES')[2]) + c.span
   end
-  if c.used + need > c.limit and need <= c.limit then
+  if need > c.limit - c.used and need <= c.limit then
     local k = c.used + need - c.limit
     c.free = tonumber(redis.call('ZRANGEBYSCORE', c.z, cut, '+inf', 'WITHSCORES', 'LIMIT', k - 1, 1)[2])
   end
@@ -57,8 +59,9 @@ for i = 1, cnt do
     limit = tonumber(ARGV[a + 1]), begin = tonumber(ARGV[a + 2]), len = tonumber(ARGV[a + 3]),
     span = tonumber(ARGV[a + 4]), block = tonumber(ARGV[a + 5]),
   }
-  local f = redis.call('HMGET', c.h, 'c', 'b', 'e', 'x')
+  local f = redis.call('HMGET', c.h, 'c', 'b', 'e', 'x', 's')
   c.exists = f[2] ~= false
+  c.hadlog = f[5] ~= false
   local x = tonumber(f[4])
   c.x, c.e = x, tonumber(f[3])
   if x ~= nil and x > now then c.blocked = x end
@@ -68,9 +71,16 @@ for i = 1, cnt do
       if drop > 0 then redis.call('ZPOPMAX', c.z, drop) end
     end
     slide(c)
+    if op == 'refund' and c.exists then
+      redis.call('HSET', c.h, 'c', s(c.used))
+      if c.used > 0 then redis.call('HSET', c.h, 'b', s(c.wbegin), 'e', s(c.wend)) end
+    end
   else
     local b, e = tonumber(f[2]), tonumber(f[3])
-    if c.exists and b <= now and (e == nil or e > now) then
+    -- Current: not empty, not over. Begin is not compared with now, so a
+    -- caller whose clock read is older than a window another caller just
+    -- opened joins it instead of resetting it.
+    if c.exists and (e == nil or (b < e and e > now)) then
       c.used, c.wbegin, c.wend = tonumber(f[1]), b, e
       if op == 'refund' and c.used > 0 then
         c.used = math.max(c.used - n, 0)
@@ -81,7 +91,7 @@ for i = 1, cnt do
       if c.len > 0 then c.wend = c.begin + c.len end
     end
   end
-  c.fits = c.blocked == nil and c.used + need <= c.limit
+  c.fits = c.blocked == nil and need <= c.limit - c.used
   allok = allok and c.fits
   checks[i] = c
 end
@@ -96,15 +106,19 @@ if op == 'allow' then
         for j = seq - n + 1, seq do
           redis.call('ZADD', c.z, s(now), s(now) .. ':' .. s(j))
         end
-        c.used = c.used + n
-        c.wend = now + c.span
-        if c.wbegin == nil then c.wbegin = now end
+        -- The set keeps time order; a late clock read may not be the newest.
+        slide(c)
         redis.call('HSET', c.h, 'c', s(c.used), 'b', s(c.wbegin), 'e', s(c.wend), 'l', s(c.limit))
         expire(c.z, c.wend)
         c.e = c.wend
       else
         c.used = c.used + n
         redis.call('HSET', c.h, 'c', s(c.used), 'b', s(c.wbegin), 'l', s(c.limit))
+        if c.hadlog then
+          -- Counting with another kind of window drops the sliding log.
+          redis.call('DEL', c.z)
+          redis.call('HDEL', c.h, 's')
+        end
         if c.wend == nil then
           redis.call('HDEL', c.h, 'e')
         else
@@ -139,12 +153,12 @@ end
 local out = {}
 for i = 1, cnt do
   local c = checks[i]
-  local free = -1
+  local free = NONE
   if not allok and c.free ~= nil then free = c.free end
   out[#out + 1] = c.used
-  out[#out + 1] = c.wbegin or -1
-  out[#out + 1] = c.wend or -1
-  out[#out + 1] = c.blocked or -1
+  out[#out + 1] = c.wbegin or NONE
+  out[#out + 1] = c.wend or NONE
+  out[#out + 1] = c.blocked or NONE
   out[#out + 1] = free
 end
 out[#out + 1] = allok and 1 or 0

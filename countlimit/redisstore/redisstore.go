@@ -126,8 +126,11 @@ func (s *Store) do(ctx context.Context, r *countlimit.Request) error {
 	return nil
 }
 
+// none is apply.lua's NONE: no time.
+const none = -1 << 53
+
 func timeOf(us int64) time.Time {
-	if us < 0 {
+	if us == none {
 		return time.Time{}
 	}
 	return time.UnixMicro(us)

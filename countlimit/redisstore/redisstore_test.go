@@ -292,6 +292,7 @@ func BenchmarkAllowVersusBareScript(b *testing.B) {
 	sliding := rule
 	sliding.UseType += ".sliding"
 	sliding.Window = countlimit.Sliding(time.Second)
+	sliding.Limit = countlimit.MaxSlidingLimit
 	b.Run("countlimit Allow sliding", func(b *testing.B) {
 		run(b, func(id string) error { _, err := l.Allow(ctx, sliding, id); return err })
 	})

@@ -61,6 +61,11 @@ func Run(t *testing.T, newStore func(t *testing.T) countlimit.Store) {
 		{"ConcurrentExactlyLimit", testConcurrentExactlyLimit},
 		{"ConcurrentSliding", testConcurrentSliding},
 		{"ConcurrentAllowAllNoDeadlock", testConcurrentAllowAll},
+		{"LateClockReadJoinsWindow", testLateClockRead},
+		{"SlidingOutOfOrder", testSlidingOutOfOrder},
+		{"WindowKindChanged", testWindowKindChanged},
+		{"HugeNumbers", testHugeNumbers},
+		{"ConcurrentRealClock", testConcurrentRealClock},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -749,6 +754,13 @@ func testInvalidInput(t *testing.T, newStore func(*testing.T) countlimit.Store) 
 		{"Calendar nil location", allowWith(with(func(r *countlimit.Rule) { r.Window = countlimit.Calendar(countlimit.Day, nil) }), "id", 1), "Window"},
 		{"Calendar bad unit", allowWith(with(func(r *countlimit.Rule) { r.Window = countlimit.Calendar(countlimit.Unit(9), time.UTC) }), "id", 1), "Window"},
 		{"negative Block", allowWith(with(func(r *countlimit.Rule) { r.Block = -time.Second }), "id", 1), "Block"},
+		{"Block over 100 years", allowWith(with(func(r *countlimit.Rule) { r.Block = countlimit.MaxDuration + 1 }), "id", 1), "Block"},
+		{"Rolling over 100 years", allowWith(with(func(r *countlimit.Rule) { r.Window = countlimit.Rolling(countlimit.MaxDuration + 1) }), "id", 1), "Window"},
+		{"Limit over 2^53", allowWith(with(func(r *countlimit.Rule) { r.Limit = countlimit.MaxLimit + 1 }), "id", 1), "Limit"},
+		{"Sliding Limit over 10000", allowWith(with(func(r *countlimit.Rule) {
+			r.Window, r.Limit = countlimit.Sliding(time.Minute), countlimit.MaxSlidingLimit+1
+		}), "id", 1), "Limit"},
+		{"AllowN n over 2^53", allowWith(good, "id", countlimit.MaxLimit+1), "n"},
 		{"AllowN n=0", allowWith(good, "id", 0), "n"},
 		{"AllowN n=-3", allowWith(good, "id", -3), "n"},
 		{"Refund n=0", func() error { _, err := e.l.Refund(e.ctx, good, "id", 0); return err }, "n"},
@@ -761,6 +773,10 @@ func testInvalidInput(t *testing.T, newStore func(*testing.T) countlimit.Store) 
 			return err
 		}, "Limit"},
 		{"CheckLimit duration 0", func() error { _, err := e.l.CheckLimit(e.ctx, ut, "id", 1, 0, time.Time{}); return err }, "duration"},
+		{"CheckLimit duration over 100 years", func() error {
+			_, err := e.l.CheckLimit(e.ctx, ut, "id", 1, countlimit.MaxDuration+1, time.Time{})
+			return err
+		}, "duration"},
 		{"CheckLimit negative limit", func() error { _, err := e.l.CheckLimit(e.ctx, ut, "id", -1, time.Hour, time.Time{}); return err }, "limit"},
 		{"CheckLimit empty id", func() error { _, err := e.l.CheckLimit(e.ctx, ut, "", 1, time.Hour, time.Time{}); return err }, "id"},
 	}
@@ -905,4 +921,130 @@ func hammer(t *testing.T, g, tries int, call func(g int) (bool, error)) int {
 		t.Errorf("concurrent call: %v", err)
 	}
 	return allowed
+}
+
+// testLateClockRead: a caller whose clock read is older than a window
+// another caller has just opened (it read the clock, then waited for the
+// store) joins that window instead of resetting it.
+func testLateClockRead(t *testing.T, newStore func(*testing.T) countlimit.Store) {
+	e := newEnv(t, newStore)
+	rolling := countlimit.Rule{UseType: UseType(t, "late.rolling"), Limit: 1, Window: countlimit.Rolling(time.Hour)}
+	e.run(rolling, "id", []step{
+		{at: at(5 * time.Millisecond), want: ok(1, 1, at(time.Hour+5*time.Millisecond))},
+		{at: at(0), want: no(1, 1, at(time.Hour+5*time.Millisecond), time.Hour+5*time.Millisecond)},
+	})
+	fixed := countlimit.Rule{UseType: UseType(t, "late.fixed"), Limit: 1, Window: countlimit.Fixed(time.Hour)}
+	e.run(fixed, "id", []step{
+		{at: at(time.Hour), want: ok(1, 1, at(2*time.Hour))},
+		// Read just before the boundary, arriving after the new window opened.
+		{at: at(time.Hour - time.Millisecond), want: no(1, 1, at(2*time.Hour), time.Hour+time.Millisecond)},
+	})
+	ut := UseType(t, "late.checklimit")
+	for i, w := range []struct {
+		at   time.Duration
+		want bool
+	}{{5 * time.Millisecond, true}, {0, false}} {
+		e.clock.Set(at(w.at))
+		got, err := e.l.CheckLimit(e.ctx, ut, "id", 1, time.Minute, time.Time{})
+		if err != nil || got != w.want {
+			t.Errorf("step %d: CheckLimit(limit 1) at +%v = %v, %v; want %v", i, w.at, got, err, w.want)
+		}
+	}
+}
+
+// testSlidingOutOfOrder: events logged by late clock reads keep the log in
+// time order, so they leave it, and are refunded, by time.
+func testSlidingOutOfOrder(t *testing.T, newStore func(*testing.T) countlimit.Store) {
+	e := newEnv(t, newStore)
+	rule := countlimit.Rule{UseType: UseType(t, "ooo"), Limit: 2, Window: countlimit.Sliding(10 * time.Second)}
+	ms := time.Millisecond
+	e.run(rule, "a", []step{
+		{at: at(5 * ms), want: ok(2, 1, at(10*time.Second+5*ms))},
+		{at: at(1 * ms), want: ok(2, 2, at(10*time.Second+1*ms))},
+		// The event at 1ms has left; the one at 5ms has not.
+		{at: at(10*time.Second + 2*ms), op: peek, want: ok(2, 1, at(10*time.Second+5*ms))},
+	})
+	e.run(rule, "b", []step{
+		{at: at(5 * ms), want: ok(2, 1, at(10*time.Second+5*ms))},
+		{at: at(1 * ms), want: ok(2, 2, at(10*time.Second+1*ms))},
+		// A refund takes back the newest event, 5ms.
+		{at: at(2 * ms), op: refund, n: 1, want: ok(2, 1, at(10*time.Second+1*ms))},
+		{at: at(10*time.Second + 2*ms), op: peek, want: ok(2, 0, at(10*time.Second+2*ms))},
+	})
+}
+
+// testWindowKindChanged: counting with a sliding and then a fixed window on
+// one UseType (a changed rule) is the same on every store.
+func testWindowKindChanged(t *testing.T, newStore func(*testing.T) countlimit.Store) {
+	e := newEnv(t, newStore)
+	sliding := countlimit.Rule{UseType: UseType(t, "kind"), Limit: 5, Window: countlimit.Sliding(time.Minute)}
+	fixed := sliding
+	fixed.Window = countlimit.Fixed(time.Hour)
+	e.run(sliding, "a", []step{
+		{at: at(0), want: ok(5, 1, at(time.Minute))},
+		// The sliding window is still current: the fixed rule counts in it.
+		{at: at(sec(1)), rule: &fixed, want: ok(5, 2, at(time.Minute))},
+		// Counting with the fixed rule dropped the sliding log.
+		{at: at(sec(2)), op: peek, want: ok(5, 0, at(sec(2)))},
+	})
+	e.run(sliding, "b", []step{
+		{at: at(0), want: ok(5, 1, at(time.Minute))},
+		{at: at(sec(1)), want: ok(5, 2, at(time.Minute))},
+		{at: at(sec(2)), op: refund, n: 1, want: ok(5, 1, at(time.Minute))},
+		{at: at(sec(3)), rule: &fixed, op: peek, want: ok(5, 1, at(time.Minute))},
+	})
+}
+
+// testHugeNumbers: limits and weights up to 2^53 and penalties of 100 years
+// are exact on every store, and nothing overflows.
+func testHugeNumbers(t *testing.T, newStore func(*testing.T) countlimit.Store) {
+	e := newEnv(t, newStore)
+	end := at(time.Hour)
+	rule := countlimit.Rule{UseType: UseType(t, "huge"), Limit: countlimit.MaxLimit, Window: countlimit.Fixed(time.Hour), Block: countlimit.MaxDuration}
+	e.run(rule, "id", []step{
+		{at: at(0), n: countlimit.MaxLimit - 1, want: ok(countlimit.MaxLimit, countlimit.MaxLimit-1, end)},
+		{at: at(0), want: ok(countlimit.MaxLimit, countlimit.MaxLimit, end)},
+		{at: at(sec(1)), n: countlimit.MaxLimit, want: blocked(no(countlimit.MaxLimit, countlimit.MaxLimit, end, countlimit.MaxDuration), at(sec(1)+countlimit.MaxDuration))},
+	})
+}
+
+// testConcurrentRealClock: with the real clock, callers' clock reads and
+// their turns at the store come in different orders; still exactly Limit
+// pass per key.
+func testConcurrentRealClock(t *testing.T, newStore func(*testing.T) countlimit.Store) {
+	ls := []*countlimit.Limiter{countlimit.New(newStore(t)), countlimit.New(newStore(t))}
+	for _, w := range []countlimit.Window{countlimit.Rolling(time.Hour), countlimit.Sliding(time.Hour)} {
+		rule := countlimit.Rule{UseType: UseType(t, "realclock"), Limit: 1, Window: w}
+		const keys = 40
+		var mu sync.Mutex
+		perKey := map[int]int{}
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for g := range 8 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				for k := range keys {
+					r, err := ls[g%2].Allow(context.Background(), rule, fmt.Sprint("key-", k))
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					if r.Allowed {
+						mu.Lock()
+						perKey[k]++
+						mu.Unlock()
+					}
+				}
+			}()
+		}
+		close(start)
+		wg.Wait()
+		for k := range keys {
+			if perKey[k] != 1 {
+				t.Errorf("%v: key-%d allowed %d times, want 1", w, k, perKey[k])
+			}
+		}
+	}
 }
