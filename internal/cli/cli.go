@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
 	"strings"
 )
@@ -74,6 +75,10 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if err == nil {
 		return ExitOK
 	}
+	if errors.Is(err, flag.ErrHelp) {
+		fmt.Fprint(stdout, usage)
+		return ExitOK
+	}
 	fmt.Fprintf(stderr, "countlimit: %v\n", err)
 	var ue *usageError
 	if errors.As(err, &ue) {
@@ -106,7 +111,11 @@ func newFlagSet(name string) *flag.FlagSet {
 }
 
 func parse(fs *flag.FlagSet, args []string) error {
-	if err := fs.Parse(args); err != nil {
+	err := fs.Parse(args)
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		return err
+	case err != nil:
 		return usageErrorf("%s: %v", fs.Name(), err)
 	}
 	return nil
@@ -133,16 +142,20 @@ func isPostgres(url string) bool {
 	return strings.HasPrefix(url, "postgres://") || strings.HasPrefix(url, "postgresql://")
 }
 
-// redactURL hides a password in a store URL.
-func redactURL(u string) string {
-	at := strings.LastIndex(u, "@")
-	scheme := strings.Index(u, "://")
-	if at < 0 || scheme < 0 || at < scheme {
-		return u
+// redactURL hides the passwords in a store URL: in its user info and in a
+// password query parameter.
+func redactURL(raw string) string {
+	if !strings.Contains(raw, "://") {
+		return raw // "memory", or not a URL at all
 	}
-	userinfo := u[scheme+3 : at]
-	if i := strings.Index(userinfo, ":"); i >= 0 {
-		return u[:scheme+3] + userinfo[:i] + ":xxxxx" + u[at:]
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "(a URL that does not parse)"
 	}
-	return u
+	q := u.Query()
+	if q.Has("password") {
+		q.Set("password", "xxxxx")
+		u.RawQuery = q.Encode()
+	}
+	return u.Redacted()
 }

@@ -42,8 +42,14 @@ func TestUsage(t *testing.T) {
 			t.Errorf("countlimit %v printed a password: %q", tc.args, stderr)
 		}
 	}
-	if code, out, _ := run(t, "help"); code != cli.ExitOK || !strings.Contains(out, "migrate up|down|status") {
-		t.Errorf("help: exit %d, %q", code, out)
+	for _, args := range [][]string{{"help"}, {"serve", "-h"}, {"allow", "--help"}} {
+		if code, out, _ := run(t, args...); code != cli.ExitOK || !strings.Contains(out, "migrate up|down|status") {
+			t.Errorf("countlimit %v: exit %d, %q; want the usage", args, code, out)
+		}
+	}
+	code, _, stderr := run(t, "top", "--store", "postgres://u@127.0.0.1:1/db?password=hunter2&connect_timeout=1")
+	if code != cli.ExitError || strings.Contains(stderr, "hunter2") || !strings.Contains(stderr, "password=xxxxx") {
+		t.Errorf("top with a password in the query: exit %d, %q", code, stderr)
 	}
 }
 
