@@ -316,10 +316,30 @@ func result(c *Check, now time.Time, retry time.Duration) Result {
 	return r
 }
 
+// Validate reports why r cannot be used, as every Limiter method would: an
+// error wrapping ErrInvalid that names the field, or nil. Configuration
+// loaders call it so a bad rule fails at load time, not on every check.
+func (r Rule) Validate() error {
+	if err := validateName(string(r.UseType)); err != "" {
+		return invalidf("UseType", "%s", err)
+	}
+	return r.validateLimits()
+}
+
 func validate(r Rule, id string, n int64) error {
 	if err := validateKey(r.UseType, id); err != nil {
 		return err
 	}
+	if err := r.validateLimits(); err != nil {
+		return err
+	}
+	if n < 1 || n > MaxLimit {
+		return invalidf("n", "must be 1 to 2^53, got %d", n)
+	}
+	return nil
+}
+
+func (r Rule) validateLimits() error {
 	if r.Limit < 0 || r.Limit > MaxLimit {
 		return invalidf("Rule.Limit", "must be 0 to 2^53, got %d", r.Limit)
 	}
@@ -331,9 +351,6 @@ func validate(r Rule, id string, n int64) error {
 	}
 	if r.Block < 0 || r.Block > MaxDuration {
 		return invalidf("Rule.Block", "must be 0 to 100 years, got %v", r.Block)
-	}
-	if n < 1 || n > MaxLimit {
-		return invalidf("n", "must be 1 to 2^53, got %d", n)
 	}
 	return nil
 }

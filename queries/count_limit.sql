@@ -52,3 +52,12 @@ SELECT * FROM count_limit_status
 WHERE blocked
 ORDER BY blocked_until DESC, use_type, unique_id
 LIMIT @max_rows::int;
+
+-- name: SchemaReady :one
+-- SchemaReady reports whether countlimit's table and function are on the
+-- search path.
+SELECT (to_regclass('count_limit') IS NOT NULL AND EXISTS (
+    SELECT 1 FROM pg_catalog.pg_proc p
+    JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
+    WHERE p.proname = 'countlimit_apply' AND n.nspname = ANY(current_schemas(false))
+))::boolean AS ready;

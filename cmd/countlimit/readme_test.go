@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/countlimit/countlimit/internal/rulefile"
 )
 
 // exchange is one "$ curl ..." line of the README and the output it shows.
@@ -158,5 +160,21 @@ func TestREADMESession(t *testing.T) {
 	}
 	if !strings.Contains(rest.String(), "countlimit: stopped") {
 		t.Errorf("serve after SIGTERM printed %q", rest.String())
+	}
+}
+
+// TestREADMERuleFile checks that the README's rule-file example loads.
+func TestREADMERuleFile(t *testing.T) {
+	raw, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, after, ok := strings.Cut(string(raw), "### Rule files\n\n```yaml\n")
+	if !ok {
+		t.Fatal("README.md: no yaml block under ### Rule files")
+	}
+	block, _, _ := strings.Cut(after, "```")
+	if _, err := rulefile.Parse("README.md rule example", []byte(block)); err != nil {
+		t.Error(err)
 	}
 }

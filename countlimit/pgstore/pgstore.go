@@ -120,6 +120,19 @@ func (s *Store) do(ctx context.Context, r *countlimit.Request) error {
 	return nil
 }
 
+// Ping checks that the database answers and holds countlimit's schema (run
+// Migrate if not): a health check that fails before checks would.
+func (s *Store) Ping(ctx context.Context) error {
+	ready, err := s.q.SchemaReady(ctx, s.db)
+	if err != nil {
+		return interpretError(err)
+	}
+	if !ready {
+		return countlimit.Unavailable(errors.New(`pgstore: countlimit's schema is missing here (run pgstore.Migrate or "countlimit migrate up")`))
+	}
+	return nil
+}
+
 // Purge deletes rows whose window and penalty ended before now, in batches
 // of batchSize rows until none is left, and returns how many it deleted.
 // Each batch is one statement that skips rows live checks hold locked, so

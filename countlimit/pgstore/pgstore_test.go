@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -209,6 +210,14 @@ func TestDeniedAllowAllLeavesNoRow(t *testing.T) {
 func TestMigrateUpDownUp(t *testing.T) {
 	pool := testbackend.FreshSchema(t)
 	ctx := context.Background()
+	if err := pgstore.New(pool).Ping(ctx); !errors.Is(err, countlimit.ErrUnavailable) || !strings.Contains(err.Error(), "schema is missing") {
+		t.Errorf("Ping before Migrate = %v, want ErrUnavailable saying the schema is missing", err)
+	}
+	defer func() {
+		if err := pgstore.New(pool).Ping(ctx); err != nil {
+			t.Errorf("Ping after up/down/up: %v", err)
+		}
+	}()
 	tables := func() (n int) {
 		t.Helper()
 		err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_class c JOIN pg_namespace s ON s.oid = c.relnamespace

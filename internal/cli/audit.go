@@ -5,8 +5,11 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
 
 	"github.com/countlimit/countlimit/countlimit/pgstore"
 )
@@ -16,7 +19,7 @@ func openPostgres(ctx context.Context, verb, url string) (*opened, error) {
 	if !isPostgres(url) {
 		return nil, usageErrorf("%s: --store must be a postgres:// URL, got %q (Redis keys expire on their own; memory is per process)", verb, redactURL(url))
 	}
-	return openStore(ctx, url, false)
+	return openStore(ctx, url, false, nil)
 }
 
 func top(ctx context.Context, args []string, stdout io.Writer) error {
@@ -57,12 +60,21 @@ func top(ctx context.Context, args []string, stdout io.Writer) error {
 		tw := tabwriter.NewWriter(stdout, 2, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "USE TYPE\tID\tUSED\tLIMIT\tLEFT\tDENIED\tRESETS IN\tBLOCKED FOR")
 		for _, r := range rows {
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\n", r.UseType, r.UniqueID, r.Used, r.Limit, r.Remaining, r.Denied,
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\n", printable(r.UseType), printable(r.UniqueID), r.Used, r.Limit, r.Remaining, r.Denied,
 				human(r.ResetsIn), human(r.BlockedFor))
 		}
 		tw.Flush()
 	}
 	return nil
+}
+
+// printable quotes s when it holds anything but printable characters, so an
+// id a caller chose cannot break the table or send escapes to the terminal.
+func printable(s string) string {
+	if strings.IndexFunc(s, func(r rune) bool { return !unicode.IsPrint(r) || unicode.IsSpace(r) }) >= 0 {
+		return strconv.Quote(s)
+	}
+	return s
 }
 
 func human(d time.Duration) string {

@@ -58,7 +58,7 @@ func bench(ctx context.Context, args []string, stdout io.Writer) error {
 		rule = rs[0]
 		rule.UseType += countlimit.UseType("." + hex.EncodeToString(b[:]))
 	}
-	st, err := openStore(ctx, *storeURL, false)
+	st, err := openStore(ctx, *storeURL, false, nil)
 	if err != nil {
 		return err
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"strings"
@@ -39,21 +40,31 @@ func check(ctx context.Context, verb string, args []string, stdout io.Writer) (d
 		return false, usageErrorf("%s: want RULE ID, got %d arguments", verb, len(pos))
 	}
 	name, id := pos[0], pos[1]
-	if *cost < 1 {
-		return false, usageErrorf("%s: --cost must be at least 1, got %d", verb, *cost)
+	if *cost < 1 || *cost > countlimit.MaxLimit {
+		return false, usageErrorf("%s: --cost must be 1 to 2^53, got %d", verb, *cost)
+	}
+	costSet := false
+	fs.Visit(func(f *flag.Flag) { costSet = costSet || f.Name == "cost" })
+	if costSet && (o == server.OpPeek || o == server.OpReset) {
+		return false, usageErrorf("%s takes no --cost", verb)
 	}
 	rf, err := loadRules(*rulesPath)
 	if err != nil {
 		return false, err
 	}
-	rules, err := rf.Resolve(name, *tier)
+	var rules []countlimit.Rule
+	if o == server.OpReset {
+		rules, err = rf.ResolveUseTypes(name) // forgetting needs no tier
+	} else {
+		rules, err = rf.Resolve(name, *tier)
+	}
 	if err != nil {
 		if errors.Is(err, rulefile.ErrUnknown) {
 			return false, fmt.Errorf("%s: unknown rule %q; rules: %s", verb, name, strings.Join(rf.Names(), ", "))
 		}
 		return false, fmt.Errorf("%s: %w", verb, err)
 	}
-	st, err := openStore(ctx, *storeURL, false)
+	st, err := openStore(ctx, *storeURL, false, nil)
 	if err != nil {
 		return false, err
 	}
@@ -63,7 +74,11 @@ func check(ctx context.Context, verb string, args []string, stdout io.Writer) (d
 		return false, err
 	}
 	if o == server.OpReset {
-		fmt.Fprintf(stdout, "reset %s for %s\n", name, id)
+		if *asJSON {
+			fmt.Fprintln(stdout, `{"reset": true}`)
+		} else {
+			fmt.Fprintf(stdout, "reset %s for %s\n", name, id)
+		}
 		return false, nil
 	}
 	resp := server.NewResponse(rf.Members(name), rules, results)

@@ -24,7 +24,7 @@ const (
 const usage = `countlimit: may this event happen once more for this key in this period?
 
 Usage:
-  countlimit serve [--addr 127.0.0.1:8080] [--store URL] [--rules FILE] [--migrate]
+  countlimit serve [--addr 127.0.0.1:8080] [--store URL] [--rules FILE] [--migrate] [--log-level info]
   countlimit allow|peek|refund|reset RULE ID [--cost N] [--tier T] [--store URL] [--rules FILE] [--json]
   countlimit top [-n 20] --store postgres://...
   countlimit purge [--batch 1000] --store postgres://...
@@ -35,8 +35,10 @@ Usage:
   countlimit help
 
 --store (default $COUNTLIMIT_STORE, else memory) is memory, postgres://... or redis://...
+--addr defaults to $COUNTLIMIT_ADDR, else 127.0.0.1:8080 (use :8080 in a container).
 --rules is a YAML rule file; without it the built-in rules (the seed scenarios) apply.
-allow, peek, refund and reset exit 0 when allowed, 1 when denied, 2 on error.
+allow, peek, refund and reset exit 0 when allowed, 1 when denied, 2 on error;
+put -- before an ID that starts with "-".
 `
 
 // Run runs the command line args (without the program name) and returns the
@@ -79,7 +81,11 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprint(stdout, usage)
 		return ExitOK
 	}
-	fmt.Fprintf(stderr, "countlimit: %v\n", err)
+	msg := err.Error()
+	if !strings.HasPrefix(msg, "countlimit: ") {
+		msg = "countlimit: " + msg
+	}
+	fmt.Fprintln(stderr, msg)
 	var ue *usageError
 	if errors.As(err, &ue) {
 		fmt.Fprint(stderr, "\n"+usage)
@@ -142,8 +148,8 @@ func isPostgres(url string) bool {
 	return strings.HasPrefix(url, "postgres://") || strings.HasPrefix(url, "postgresql://")
 }
 
-// redactURL hides the passwords in a store URL: in its user info and in a
-// password query parameter.
+// redactURL hides the passwords in a store URL: in its user info and in
+// any query parameter whose name holds "password" (password, sslpassword).
 func redactURL(raw string) string {
 	if !strings.Contains(raw, "://") {
 		return raw // "memory", or not a URL at all
@@ -153,9 +159,11 @@ func redactURL(raw string) string {
 		return "(a URL that does not parse)"
 	}
 	q := u.Query()
-	if q.Has("password") {
-		q.Set("password", "xxxxx")
-		u.RawQuery = q.Encode()
+	for k := range q {
+		if strings.Contains(strings.ToLower(k), "password") {
+			q.Set(k, "xxxxx")
+			u.RawQuery = q.Encode()
+		}
 	}
 	return u.Redacted()
 }

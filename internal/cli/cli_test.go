@@ -65,6 +65,7 @@ func TestMigrate(t *testing.T) {
 		{[]string{"migrate", "status", "--store", url}, "applied 20"},
 		{[]string{"migrate", "down", "--store", url}, "rolled back 00001_count_limit.sql"},
 		{[]string{"migrate", "status", "--store", url}, "pending"},
+		{[]string{"migrate", "down", "--store", url}, "nothing to roll back"},
 	}
 	for i, s := range steps {
 		code, out, stderr := run(t, s.args...)

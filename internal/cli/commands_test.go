@@ -154,6 +154,9 @@ func TestServeErrors(t *testing.T) {
 		{[]string{"serve", "--log-level", "loud"}, "--log-level"},
 		{[]string{"serve", "--addr", "127.0.0.1:99999"}, "serve:"},
 		{[]string{"serve", "extra"}, `unexpected argument "extra"`},
+		{[]string{"serve", "--migrate"}, "--migrate is for postgres:// stores"},
+		{[]string{"serve", "--store", "postgres://u@127.0.0.1:1/db?sslpassword=secret&connect_timeout=2"}, "sslpassword=xxxxx"},
+		{[]string{"serve", "--store", testbackend.FreshSchemaURL(t)}, "schema is missing here"},
 	} {
 		code, _, stderr := run(t, tc.args...)
 		if code != cli.ExitError || !strings.Contains(stderr, tc.want) {
@@ -184,6 +187,7 @@ func TestCheckCommands(t *testing.T) {
 		{[]string{"allow", "post.create", "m1", "--tier", "gold", "--store", url, "--json"}, cli.ExitOK, `"limit": 8`},
 		{[]string{"allow", "conversation.create", "u1", "--store", url}, cli.ExitOK, "conversation.day: 1 of 50 used"},
 		{[]string{"reset", "sms.code", "p1", "--store", url}, cli.ExitOK, "reset sms.code for p1"},
+		{[]string{"reset", "post.create", "m1", "--store", url, "--json"}, cli.ExitOK, `{"reset": true}`},
 		{[]string{"peek", "sms.code", "p1", "--store", url}, cli.ExitOK, "0 of 2 used"},
 		{[]string{"allow", "sms.code", "p1", "--store", "memory"}, cli.ExitOK, "1 of 2 used"},
 	}
@@ -200,9 +204,11 @@ func TestCheckCommands(t *testing.T) {
 		{[]string{"allow", "sms.code"}, "want RULE ID, got 1 arguments"},
 		{[]string{"allow", "nope", "x"}, `unknown rule "nope"; rules: sms.code, password.change`},
 		{[]string{"allow", "post.create", "x"}, "needs a tier"},
-		{[]string{"allow", "sms.code", "x", "--cost", "0"}, "--cost must be at least 1"},
+		{[]string{"allow", "sms.code", "x", "--cost", "0"}, "--cost must be 1 to 2^53"},
 		{[]string{"allow", "sms.code", "", "--store", "memory"}, "invalid argument: id: is empty"},
 		{[]string{"allow", "conversation.create", "x", "--cost", "2"}, "a group counts one event"},
+		{[]string{"peek", "sms.code", "x", "--cost", "2"}, "peek takes no --cost"},
+		{[]string{"reset", "sms.code", "x", "--cost", "1"}, "reset takes no --cost"},
 		{[]string{"peek", "sms.code", "x", "--store", "postgres://u@127.0.0.1:1/db?connect_timeout=2"}, "--store postgres://u@127.0.0.1:1/db"},
 	} {
 		code, _, stderr := run(t, tc.args...)
@@ -236,12 +242,16 @@ func TestTopAndPurge(t *testing.T) {
 		past.Allow(ctx, countlimit.Rule{UseType: "old", Limit: 1, Window: countlimit.Fixed(time.Minute)}, fmt.Sprint("id-", i))
 	}
 
+	l.Allow(ctx, pin, "odd\tid\x1b[31m")
 	code, out, stderr := run(t, "top", "--store", url, "-n", "5")
+	if !strings.Contains(out, `"odd\tid\x1b[31m"`) {
+		t.Errorf("top printed an odd id raw:\n%q", out)
+	}
 	if code != cli.ExitOK {
 		t.Fatalf("top: exit %d: %s", code, stderr)
 	}
 	for _, want := range []string{
-		`Nearest their limit \(2\)\nUSE TYPE +ID +USED +LIMIT +LEFT +DENIED +RESETS IN +BLOCKED FOR\nlogin +10\.9\.9\.9 +2 +2 +0 +2 +\S+ +\S+\narticle\.pin +author-3 +1 +5 +4 +0 +\S+ +-\n`,
+		`Nearest their limit \(3\)\nUSE TYPE +ID +USED +LIMIT +LEFT +DENIED +RESETS IN +BLOCKED FOR\nlogin +10\.9\.9\.9 +2 +2 +0 +2 +\S+ +\S+\narticle\.pin +author-3 +1 +5 +4 +0 +\S+ +-\n`,
 		`Most denied \(1\)\n.*\nlogin +10\.9\.9\.9 `,
 		`Blocked now \(1\)\n.*\nlogin +10\.9\.9\.9 `,
 	} {

@@ -2,10 +2,12 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/pressly/goose/v3"
 
 	"github.com/countlimit/countlimit/countlimit/pgstore"
 )
@@ -50,6 +52,10 @@ func migrate(ctx context.Context, args []string, stdout io.Writer) error {
 		}
 	case "down":
 		r, err := p.Down(ctx)
+		if errors.Is(err, goose.ErrNoNextVersion) {
+			fmt.Fprintln(stdout, "nothing to roll back")
+			return nil
+		}
 		if err != nil {
 			return fmt.Errorf("migrate down: %w", err)
 		}

@@ -45,7 +45,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	st, err := openStore(ctx, *storeURL, *migrate)
+	st, err := openStore(ctx, *storeURL, *migrate, log)
 	if err != nil {
 		return err
 	}
@@ -55,7 +55,12 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)
 	}
+	// Requests run under base, which is canceled if draining them takes too
+	// long, so a stuck store cannot hold shutdown.
+	base, cancelBase := context.WithCancel(context.Background())
+	defer cancelBase()
 	srv := &http.Server{
+		BaseContext: func(net.Listener) context.Context { return base },
 		Handler: server.New(server.Config{
 			Limiter: countlimit.New(st.store),
 			Rules:   rf,
@@ -82,6 +87,8 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	shutdown, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := srv.Shutdown(shutdown); err != nil {
+		cancelBase()
+		srv.Close()
 		return fmt.Errorf("serve: shutdown: %w", err)
 	}
 	if err := <-errc; !errors.Is(err, http.ErrServerClosed) {

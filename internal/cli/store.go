@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -24,9 +25,14 @@ type opened struct {
 }
 
 // openStore opens the store a --store URL names and, for PostgreSQL with
-// migrate, applies the migrations. It checks that the store answers.
-func openStore(ctx context.Context, url string, migrate bool) (*opened, error) {
+// migrate, applies the migrations. It checks that the store answers (and,
+// for PostgreSQL, holds countlimit's schema). The Redis client's own log
+// lines go to log, or nowhere when it is nil.
+func openStore(ctx context.Context, url string, migrate bool, log *slog.Logger) (*opened, error) {
 	desc := redactURL(url)
+	if migrate && !isPostgres(url) {
+		return nil, usageErrorf("--migrate is for postgres:// stores, got %q", desc)
+	}
 	switch {
 	case url == "" || url == "memory":
 		s := memstore.New()
@@ -47,13 +53,18 @@ func openStore(ctx context.Context, url string, migrate bool) (*opened, error) {
 			}
 		}
 		s := pgstore.New(pool)
-		return &opened{store: s, pg: s, ping: pool.Ping, close: pool.Close, desc: desc}, nil
+		if err := s.Ping(ctx); err != nil {
+			pool.Close()
+			return nil, fmt.Errorf("--store %s: %w", desc, err)
+		}
+		return &opened{store: s, pg: s, ping: s.Ping, close: pool.Close, desc: desc}, nil
 	case strings.HasPrefix(url, "redis://"), strings.HasPrefix(url, "rediss://"), strings.HasPrefix(url, "unix://"):
 		opts, err := redis.ParseURL(url)
 		if err != nil {
 			return nil, fmt.Errorf("--store %s: %w", desc, err)
 		}
 		opts.ContextTimeoutEnabled = true
+		redis.SetLogger(redisLog{log})
 		c := redis.NewClient(opts)
 		if err := c.Ping(ctx).Err(); err != nil {
 			c.Close()
@@ -63,4 +74,14 @@ func openStore(ctx context.Context, url string, migrate bool) (*opened, error) {
 		return &opened{store: redisstore.New(c), ping: ping, close: func() { c.Close() }, desc: desc}, nil
 	}
 	return nil, usageErrorf("--store: want memory, postgres://... or redis://..., got %q", desc)
+}
+
+// redisLog sends go-redis's own log lines (dial retries and the like) to
+// slog, so the service's stderr stays JSON.
+type redisLog struct{ log *slog.Logger }
+
+func (l redisLog) Printf(ctx context.Context, format string, v ...any) {
+	if l.log != nil {
+		l.log.WarnContext(ctx, "redis client", "msg", fmt.Sprintf(format, v...))
+	}
 }

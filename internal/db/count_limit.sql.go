@@ -135,6 +135,23 @@ func (q *Queries) Reset(ctx context.Context, db DBTX, arg ResetParams) error {
 	return err
 }
 
+const schemaReady = `-- name: SchemaReady :one
+SELECT (to_regclass('count_limit') IS NOT NULL AND EXISTS (
+    SELECT 1 FROM pg_catalog.pg_proc p
+    JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
+    WHERE p.proname = 'countlimit_apply' AND n.nspname = ANY(current_schemas(false))
+))::boolean AS ready
+`
+
+// SchemaReady reports whether countlimit's table and function are on the
+// search path.
+func (q *Queries) SchemaReady(ctx context.Context, db DBTX) (bool, error) {
+	row := db.QueryRow(ctx, schemaReady)
+	var ready bool
+	err := row.Scan(&ready)
+	return ready, err
+}
+
 const statusBlocked = `-- name: StatusBlocked :many
 SELECT use_type, unique_id, window_kind, used, limit_value, remaining, denied_count, window_begin, window_end, resets_in, blocked, blocked_until, blocked_for, updated_at FROM count_limit_status
 WHERE blocked

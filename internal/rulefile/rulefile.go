@@ -4,9 +4,11 @@
 package rulefile
 
 import (
+	"bytes"
 	_ "embed"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"sort"
 	"strconv"
@@ -42,6 +44,7 @@ type Group struct {
 	Name        string
 	Description string
 	Rules       []string
+	line        int
 }
 
 // File is a parsed rule file. Its zero value holds no rules.
@@ -83,8 +86,13 @@ func Load(path string) (*File, error) {
 func Parse(name string, data []byte) (*File, error) {
 	p := &parser{name: name}
 	var root yaml.Node
-	if err := yaml.Unmarshal(data, &root); err != nil {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	if err := dec.Decode(&root); err != nil && !errors.Is(err, io.EOF) {
 		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	var extra yaml.Node
+	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("%s:%d: a second YAML document: a rule file holds one", name, extra.Line)
 	}
 	f := &File{Name: name, Rules: map[string]*Rule{}, Groups: map[string]*Group{}}
 	if len(root.Content) == 0 {
@@ -127,16 +135,16 @@ func Parse(name string, data []byte) (*File, error) {
 			continue
 		}
 		if _, clash := f.Rules[n]; clash {
-			return nil, fmt.Errorf("%s: groups.%s: a rule has the same name", name, n)
+			return nil, fmt.Errorf("%s:%d: groups.%s: a rule has the same name", name, g.line, n)
 		}
 		seen := map[countlimit.UseType]string{}
 		for _, rn := range g.Rules {
 			r, ok := f.Rules[rn]
 			if !ok {
-				return nil, fmt.Errorf("%s: groups.%s.rules: unknown rule %q", name, n, rn)
+				return nil, fmt.Errorf("%s:%d: groups.%s.rules: unknown rule %q", name, g.line, n, rn)
 			}
 			if other, dup := seen[r.UseType]; dup {
-				return nil, fmt.Errorf("%s: groups.%s.rules: %s and %s share use type %q", name, n, other, rn, r.UseType)
+				return nil, fmt.Errorf("%s:%d: groups.%s.rules: %s and %s share use type %q", name, g.line, n, other, rn, r.UseType)
 			}
 			seen[r.UseType] = rn
 		}
@@ -157,7 +165,9 @@ func (f *File) Members(name string) []string {
 }
 
 // Resolve returns the countlimit rules that name (a rule or a group) stands
-// for, with limits for tier ("" for none).
+// for, with limits for tier ("" for none). A rule without tiers has one
+// limit, whatever the tier; a rule with tiers needs a tier it knows, or a
+// limit for requests that name none.
 func (f *File) Resolve(name, tier string) ([]countlimit.Rule, error) {
 	if r, ok := f.Rules[name]; ok {
 		cr, err := r.resolve(tier)
@@ -181,19 +191,30 @@ func (f *File) Resolve(name, tier string) ([]countlimit.Rule, error) {
 	return out, nil
 }
 
+// ResolveUseTypes is Resolve without limits, for Reset, which needs no
+// tier: the rules carry their UseType and Window, and Limit 0.
+func (f *File) ResolveUseTypes(name string) ([]countlimit.Rule, error) {
+	if _, ok := f.Rules[name]; !ok && f.Groups[name] == nil {
+		return nil, fmt.Errorf("%w %q", ErrUnknown, name)
+	}
+	var out []countlimit.Rule
+	for _, rn := range f.Members(name) {
+		r := f.Rules[rn]
+		out = append(out, countlimit.Rule{UseType: r.UseType, Window: r.Window, Block: r.Block})
+	}
+	return out, nil
+}
+
 func (r *Rule) resolve(tier string) (countlimit.Rule, error) {
 	cr := countlimit.Rule{UseType: r.UseType, Window: r.Window, Block: r.Block}
 	switch {
-	case tier == "" && r.Limit != nil:
+	case len(r.Tiers) == 0 || (tier == "" && r.Limit != nil):
 		cr.Limit = *r.Limit
 	case tier == "":
 		return cr, fmt.Errorf("%w: rule %s needs a tier (one of %s)", ErrTier, r.Name, strings.Join(r.TierNames(), ", "))
 	default:
 		l, ok := r.Tiers[tier]
 		if !ok {
-			if len(r.Tiers) == 0 {
-				return cr, fmt.Errorf("%w: rule %s has no tiers, got %q", ErrTier, r.Name, tier)
-			}
 			return cr, fmt.Errorf("%w: rule %s has no tier %q (one of %s)", ErrTier, r.Name, tier, strings.Join(r.TierNames(), ", "))
 		}
 		cr.Limit = l
@@ -217,8 +238,10 @@ func (p *parser) errf(n *yaml.Node, field, format string, args ...any) error {
 	return fmt.Errorf("%s:%d: %s: %s", p.name, n.Line, field, fmt.Sprintf(format, args...))
 }
 
-// mapping calls f for each key of a mapping node, in order.
+// mapping calls f for each key of a mapping node, in order, following
+// YAML aliases.
 func (p *parser) mapping(n *yaml.Node, field string, f func(key string, v *yaml.Node) error) error {
+	n = deref(n)
 	if n.Kind != yaml.MappingNode {
 		if field == "" {
 			field = "(top level)"
@@ -232,24 +255,44 @@ func (p *parser) mapping(n *yaml.Node, field string, f func(key string, v *yaml.
 		if field != "" {
 			full = field + "." + k.Value
 		}
+		if k.Value == "<<" {
+			return p.errf(k, full, "merge keys are not supported: write the fields out")
+		}
+		if k.Kind != yaml.ScalarNode || k.Tag == "!!null" || strings.TrimSpace(k.Value) == "" {
+			return p.errf(k, full, "want a name")
+		}
 		if seen[k.Value] {
 			return p.errf(k, full, "appears twice")
 		}
 		seen[k.Value] = true
-		if err := f(k.Value, n.Content[i+1]); err != nil {
+		if err := f(k.Value, deref(n.Content[i+1])); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
+// deref follows a YAML alias to the node it names.
+func deref(n *yaml.Node) *yaml.Node {
+	for n.Kind == yaml.AliasNode && n.Alias != nil {
+		n = n.Alias
+	}
+	return n
+}
+
 func (p *parser) rule(name string, n *yaml.Node) (*Rule, error) {
 	at := "rules." + name
-	if strings.TrimSpace(name) == "" {
-		return nil, p.errf(n, at, "empty rule name")
-	}
 	r := &Rule{Name: name, UseType: countlimit.UseType(name)}
 	var sawWindow bool
+	limitAt := map[string]*yaml.Node{} // field -> node, checked once the window is known
+	// valid checks one part of the rule as the library will, so a bad rule
+	// fails here rather than on every check.
+	valid := func(v *yaml.Node, field string, cr countlimit.Rule) error {
+		if err := cr.Validate(); err != nil {
+			return p.errf(v, field, "%s", strings.TrimPrefix(err.Error(), "invalid argument: "))
+		}
+		return nil
+	}
 	err := p.mapping(n, at, func(key string, v *yaml.Node) error {
 		field := at + "." + key
 		switch key {
@@ -260,10 +303,8 @@ func (p *parser) rule(name string, n *yaml.Node) (*Rule, error) {
 			if err := p.str(v, field, &s); err != nil {
 				return err
 			}
-			if s == "" {
-				return p.errf(v, field, "empty")
-			}
 			r.UseType = countlimit.UseType(s)
+			return valid(v, field, countlimit.Rule{UseType: r.UseType, Window: countlimit.Lifetime()})
 		case "window":
 			if err := p.str(v, field, &r.WindowText); err != nil {
 				return err
@@ -273,17 +314,20 @@ func (p *parser) rule(name string, n *yaml.Node) (*Rule, error) {
 				return p.errf(v, field, "%v", err)
 			}
 			r.Window, sawWindow = w, true
+			return valid(v, field, countlimit.Rule{UseType: "x", Window: w})
 		case "limit":
 			l, err := p.limit(v, field)
 			if err != nil {
 				return err
 			}
 			r.Limit = &l
+			limitAt[field] = v
 		case "tiers":
 			r.Tiers = map[string]int64{}
 			return p.mapping(v, field, func(tier string, tv *yaml.Node) error {
 				l, err := p.limit(tv, field+"."+tier)
 				r.Tiers[tier] = l
+				limitAt[field+"."+tier] = tv
 				return err
 			})
 		case "block":
@@ -296,6 +340,7 @@ func (p *parser) rule(name string, n *yaml.Node) (*Rule, error) {
 				return p.errf(v, field, "want a positive duration like 30m, got %q", s)
 			}
 			r.Block = d
+			return valid(v, field, countlimit.Rule{UseType: "x", Window: countlimit.Lifetime(), Block: d})
 		default:
 			return p.errf(v, field, "unknown field (want description, use_type, window, limit, tiers or block)")
 		}
@@ -310,12 +355,26 @@ func (p *parser) rule(name string, n *yaml.Node) (*Rule, error) {
 	if r.Limit == nil && len(r.Tiers) == 0 {
 		return nil, p.errf(n, at+".limit", "missing: give a limit, tiers, or both")
 	}
+	if err := valid(n, at, countlimit.Rule{UseType: r.UseType, Window: r.Window}); err != nil {
+		return nil, err // a name too long or odd to be a use type
+	}
+	if r.Limit != nil {
+		if err := valid(limitAt[at+".limit"], at+".limit", countlimit.Rule{UseType: r.UseType, Limit: *r.Limit, Window: r.Window}); err != nil {
+			return nil, err
+		}
+	}
+	for _, tier := range r.TierNames() {
+		field := at + ".tiers." + tier
+		if err := valid(limitAt[field], field, countlimit.Rule{UseType: r.UseType, Limit: r.Tiers[tier], Window: r.Window}); err != nil {
+			return nil, err
+		}
+	}
 	return r, nil
 }
 
 func (p *parser) group(name string, n *yaml.Node) (*Group, error) {
 	at := "groups." + name
-	g := &Group{Name: name}
+	g := &Group{Name: name, line: n.Line}
 	err := p.mapping(n, at, func(key string, v *yaml.Node) error {
 		field := at + "." + key
 		switch key {
@@ -407,6 +466,9 @@ func ParseWindow(s string) (countlimit.Window, error) {
 		}
 		loc := time.UTC
 		if len(f) == 3 {
+			if f[2] == "Local" {
+				return countlimit.Window{}, errors.New(`time zone "Local" depends on the host: name an IANA zone like Asia/Shanghai`)
+			}
 			var err error
 			if loc, err = time.LoadLocation(f[2]); err != nil {
 				return countlimit.Window{}, fmt.Errorf("unknown time zone %q", f[2])

@@ -65,8 +65,6 @@ func TestResolveErrors(t *testing.T) {
 		{"nope", "", rulefile.ErrUnknown, `"nope"`},
 		{"post.create", "", rulefile.ErrTier, "needs a tier (one of bronze, gold, silver)"},
 		{"post.create", "platinum", rulefile.ErrTier, `no tier "platinum"`},
-		{"sms.code", "gold", rulefile.ErrTier, "has no tiers"},
-		{"conversation.create", "gold", rulefile.ErrTier, "has no tiers"},
 	} {
 		_, err := f.Resolve(tc.name, tc.tier)
 		if !errors.Is(err, tc.is) || !strings.Contains(err.Error(), tc.msg) {
@@ -92,7 +90,19 @@ func TestParseErrorsNameFileLineAndField(t *testing.T) {
 		{"missing window", "rules:\n  a:\n    limit: 1\n", "r.yaml:3: rules.a.window: missing"},
 		{"missing limit", "rules:\n  a:\n    window: fixed 1m\n", "r.yaml:3: rules.a.limit: missing"},
 		{"duplicate rule", "rules:\n  a: {window: fixed 1m, limit: 1}\n  a: {window: fixed 1m, limit: 2}\n", "r.yaml:3: rules.a: appears twice"},
-		{"group of unknown rule", "rules:\n  a: {window: fixed 1m, limit: 1}\ngroups:\n  g: {rules: [a, b]}\n", `r.yaml: groups.g.rules: unknown rule "b"`},
+		{"group of unknown rule", "rules:\n  a: {window: fixed 1m, limit: 1}\ngroups:\n  g: {rules: [a, b]}\n", `r.yaml:4: groups.g.rules: unknown rule "b"`},
+		{"limit over 2^53", "rules:\n  a:\n    window: fixed 1m\n    limit: 9223372036854775807\n", "r.yaml:4: rules.a.limit: Rule.Limit: must be 0 to 2^53"},
+		{"sliding tier over 10000", "rules:\n  a:\n    window: sliding 1m\n    tiers: {gold: 20000}\n", "r.yaml:4: rules.a.tiers.gold: Rule.Limit: a Sliding window logs every event"},
+		{"window over 100 years", "rules:\n  a:\n    window: rolling 1000000h\n    limit: 1\n", "r.yaml:3: rules.a.window: Rule.Window: rolling duration must be 1µs to 100 years"},
+		{"block over 100 years", "rules:\n  a:\n    window: fixed 1m\n    limit: 1\n    block: 2000000h\n", "r.yaml:5: rules.a.block: Rule.Block: must be 0 to 100 years"},
+		{"NUL in use type", "rules:\n  a:\n    window: fixed 1m\n    limit: 1\n    use_type: \"x\\0y\"\n", "r.yaml:5: rules.a.use_type: UseType: holds a NUL byte"},
+		{"use type over 512 bytes", "rules:\n  " + strings.Repeat("n", 600) + ":\n    window: fixed 1m\n    limit: 1\n", "UseType: is 600 bytes"},
+		{"host time zone", "rules:\n  a:\n    window: calendar day Local\n    limit: 1\n", `r.yaml:3: rules.a.window: time zone "Local" depends on the host`},
+		{"merge key", "base: &b {window: fixed 1m}\nrules:\n  a:\n    <<: *b\n    limit: 1\n", "r.yaml:1: base: unknown field"},
+		{"merge key in a rule", "rules:\n  a:\n    <<: {window: fixed 1m}\n    limit: 1\n", "r.yaml:3: rules.a.<<: merge keys are not supported"},
+		{"second document", "rules:\n  a: {window: fixed 1m, limit: 1}\n---\nrules: {}\n", ": a second YAML document: a rule file holds one"},
+		{"null rule name", "rules:\n  ~: {window: fixed 1m, limit: 1}\n", "r.yaml:2: rules.~: want a name"},
+		{"group sharing a use type (line)", "rules:\n  a: {window: fixed 1m, limit: 1}\n  b: {window: fixed 1h, limit: 1, use_type: a}\ngroups:\n  g: {rules: [a, b]}\n", `r.yaml:5: groups.g.rules`},
 		{"group sharing a use type", "rules:\n  a: {window: fixed 1m, limit: 1}\n  b: {window: fixed 1h, limit: 1, use_type: a}\ngroups:\n  g: {rules: [a, b]}\n", `share use type "a"`},
 		{"group named like a rule", "rules:\n  a: {window: fixed 1m, limit: 1}\ngroups:\n  a: {rules: [a]}\n", "groups.a: a rule has the same name"},
 		{"empty group", "rules:\n  a: {window: fixed 1m, limit: 1}\ngroups:\n  g: {rules: []}\n", "r.yaml:4: groups.g.rules: want a list"},
@@ -135,5 +145,44 @@ func TestParseDuration(t *testing.T) {
 		if _, err := rulefile.ParseDuration(in); err == nil {
 			t.Errorf("ParseDuration(%q): no error", in)
 		}
+	}
+}
+
+func TestTiersInGroupsAndAliases(t *testing.T) {
+	f, err := rulefile.Parse("r.yaml", []byte(`
+rules:
+  post: {window: fixed 1h, tiers: {bronze: 3, gold: 8}}
+  conv: {window: fixed 1h, limit: 10}
+  api:
+    window: &minute fixed 1m
+    limit: 5
+  api2:
+    window: *minute
+    limit: 6
+groups:
+  both: {rules: [post, conv]}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs, err := f.Resolve("both", "gold")
+	if err != nil || rs[0].Limit != 8 || rs[1].Limit != 10 {
+		t.Errorf("Resolve(both, gold) = %+v, %v; want 8 and conv's own 10", rs, err)
+	}
+	if _, err := f.Resolve("both", ""); !errors.Is(err, rulefile.ErrTier) {
+		t.Errorf("Resolve(both, \"\") = %v; want ErrTier (post has no limit without a tier)", err)
+	}
+	if rs, err := f.Resolve("conv", "gold"); err != nil || rs[0].Limit != 10 {
+		t.Errorf("a rule without tiers ignores the tier: %+v, %v", rs, err)
+	}
+	if rs, err := f.Resolve("api2", ""); err != nil || rs[0].Window.String() != "fixed 1m0s" {
+		t.Errorf("an aliased window: %+v, %v", rs, err)
+	}
+	rs, err = f.ResolveUseTypes("both")
+	if err != nil || len(rs) != 2 || rs[0].UseType != "post" || rs[1].UseType != "conv" {
+		t.Errorf("ResolveUseTypes(both) = %+v, %v", rs, err)
+	}
+	if _, err := f.ResolveUseTypes("nope"); !errors.Is(err, rulefile.ErrUnknown) {
+		t.Errorf("ResolveUseTypes(nope) = %v", err)
 	}
 }

@@ -38,7 +38,13 @@ type Config struct {
 	Ping func(context.Context) error
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
+	// StoreTimeout bounds each request's calls to the store (default
+	// DefaultStoreTimeout): a stuck store gets 503, not a hung client.
+	StoreTimeout time.Duration
 }
+
+// DefaultStoreTimeout is Config.StoreTimeout's default.
+const DefaultStoreTimeout = 5 * time.Second
 
 // Server is the HTTP handler. It is safe for concurrent use.
 type Server struct {
@@ -56,6 +62,9 @@ func New(cfg Config) *Server {
 	s := &Server{cfg: cfg, log: cfg.Logger, mux: http.NewServeMux(), reg: prometheus.NewRegistry()}
 	if s.log == nil {
 		s.log = slog.Default()
+	}
+	if s.cfg.StoreTimeout <= 0 {
+		s.cfg.StoreTimeout = DefaultStoreTimeout
 	}
 	s.decided = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "countlimit_decisions_total",
@@ -75,6 +84,7 @@ func New(cfg Config) *Server {
 
 	for _, o := range []Op{OpAllow, OpPeek, OpRefund, OpReset} {
 		s.mux.HandleFunc("POST /v1/"+o.String(), s.timed(o.String(), s.check(o)))
+		s.failed.WithLabelValues(o.String()) // present at 0 before the first failure
 	}
 	s.mux.HandleFunc("GET /v1/rules", s.rules)
 	s.mux.HandleFunc("GET /healthz", s.health)
@@ -201,9 +211,11 @@ func (s *Server) check(o Op) http.HandlerFunc {
 		if !ok {
 			return
 		}
-		results, err := Do(r.Context(), s.cfg.Limiter, o, rules, req.ID, *req.Cost)
+		ctx, cancel := context.WithTimeout(r.Context(), s.cfg.StoreTimeout)
+		defer cancel()
+		results, err := Do(ctx, s.cfg.Limiter, o, rules, req.ID, *req.Cost)
 		if err != nil {
-			s.fail(w, o.String(), req.Rule, err)
+			s.fail(w, r, o.String(), req.Rule, err)
 			return
 		}
 		if o == OpReset {
@@ -264,14 +276,20 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request, o Op) (Request, 
 	if req.Cost == nil {
 		one := int64(1)
 		req.Cost = &one
-	} else if *req.Cost < 1 {
-		return bad("cost", "cost must be at least 1, got %d", *req.Cost)
+	} else if *req.Cost < 1 || *req.Cost > countlimit.MaxLimit {
+		return bad("cost", "cost must be 1 to 2^53, got %d", *req.Cost)
 	} else if o == OpPeek || o == OpReset {
 		return bad("cost", "%s takes no cost", o)
 	} else if o == OpAllow && *req.Cost != 1 && len(s.cfg.Rules.Members(req.Rule)) > 1 {
 		return bad("cost", "a group counts one event: cost must be 1")
 	}
-	rules, err := s.cfg.Rules.Resolve(req.Rule, req.Tier)
+	var rules []countlimit.Rule
+	var err error
+	if o == OpReset {
+		rules, err = s.cfg.Rules.ResolveUseTypes(req.Rule) // forgetting needs no tier
+	} else {
+		rules, err = s.cfg.Rules.Resolve(req.Rule, req.Tier)
+	}
 	switch {
 	case errors.Is(err, rulefile.ErrUnknown):
 		return bad("rule", "unknown rule %q (GET /v1/rules lists them)", req.Rule)
@@ -283,9 +301,15 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request, o Op) (Request, 
 	return req, rules, true
 }
 
-func (s *Server) fail(w http.ResponseWriter, endpoint, rule string, err error) {
+func (s *Server) fail(w http.ResponseWriter, r *http.Request, endpoint, rule string, err error) {
 	if errors.Is(err, countlimit.ErrInvalid) {
 		writeJSON(w, http.StatusBadRequest, apiError{Error: err.Error()})
+		return
+	}
+	if r.Context().Err() != nil {
+		// The client went away; the store did not fail.
+		s.log.Debug("client gone", "endpoint", endpoint, "rule", rule)
+		writeJSON(w, http.StatusServiceUnavailable, apiError{Error: "request canceled"})
 		return
 	}
 	s.failed.WithLabelValues(endpoint).Inc()

@@ -128,6 +128,11 @@ func TestAPI(t *testing.T) {
 			a.expect("/v1/allow", `{"rule": "post.create", "id": "m1", "tier": "gold"}`, true, 0, "2/8")
 			a.expect("/v1/allow", `{"rule": "api", "id": "k1"}`, true, 0, "1/10")
 			a.expect("/v1/allow", `{"rule": "api", "id": "k1", "tier": "registered"}`, true, 0, "2/100")
+			// Forgetting a tiered rule's counter needs no tier.
+			if code, out := a.do("POST", "/v1/reset", `{"rule": "post.create", "id": "m1"}`); code != 200 {
+				t.Errorf("reset of a tier-only rule without a tier: %d %v", code, out)
+			}
+			a.expect("/v1/peek", `{"rule": "post.create", "id": "m1", "tier": "gold"}`, true, 0, "0/8")
 
 			// A group: 10 per hour AND 50 per day, all or nothing.
 			conv := `{"rule": "conversation.create", "id": "u9"}`
@@ -208,6 +213,7 @@ func TestBadRequests(t *testing.T) {
 		{"POST", "/v1/allow", `{"rule": "sms.code", "id": "` + strings.Repeat("x", 513) + `"}`, 400, "id"},
 		{"POST", "/v1/allow", `{"rule": "sms.code", "id": "a\u0000b"}`, 400, "id"},
 		{"POST", "/v1/allow", `{"rule": "sms.code", "id": "x", "cost": 0}`, 400, "cost"},
+		{"POST", "/v1/allow", `{"rule": "api", "id": "x", "cost": 9007199254740993}`, 400, "cost"},
 		{"POST", "/v1/refund", `{"rule": "sms.code", "id": "x", "cost": -1}`, 400, "cost"},
 		{"POST", "/v1/peek", `{"rule": "sms.code", "id": "x", "cost": 2}`, 400, "cost"},
 		{"POST", "/v1/allow", `{"rule": "conversation.create", "id": "x", "cost": 2}`, 400, "cost"},
@@ -262,5 +268,37 @@ func TestStoreDown(t *testing.T) {
 	}
 	if !strings.Contains(logs.String(), "store failed") || strings.Contains(logs.String(), `"x"`) {
 		t.Errorf("logs: %s", logs.String())
+	}
+}
+
+// stuck is a store that answers only when its context ends.
+type stuck struct{}
+
+func (stuck) Do(ctx context.Context, _ []*countlimit.Request) error {
+	<-ctx.Done()
+	return countlimit.Unavailable(ctx.Err())
+}
+
+func TestStuckStoreTimesOut(t *testing.T) {
+	srv := server.New(server.Config{Limiter: countlimit.New(stuck{}), Rules: rulefile.Default(), Logger: quiet, StoreTimeout: 100 * time.Millisecond})
+	ts := httptest.NewServer(srv)
+	defer ts.Close()
+	a := api{t, ts.URL}
+	code, out := a.do("POST", "/v1/allow", `{"rule": "sms.code", "id": "x"}`)
+	if code != 503 || out["error"] != "store unavailable" {
+		t.Errorf("allow on a stuck store: %d %v, want 503 after the store timeout", code, out)
+	}
+	// A client that hangs up is not a store failure.
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "POST", ts.URL+"/v1/allow", strings.NewReader(`{"rule": "sms.code", "id": "x"}`))
+	if resp, err := http.DefaultClient.Do(req); err == nil {
+		resp.Body.Close()
+	}
+	time.Sleep(50 * time.Millisecond)
+	_, m := a.do("GET", "/metrics", "")
+	if !strings.Contains(m["text"].(string), `countlimit_store_errors_total{endpoint="allow"} 1`) ||
+		!strings.Contains(m["text"].(string), `countlimit_store_errors_total{endpoint="peek"} 0`) {
+		t.Errorf("store error metrics: want allow 1 (the timeout, not the hang-up) and peek present at 0")
 	}
 }
