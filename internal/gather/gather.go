@@ -1,0 +1,226 @@
+// Package gather groups concurrent store calls into batches: group commit on
+// PostgreSQL, pipelining on Redis. It has no timers: a call that finds fewer
+// than the allowed number of batches in flight is sent at once, with whatever
+// calls are waiting; calls that arrive while every slot is busy wait and
+// leave together in the next batch. So an idle store adds no latency, and a
+// busy one sends fewer, bigger batches.
+//
+// A call whose context ends while it waits leaves its queue and is never
+// sent. A call whose context ends after its batch was sent stops waiting and
+// gets the context's error; the batch goes on for the others, and is
+// cancelled only when every call in it has stopped waiting.
+package gather
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"github.com/countlimit/countlimit/countlimit"
+)
+
+// A Call's state. Queued and sent change under Batcher.mu; sent ends with one
+// compare-and-swap, to done by the batch or to abandoned by its caller.
+const (
+	queued uint32 = iota
+	sent
+	done
+	abandoned
+)
+
+// maxAttempts bounds how often a call is sent again (see Call.Retry).
+const maxAttempts = 8
+
+// Call is one caller's request inside a Batcher. Send functions read Req and
+// report the outcome with Req's check states and Err, or with Retry.
+type Call struct {
+	// Req is the caller's request, copied: Send may read it and write its
+	// checks' State freely, even after the caller has stopped waiting.
+	Req countlimit.Request
+	// Err is the call's error; nil means Req's states hold its result.
+	Err error
+
+	checks   [1]countlimit.Check
+	ctx      context.Context
+	state    atomic.Uint32
+	ready    chan struct{}
+	batch    *flight
+	retry    bool
+	attempts int
+}
+
+// Retry asks for the call to be sent again in a later batch, for a call that
+// the batch left undone (a PostgreSQL row created concurrently, say). A call
+// is sent a bounded number of times; then it fails.
+func (c *Call) Retry() { c.retry = true }
+
+// Retried reports whether Retry was called since the call was last sent.
+func (c *Call) Retried() bool { return c.retry }
+
+// flight is one batch in flight. Its context is cancelled when every call
+// in it has stopped waiting.
+type flight struct {
+	live   atomic.Int32
+	cancel context.CancelFunc
+}
+
+// Send carries out a batch of calls: one round trip, and for PostgreSQL one
+// transaction. It sets each call's Err (nil on success) or calls Retry. ctx
+// is the batch's own context, not any caller's.
+type Send func(ctx context.Context, calls []*Call)
+
+// Batcher gathers concurrent calls into batches. It is safe for concurrent
+// use. Its zero value is not usable; make one with New.
+type Batcher struct {
+	send        Send
+	maxSize     int
+	maxInFlight int
+
+	mu       sync.Mutex
+	queue    []*Call
+	inFlight int
+}
+
+// New returns a Batcher that sends at most maxSize calls per batch and keeps
+// at most maxInFlight batches in flight at once. Both are at least 1.
+func New(send Send, maxSize, maxInFlight int) *Batcher {
+	return &Batcher{send: send, maxSize: max(1, maxSize), maxInFlight: max(1, maxInFlight)}
+}
+
+var callPool = sync.Pool{New: func() any { return &Call{ready: make(chan struct{}, 1)} }}
+
+// ErrLeft is wrapped in the error of a call whose context ended before its
+// batch was sent: it was never sent, so nothing of it happened.
+var ErrLeft = errors.New("left before its batch was sent")
+
+// Do sends req in a batch and waits for its outcome. On success, req's
+// checks hold their states. The error, if any, is the one Send set, or the
+// context's.
+func (b *Batcher) Do(ctx context.Context, req *countlimit.Request) error {
+	c := callPool.Get().(*Call)
+	c.Req = *req
+	c.Req.Checks = append(c.checks[:0], req.Checks...)
+	c.Err, c.ctx, c.batch, c.retry, c.attempts = nil, ctx, nil, false, 0
+	c.state.Store(queued)
+
+	b.mu.Lock()
+	b.queue = append(b.queue, c)
+	lead := b.inFlight < b.maxInFlight
+	if lead {
+		b.inFlight++
+	}
+	b.mu.Unlock()
+	if lead {
+		// In a goroutine of its own, so that this caller, like every
+		// other, can stop waiting when its context ends.
+		go b.flush()
+	}
+
+	select {
+	case <-c.ready:
+	case <-ctx.Done():
+		if b.leave(c) {
+			return fmt.Errorf("%w: %w", ErrLeft, ctx.Err())
+		}
+		if c.state.CompareAndSwap(sent, abandoned) {
+			// The batch may still write into c: it is not reused.
+			if c.batch.live.Add(-1) == 0 {
+				c.batch.cancel()
+			}
+			return ctx.Err()
+		}
+		<-c.ready // delivered meanwhile
+	}
+	for i := range req.Checks {
+		req.Checks[i].State = c.Req.Checks[i].State
+	}
+	err := c.Err
+	c.Req, c.ctx, c.batch, c.Err = countlimit.Request{}, nil, nil, nil
+	callPool.Put(c)
+	return err
+}
+
+// leave takes c out of the queue if it is still there, reporting whether it
+// was. A call that left is free to reuse.
+func (b *Batcher) leave(c *Call) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if c.state.Load() != queued {
+		return false
+	}
+	for i, q := range b.queue {
+		if q == c {
+			b.queue = append(b.queue[:i], b.queue[i+1:]...)
+			break
+		}
+	}
+	c.state.Store(abandoned)
+	c.Req, c.ctx = countlimit.Request{}, nil
+	callPool.Put(c)
+	return true
+}
+
+// flush sends one batch from the queue, in the flight slot its caller holds,
+// then passes the slot on: to the next batch if calls are waiting, else back.
+func (b *Batcher) flush() {
+	b.mu.Lock()
+	n := min(len(b.queue), b.maxSize)
+	if n == 0 {
+		b.inFlight--
+		b.mu.Unlock()
+		return
+	}
+	calls := make([]*Call, n)
+	copy(calls, b.queue)
+	b.queue = append(b.queue[:0], b.queue[n:]...)
+	ctx, cancel := context.WithCancel(context.WithoutCancel(calls[0].ctx))
+	f := &flight{cancel: cancel}
+	f.live.Store(int32(n))
+	for _, c := range calls {
+		c.batch = f
+		c.state.Store(sent)
+	}
+	b.mu.Unlock()
+
+	b.send(ctx, calls)
+	cancel()
+
+	var again []*Call
+	for _, c := range calls {
+		if c.retry && c.Err == nil {
+			c.retry = false
+			c.attempts++
+			if c.attempts < maxAttempts {
+				again = append(again, c)
+				continue
+			}
+			c.Err = fmt.Errorf("not done after %d attempts", c.attempts)
+		}
+		if c.state.CompareAndSwap(sent, done) {
+			c.ready <- struct{}{}
+		}
+	}
+
+	b.mu.Lock()
+	if len(again) > 0 {
+		// First in the queue, ahead of calls that came later. A caller that
+		// stopped waiting is not sent again.
+		keep := again[:0]
+		for _, c := range again {
+			if c.state.CompareAndSwap(sent, queued) {
+				keep = append(keep, c)
+			}
+		}
+		b.queue = append(keep, b.queue...)
+	}
+	next := len(b.queue) > 0
+	if !next {
+		b.inFlight--
+	}
+	b.mu.Unlock()
+	if next {
+		b.flush()
+	}
+}
