@@ -15,8 +15,17 @@ FROM countlimit_apply(
 ) AS r;
 
 -- name: Reset :exec
-DELETE FROM count_limit
-WHERE unique_id = @unique_id::text AND use_type = ANY(@use_types::text[]);
+-- Reset deletes one id's rows, locking them first in key order as every
+-- statement does, so that resetting several rules cannot deadlock.
+DELETE FROM count_limit c
+USING (
+    SELECT l.use_type, l.unique_id
+    FROM count_limit l
+    WHERE l.unique_id = @unique_id::text AND l.use_type = ANY(@use_types::text[])
+    ORDER BY l.use_type COLLATE "C"
+    FOR UPDATE
+) d
+WHERE c.use_type = d.use_type AND c.unique_id = d.unique_id;
 
 -- name: PurgeExpired :execrows
 -- PurgeExpired deletes at most batch_size rows whose window and penalty are

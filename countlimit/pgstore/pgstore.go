@@ -3,8 +3,11 @@
 // SQL (see the count_limit_status view).
 //
 // Every Allow, AllowN, AllowAll, Peek, Refund and CheckLimit is one SQL
-// statement and one round trip, with no BEGIN/COMMIT of its own. Give New a
-// pgx.Tx and the check commits or rolls back with your business write:
+// statement and one round trip, with no BEGIN/COMMIT of its own. A check of
+// one rule whose window is not sliding, the common case, is plain SQL (see
+// queries/fast.sql); sliding windows, AllowAll over several rules and Refund
+// call the countlimit_apply function. Give New a pgx.Tx and the check
+// commits or rolls back with your business write:
 //
 //	tx, _ := pool.Begin(ctx)
 //	defer tx.Rollback(ctx)
@@ -13,6 +16,27 @@
 //	tx.Commit(ctx)
 //
 // Apply the schema first with Migrate.
+//
+// # Group commit
+//
+// A Store on a *pgxpool.Pool gathers concurrent Allow, AllowN and
+// CheckLimit calls of a rule whose window is not sliding into batches, with
+// no timers: a call that finds a free slot (see WithMaxInFlight) goes at
+// once, with any calls that are waiting; calls that arrive while every slot
+// is busy leave together in the next batch. A batch is one statement, one
+// transaction and one commit, so one WAL flush serves many calls; if it
+// fails, every call in it gets countlimit.ErrUnavailable and nothing of it
+// is committed. Calls for the same id and use type in one batch are decided
+// one after another in arrival order by a single row update, and each gets
+// the Result it would have had alone. A call whose context ends while it
+// waits leaves the batch and is never counted. Other calls (sliding windows,
+// AllowAll over several rules, Peek, Refund, Reset) are not batched: each is
+// one statement in its own transaction. A Store on a *pgx.Conn or a pgx.Tx
+// never batches.
+//
+// Size the pool for the batches in flight plus the calls that are not
+// batched; pgx's default (the larger of 4 and the number of CPUs) serves
+// most services, and pool_max_conns in the URL changes it.
 //
 // Checks need READ COMMITTED, PostgreSQL's default isolation level. In a
 // REPEATABLE READ or SERIALIZABLE transaction, concurrent checks of one id
@@ -25,14 +49,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/internal/db"
+	"github.com/countlimit/countlimit/internal/gather"
 )
 
 var _ countlimit.Store = (*Store)(nil)
@@ -47,39 +74,114 @@ type DBTX interface {
 
 // Store is a countlimit.Store on PostgreSQL. It is safe for concurrent use
 // when its DBTX is (a pool is; a single *pgx.Conn or pgx.Tx is not). It is
-// cheap: make one per transaction.
+// cheap to make: make one per transaction, and one per pool.
 type Store struct {
-	db DBTX
-	q  *db.Queries
+	db     DBTX
+	q      *db.Queries
+	gather *gather.Batcher // nil unless db is a pool
 }
 
-// New returns a Store that runs its statements on d.
-func New(d DBTX) *Store { return &Store{db: d, q: db.New()} }
+// Option configures a Store.
+type Option func(*config)
 
-// Do implements countlimit.Store: one statement per request.
-func (s *Store) Do(ctx context.Context, reqs []*countlimit.Request) error {
-	for _, r := range reqs {
-		if err := s.do(ctx, r); err != nil {
-			return interpretError(err)
+type config struct {
+	maxBatch, maxInFlight int
+}
+
+// WithMaxBatch sets how many calls one group commit may carry (default 256).
+// 1 turns group commit off: every call is then its own transaction.
+func WithMaxBatch(n int) Option { return func(c *config) { c.maxBatch = n } }
+
+// WithMaxInFlight sets how many group commits may be in flight at once, each
+// on its own connection (default 2, and never more than the pool's
+// MaxConns). Fewer means bigger batches and fewer commits; more means less
+// waiting when the server has cores to spare.
+func WithMaxInFlight(n int) Option { return func(c *config) { c.maxInFlight = n } }
+
+// New returns a Store that runs its statements on d. On a *pgxpool.Pool it
+// gathers concurrent calls into group commits; options tune that and are
+// ignored for other DBTXs.
+func New(d DBTX, opts ...Option) *Store {
+	s := &Store{db: d, q: db.New()}
+	if p, ok := d.(*pgxpool.Pool); ok {
+		cfg := config{maxBatch: 256, maxInFlight: 2}
+		for _, o := range opts {
+			o(&cfg)
+		}
+		cfg.maxInFlight = min(cfg.maxInFlight, int(p.Config().MaxConns))
+		if cfg.maxBatch > 1 {
+			s.gather = gather.New(s.sendBatch, cfg.maxBatch, cfg.maxInFlight)
 		}
 	}
-	return nil
+	return s
 }
 
-func (s *Store) do(ctx context.Context, r *countlimit.Request) error {
-	useTypes := make([]string, len(r.Checks))
-	for i := range r.Checks {
-		useTypes[i] = string(r.Checks[i].UseType)
+// Do implements countlimit.Store. Several requests run in one transaction,
+// all or nothing.
+func (s *Store) Do(ctx context.Context, reqs []*countlimit.Request) error {
+	if len(reqs) == 1 {
+		return interpretError(s.do(ctx, s.db, reqs[0], true))
 	}
-	if r.Op == countlimit.OpReset {
-		return s.q.Reset(ctx, s.db, db.ResetParams{UniqueID: r.ID, UseTypes: useTypes})
+	return interpretError(s.several(ctx, reqs))
+}
+
+// do runs one request on d, in a group commit when batch allows and it can.
+func (s *Store) do(ctx context.Context, d DBTX, r *countlimit.Request, batch bool) error {
+	switch {
+	case r.Op == countlimit.OpReset:
+		return s.reset(ctx, d, r)
+	case !fast(r):
+		return s.apply(ctx, d, r)
+	case r.Op == countlimit.OpPeek:
+		return s.peekOne(ctx, d, r)
+	case batch && s.gather != nil:
+		return s.gather.Do(ctx, r)
 	}
+	return s.allowOne(ctx, d, r)
+}
+
+// several runs reqs in one transaction. The requests are sorted by their
+// first key so that their row locks are taken in the order every statement
+// uses; a request of several rules can still interleave with another's keys,
+// so concurrent multi-request calls over the same ids may deadlock, which
+// PostgreSQL detects: the call then fails and commits nothing.
+func (s *Store) several(ctx context.Context, reqs []*countlimit.Request) error {
+	if len(reqs) == 0 {
+		return nil
+	}
+	b, ok := s.db.(interface {
+		Begin(context.Context) (pgx.Tx, error)
+	})
+	if !ok {
+		return errors.New("pgstore: several requests in one call need a DBTX with a Begin method")
+	}
+	tx, err := b.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(ctx)
+	order := slices.Clone(reqs)
+	slices.SortStableFunc(order, func(a, b *countlimit.Request) int { return compareKeys(firstKey(a), firstKey(b)) })
+	for _, r := range order {
+		if err := s.do(ctx, tx, r, false); err != nil {
+			return err
+		}
+	}
+	return tx.Commit(ctx)
+}
+
+func (s *Store) reset(ctx context.Context, d DBTX, r *countlimit.Request) error {
+	return s.q.Reset(ctx, d, db.ResetParams{UniqueID: r.ID, UseTypes: useTypes(r)})
+}
+
+// apply runs a request through countlimit_apply.
+func (s *Store) apply(ctx context.Context, d DBTX, r *countlimit.Request) error {
 	p := db.ApplyParams{
 		Op:       r.Op.String(),
 		UniqueID: r.ID,
 		Now:      timestamptz(r.Now),
 		N:        r.N,
-		UseTypes: useTypes,
+		UseTypes: useTypes(r),
 		Limits:   make([]int64, len(r.Checks)),
 		Begins:   make([]pgtype.Timestamptz, len(r.Checks)),
 		Lengths:  make([]int64, len(r.Checks)),
@@ -96,7 +198,7 @@ func (s *Store) do(ctx context.Context, r *countlimit.Request) error {
 		p.Spans[i] = c.Span.Microseconds()
 		p.Blocks[i] = c.Block.Microseconds()
 	}
-	rows, err := s.q.Apply(ctx, s.db, p)
+	rows, err := s.q.Apply(ctx, d, p)
 	if err != nil {
 		return err
 	}
@@ -178,7 +280,18 @@ func interpretError(err error) error {
 	return countlimit.Unavailable(err)
 }
 
+func useTypes(r *countlimit.Request) []string {
+	uts := make([]string, len(r.Checks))
+	for i := range r.Checks {
+		uts[i] = string(r.Checks[i].UseType)
+	}
+	return uts
+}
+
 func timestamptz(t time.Time) pgtype.Timestamptz { return pgtype.Timestamptz{Time: t, Valid: true} }
+
+// nullTime is t, or NULL when t is zero.
+func nullTime(t time.Time) pgtype.Timestamptz { return pgtype.Timestamptz{Time: t, Valid: !t.IsZero()} }
 
 func timeOf(t pgtype.Timestamptz) time.Time {
 	if !t.Valid || t.InfinityModifier != pgtype.Finite {

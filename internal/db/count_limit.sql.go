@@ -121,8 +121,15 @@ func (q *Queries) PurgeExpired(ctx context.Context, db DBTX, arg PurgeExpiredPar
 }
 
 const reset = `-- name: Reset :exec
-DELETE FROM count_limit
-WHERE unique_id = $1::text AND use_type = ANY($2::text[])
+DELETE FROM count_limit c
+USING (
+    SELECT l.use_type, l.unique_id
+    FROM count_limit l
+    WHERE l.unique_id = $1::text AND l.use_type = ANY($2::text[])
+    ORDER BY l.use_type COLLATE "C"
+    FOR UPDATE
+) d
+WHERE c.use_type = d.use_type AND c.unique_id = d.unique_id
 `
 
 type ResetParams struct {
@@ -130,6 +137,8 @@ type ResetParams struct {
 	UseTypes []string
 }
 
+// Reset deletes one id's rows, locking them first in key order as every
+// statement does, so that resetting several rules cannot deadlock.
 func (q *Queries) Reset(ctx context.Context, db DBTX, arg ResetParams) error {
 	_, err := db.Exec(ctx, reset, arg.UniqueID, arg.UseTypes)
 	return err

@@ -1,0 +1,156 @@
+package pgstore_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/countlimit/countlimit/countlimit"
+	"github.com/countlimit/countlimit/countlimit/memstore"
+	"github.com/countlimit/countlimit/countlimit/pgstore"
+	"github.com/countlimit/countlimit/countlimit/storetest"
+	"github.com/countlimit/countlimit/internal/testbackend"
+)
+
+// recorder is a Store that keeps the requests a Limiter makes and answers
+// nothing: it turns Limiter calls into the exact requests stores receive.
+type recorder struct{ reqs []*countlimit.Request }
+
+func (r *recorder) Do(_ context.Context, reqs []*countlimit.Request) error {
+	for _, q := range reqs {
+		c := *q
+		c.Checks = slices.Clone(q.Checks)
+		r.reqs = append(r.reqs, &c)
+	}
+	return nil
+}
+
+// TestBatchMatchesOneByOne sends random batches through one group-commit
+// statement and the same requests one by one to memstore: every call must
+// get the same state, as if the calls had run one after another in arrival
+// order. Batches repeat keys (so one row update decides several calls),
+// change limits and windows, read the clock late, cross window ends, weigh
+// calls and set penalties.
+func TestBatchMatchesOneByOne(t *testing.T) {
+	pool := testbackend.Postgres(t)
+	pg := pgstore.New(pool)
+	mem := memstore.New(memstore.WithJanitorInterval(0))
+	defer mem.Close()
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(7, 11))
+	shanghai, err := time.LoadLocation("Asia/Shanghai")
+	if err != nil {
+		t.Fatal(err)
+	}
+	uts := []countlimit.UseType{storetest.UseType(t, "a"), storetest.UseType(t, "b")}
+	ids := []string{"w", "x", "y", "z"}
+	windows := []countlimit.Window{
+		countlimit.Rolling(10 * time.Second), countlimit.Fixed(10 * time.Second), countlimit.Rolling(4 * time.Second),
+		countlimit.Calendar(countlimit.Day, shanghai), countlimit.Fixed(5 * time.Second), countlimit.Lifetime(),
+	}
+	base := time.Date(2026, 3, 1, 15, 59, 30, 0, time.UTC)
+	var calls, allowed, denied, blocked, repeated int
+	for batch := range 300 {
+		rec := &recorder{}
+		clock := storetest.NewClock(base)
+		l := countlimit.New(rec, countlimit.WithClock(clock.Now))
+		size := 1 + rng.IntN(24)
+		for range size {
+			clock.Set(base.Add(time.Duration(rng.IntN(6000)-3000) * time.Millisecond))
+			id := ids[rng.IntN(len(ids))]
+			ut := uts[rng.IntN(len(uts))]
+			limit := int64(rng.IntN(9))
+			if rng.IntN(5) == 0 {
+				// Seed 003's model: a window of the caller's choosing,
+				// sometimes already over.
+				begin := base.Add(time.Duration(rng.IntN(40)-30) * time.Second)
+				if _, err := l.CheckLimit(ctx, ut, id, limit, 15*time.Second, begin); err != nil {
+					t.Fatal(err)
+				}
+				continue
+			}
+			r := countlimit.Rule{UseType: ut, Limit: limit, Window: windows[rng.IntN(len(windows))]}
+			if rng.IntN(6) == 0 {
+				r.Block = 5 * time.Second
+			}
+			n := int64(1)
+			if rng.IntN(4) == 0 {
+				n = 1 + int64(rng.IntN(3))
+			}
+			if _, err := l.AllowN(ctx, r, id, n); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, r := range rec.reqs {
+			if err := mem.Do(ctx, []*countlimit.Request{r}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		want := make([]countlimit.State, len(rec.reqs))
+		for i, r := range rec.reqs {
+			want[i] = r.Checks[0].State
+			r.Checks[0].State = countlimit.State{}
+		}
+		if err := pg.AllowBatchForTest(ctx, rec.reqs); err != nil {
+			t.Fatalf("batch %d: %v", batch, err)
+		}
+		for i, r := range rec.reqs {
+			if got := r.Checks[0].State; !sameState(got, want[i]) {
+				t.Fatalf("batch %d call %d of %d (%s %s n=%d limit %d now %s window [%s, %s) block %v):\n got %s\nwant %s",
+					batch, i+1, len(rec.reqs), r.Checks[0].UseType, r.ID, r.N, r.Checks[0].Limit, r.Now.Format(time.TimeOnly),
+					r.Checks[0].Begin.Format(time.TimeOnly), r.Checks[0].End.Format(time.TimeOnly), r.Checks[0].Block, fmtState(got), fmtState(want[i]))
+			}
+			calls++
+			switch got := r.Checks[0].State; {
+			case got.Allowed:
+				allowed++
+			case !got.BlockedUntil.IsZero():
+				blocked++
+			default:
+				denied++
+			}
+			if i > 0 && slices.ContainsFunc(rec.reqs[:i], func(q *countlimit.Request) bool {
+				return q.ID == r.ID && q.Checks[0].UseType == r.Checks[0].UseType
+			}) {
+				repeated++
+			}
+		}
+		base = base.Add(time.Duration(rng.IntN(12000)) * time.Millisecond)
+		if batch%50 == 49 {
+			// Lifetime counters fill for good: start them afresh.
+			for _, id := range ids {
+				for _, ut := range uts {
+					if err := countlimit.New(mem).Reset(ctx, countlimit.Rule{UseType: ut}, id); err != nil {
+						t.Fatal(err)
+					}
+					if err := countlimit.New(pg).Reset(ctx, countlimit.Rule{UseType: ut}, id); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+		}
+	}
+	t.Logf("%d calls in 300 batches agree: %d allowed, %d denied, %d blocked, %d decided after another call of their key in the batch",
+		calls, allowed, denied, blocked, repeated)
+	if allowed == 0 || denied == 0 || blocked == 0 || repeated < calls/2 {
+		t.Error("the random batches do not cover allowed, denied and blocked calls and repeated keys")
+	}
+}
+
+func sameState(a, b countlimit.State) bool {
+	return a.Allowed == b.Allowed && a.Used == b.Used && a.Begin.Equal(b.Begin) && a.End.Equal(b.End) &&
+		a.BlockedUntil.Equal(b.BlockedUntil) && a.FreeAt.Equal(b.FreeAt)
+}
+
+func fmtState(s countlimit.State) string {
+	f := func(t time.Time) string {
+		if t.IsZero() {
+			return "-"
+		}
+		return t.UTC().Format("15:04:05.000")
+	}
+	return fmt.Sprintf("allowed %v used %d window [%s, %s) blocked until %s", s.Allowed, s.Used, f(s.Begin), f(s.End), f(s.BlockedUntil))
+}

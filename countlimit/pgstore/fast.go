@@ -1,0 +1,181 @@
+package pgstore
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/countlimit/countlimit/countlimit"
+	"github.com/countlimit/countlimit/internal/db"
+	"github.com/countlimit/countlimit/internal/gather"
+)
+
+// maxAttempts bounds how often one call's statement is sent again after a
+// concurrent transaction created its row (see queries/fast.sql).
+const maxAttempts = 8
+
+// fast reports whether r takes the plain-SQL path: one rule whose window is
+// not sliding, allowed or peeked.
+func fast(r *countlimit.Request) bool {
+	return len(r.Checks) == 1 && r.Checks[0].Span == 0 &&
+		(r.Op == countlimit.OpAllow || r.Op == countlimit.OpPeek)
+}
+
+// penaltyEnd is when a denial of c at now would end its penalty, or zero.
+func penaltyEnd(r *countlimit.Request, c *countlimit.Check) pgtype.Timestamptz {
+	if c.Block <= 0 {
+		return pgtype.Timestamptz{}
+	}
+	return timestamptz(r.Now.Add(c.Block))
+}
+
+func (s *Store) allowOne(ctx context.Context, d DBTX, r *countlimit.Request) error {
+	c := &r.Checks[0]
+	p := db.AllowOneParams{
+		N:          r.N,
+		BeginTime:  timestamptz(c.Begin),
+		WindowEnd:  nullTime(c.End),
+		LimitValue: c.Limit,
+		PenaltyEnd: penaltyEnd(r, c),
+		UseType:    string(c.UseType),
+		UniqueID:   r.ID,
+		Now:        timestamptz(r.Now),
+	}
+	for range maxAttempts {
+		row, err := s.q.AllowOne(ctx, d, p)
+		if errors.Is(err, pgx.ErrNoRows) {
+			continue // the row was created concurrently: now it is there
+		}
+		if err != nil {
+			return err
+		}
+		c.State = state(row.Allowed, row.Used, row.WindowBegin, row.WindowEnd, row.BlockedUntil)
+		return nil
+	}
+	return fmt.Errorf("pgstore: row (%s, %s) was created concurrently %d times over", c.UseType, r.ID, maxAttempts)
+}
+
+func (s *Store) peekOne(ctx context.Context, d DBTX, r *countlimit.Request) error {
+	c := &r.Checks[0]
+	row, err := s.q.PeekOne(ctx, d, db.PeekOneParams{
+		LimitValue: c.Limit,
+		BeginTime:  timestamptz(c.Begin),
+		WindowEnd:  nullTime(c.End),
+		UseType:    string(c.UseType),
+		UniqueID:   r.ID,
+		Now:        timestamptz(r.Now),
+	})
+	if err != nil {
+		return err
+	}
+	c.State = state(row.Allowed, row.Used, row.WindowBegin, row.WindowEnd, row.BlockedUntil)
+	return nil
+}
+
+func state(allowed bool, used int64, begin, end, blocked pgtype.Timestamptz) countlimit.State {
+	return countlimit.State{Allowed: allowed, Used: used, Begin: timeOf(begin), End: timeOf(end), BlockedUntil: timeOf(blocked)}
+}
+
+// sendBatch is the group commit: one AllowBatch statement for all calls (or
+// AllowOne for a batch of one). Calls whose row another transaction created
+// meanwhile are sent again.
+func (s *Store) sendBatch(ctx context.Context, calls []*gather.Call) {
+	if len(calls) == 1 {
+		c := calls[0]
+		c.Err = interpretError(s.allowOne(ctx, s.db, &c.Req))
+		return
+	}
+	// Keys in lock order; calls of one key in arrival order.
+	order := make([]int, len(calls))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(a, b int) int {
+		return compareKeys(firstKey(&calls[a].Req), firstKey(&calls[b].Req))
+	})
+	p := db.AllowBatchParams{
+		KeyOf:       make([]int32, len(calls)),
+		Seq:         make([]int32, len(calls)),
+		Nows:        make([]pgtype.Timestamptz, len(calls)),
+		Ns:          make([]int64, len(calls)),
+		Limits:      make([]int64, len(calls)),
+		Begins:      make([]pgtype.Timestamptz, len(calls)),
+		WindowEnds:  make([]pgtype.Timestamptz, len(calls)),
+		PenaltyEnds: make([]pgtype.Timestamptz, len(calls)),
+	}
+	first := make([]int, 0, len(calls)) // first[k-1] = position in order of key k's first call
+	var seq int32
+	for j, i := range order {
+		r := &calls[i].Req
+		c := &r.Checks[0]
+		if j == 0 || compareKeys(firstKey(r), firstKey(&calls[order[j-1]].Req)) != 0 {
+			p.UseTypes = append(p.UseTypes, string(c.UseType))
+			p.UniqueIds = append(p.UniqueIds, r.ID)
+			first = append(first, j)
+			seq = 0
+		}
+		seq++
+		p.KeyOf[i] = int32(len(first))
+		p.Seq[i] = seq
+		p.Nows[i] = timestamptz(r.Now)
+		p.Ns[i] = r.N
+		p.Limits[i] = c.Limit
+		p.Begins[i] = timestamptz(c.Begin)
+		p.WindowEnds[i] = nullTime(c.End)
+		p.PenaltyEnds[i] = penaltyEnd(r, c)
+	}
+	rows, err := s.q.AllowBatch(ctx, s.db, p)
+	if err == nil {
+		done := make([]bool, len(calls))
+		for _, row := range rows {
+			k, n := int(row.KeyOf), int(row.Seq)
+			j := -1
+			if k >= 1 && k <= len(first) {
+				j = first[k-1] + n - 1
+			}
+			if n < 1 || j < 0 || j >= len(order) || int(p.KeyOf[order[j]]) != k || done[order[j]] {
+				err = fmt.Errorf("pgstore: AllowBatch returned call (%d, %d), which it was not sent", k, n)
+				break
+			}
+			i := order[j]
+			done[i] = true
+			calls[i].Req.Checks[0].State = state(row.Allowed, row.Used, row.WindowBegin, row.WindowEnd, row.BlockedUntil)
+		}
+		for i, c := range calls {
+			if err == nil && !done[i] {
+				c.Retry()
+			}
+		}
+	}
+	if err != nil {
+		err = interpretError(err)
+		for _, c := range calls {
+			c.Err = err
+		}
+	}
+}
+
+// key is a row's primary key, in the order statements lock rows: by
+// unique_id, then use_type, bytewise (COLLATE "C").
+type key struct{ id, useType string }
+
+// firstKey is the first row r locks: its id with its least use type.
+func firstKey(r *countlimit.Request) key {
+	k := key{id: r.ID}
+	for i := range r.Checks {
+		if ut := string(r.Checks[i].UseType); i == 0 || ut < k.useType {
+			k.useType = ut
+		}
+	}
+	return k
+}
+
+func compareKeys(a, b key) int {
+	return cmp.Or(strings.Compare(a.id, b.id), strings.Compare(a.useType, b.useType))
+}

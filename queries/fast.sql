@@ -1,0 +1,190 @@
+-- The fast path: one rule whose window is not sliding (rolling, fixed,
+-- calendar, lifetime, CheckLimit), in plain SQL. Every statement here takes
+-- its row locks in three phases, as countlimit_apply does, so concurrent
+-- statements over many keys cannot deadlock:
+--
+--   1. lock the rows that exist, in key order (unique_id, then use_type,
+--      byte order; Go sorts the keys and passes them in that order);
+--   2. insert the rows that do not, in key order, ON CONFLICT DO NOTHING:
+--      this waits only for other inserts of the same key, never for a row
+--      lock. A key someone else created since the statement began is left
+--      alone and reported as not applied; the caller sends it again;
+--   3. update the rows locked in phase 1, which waits for nothing.
+--
+-- The decision is made from the row as locked in phase 1 (the latest
+-- committed version), never from the statement's snapshot, so it is exact
+-- under READ COMMITTED. A window is current when it is not empty and not
+-- over (begin is not compared with now; see countlimit.Store).
+--
+-- Parameters common to all: now is the caller's clock; begin_time and
+-- window_end bound the window an allowed event opens (window_end NULL for a
+-- lifetime window); penalty_end is now + Block (NULL when the rule has none).
+
+-- name: AllowOne :one
+-- AllowOne counts n events of one rule for one id, or tallies the denial and
+-- sets the penalty. No row means a concurrent transaction created the row
+-- after this statement began and nothing was done: send it again.
+WITH updated AS (
+    UPDATE count_limit c SET
+        already_count = CASE WHEN f.fits THEN u.used + @n::bigint ELSE c.already_count END,
+        begin_time    = CASE WHEN f.fits AND NOT s.cur THEN @begin_time::timestamptz ELSE c.begin_time END,
+        end_time      = CASE WHEN f.fits AND NOT s.cur THEN @window_end::timestamptz ELSE c.end_time END,
+        limit_value   = @limit_value::bigint,
+        denied_count  = c.denied_count + CASE WHEN f.fits THEN 0 ELSE 1 END,
+        blocked_until = CASE WHEN f.fits OR s.blocked OR @penalty_end::timestamptz IS NULL THEN c.blocked_until
+                             ELSE @penalty_end::timestamptz END,
+        events        = CASE WHEN f.fits THEN NULL ELSE c.events END,
+        updated_at    = now()
+    FROM (
+        SELECT o.use_type, o.unique_id, o.already_count, o.begin_time, o.end_time, o.blocked_until
+        FROM count_limit o
+        WHERE o.use_type = @use_type::text AND o.unique_id = @unique_id::text
+        FOR NO KEY UPDATE
+    ) y
+    CROSS JOIN LATERAL (SELECT
+        y.begin_time < coalesce(y.end_time, 'infinity') AND coalesce(y.end_time > @now::timestamptz, true) AS cur,
+        coalesce(y.blocked_until > @now::timestamptz, false) AS blocked) s
+    CROSS JOIN LATERAL (SELECT CASE WHEN s.cur THEN y.already_count ELSE 0 END AS used) u
+    CROSS JOIN LATERAL (SELECT NOT s.blocked AND @n::bigint <= (@limit_value::bigint) - u.used AS fits) f
+    WHERE c.use_type = y.use_type AND c.unique_id = y.unique_id
+    RETURNING
+        f.fits AS allowed,
+        CASE WHEN f.fits THEN c.already_count ELSE u.used END AS used,
+        CASE WHEN s.cur THEN y.begin_time ELSE @begin_time::timestamptz END AS window_begin,
+        CASE WHEN s.cur THEN y.end_time ELSE @window_end::timestamptz END AS window_end,
+        CASE WHEN c.blocked_until > @now::timestamptz THEN c.blocked_until END AS blocked_until
+), inserted AS (
+    -- A denied event creates the row too, with an empty window, for its
+    -- denial tally and penalty.
+    INSERT INTO count_limit (use_type, unique_id, already_count, begin_time, end_time, limit_value, denied_count, blocked_until)
+    SELECT @use_type::text, @unique_id::text,
+        CASE WHEN f.fits THEN @n::bigint ELSE 0 END,
+        CASE WHEN f.fits THEN @begin_time::timestamptz ELSE @now::timestamptz END,
+        CASE WHEN f.fits THEN @window_end::timestamptz ELSE @now::timestamptz END,
+        @limit_value::bigint,
+        CASE WHEN f.fits THEN 0 ELSE 1 END,
+        CASE WHEN f.fits THEN NULL ELSE @penalty_end::timestamptz END
+    FROM (SELECT @n::bigint <= @limit_value::bigint AS fits) f
+    WHERE NOT EXISTS (SELECT FROM updated)
+    ON CONFLICT DO NOTHING
+    RETURNING already_count, blocked_until
+)
+SELECT u.allowed::boolean AS allowed, u.used::bigint AS used,
+    u.window_begin::timestamptz AS window_begin, u.window_end::timestamptz AS window_end,
+    u.blocked_until::timestamptz AS blocked_until
+FROM updated u
+UNION ALL
+SELECT i.already_count > 0, i.already_count, @begin_time::timestamptz, @window_end::timestamptz, i.blocked_until
+FROM inserted i;
+
+-- name: PeekOne :one
+-- PeekOne answers what AllowOne would for one event, writing and locking
+-- nothing.
+SELECT
+    (NOT s.blocked AND u.used < @limit_value::bigint)::boolean AS allowed,
+    u.used::bigint AS used,
+    (CASE WHEN s.cur THEN y.begin_time ELSE @begin_time::timestamptz END)::timestamptz AS window_begin,
+    (CASE WHEN s.cur THEN y.end_time ELSE @window_end::timestamptz END)::timestamptz AS window_end,
+    (CASE WHEN s.blocked THEN y.blocked_until END)::timestamptz AS blocked_until
+FROM (SELECT) AS one
+LEFT JOIN count_limit y ON y.use_type = @use_type::text AND y.unique_id = @unique_id::text
+CROSS JOIN LATERAL (SELECT
+    coalesce(y.begin_time < coalesce(y.end_time, 'infinity') AND coalesce(y.end_time > @now::timestamptz, true), false) AS cur,
+    coalesce(y.blocked_until > @now::timestamptz, false) AS blocked) s
+CROSS JOIN LATERAL (SELECT CASE WHEN s.cur THEN y.already_count ELSE 0 END AS used) u;
+
+-- name: AllowBatch :many
+-- AllowBatch is AllowOne for many calls at once: group commit. Keys are
+-- given once each, sorted; calls refer to their key by its 1-based position
+-- (key_of) and are numbered 1, 2, ... within a key in arrival order (seq).
+-- Calls for one key are decided one after another, in that order, by one
+-- row update: each gets the result it would have had alone. The statement
+-- returns one row per call it applied; a key created by a concurrent
+-- transaction after the statement began is left alone and its calls are
+-- not returned: send them again.
+WITH RECURSIVE keys AS (
+    SELECT k.use_type, k.unique_id, k.ord::int AS k
+    FROM ROWS FROM (unnest(@use_types::text[]), unnest(@unique_ids::text[])) WITH ORDINALITY AS k(use_type, unique_id, ord)
+), calls AS MATERIALIZED (
+    SELECT *
+    FROM ROWS FROM (unnest(@key_of::int[]), unnest(@seq::int[]), unnest(@nows::timestamptz[]),
+        unnest(@ns::bigint[]), unnest(@limits::bigint[]), unnest(@begins::timestamptz[]),
+        unnest(@window_ends::timestamptz[]), unnest(@penalty_ends::timestamptz[]))
+        AS c(k, seq, now, n, lim, b, e, pe)
+), locked AS (
+    -- Phase 1.
+    SELECT k.k, c.already_count, c.begin_time, c.end_time, c.blocked_until
+    FROM keys k
+    JOIN count_limit c ON c.use_type = k.use_type AND c.unique_id = k.unique_id
+    ORDER BY k.k
+    FOR NO KEY UPDATE OF c
+), fold (k, seq, existed, ex, cnt, wb, we, bu, den, counted, lim, allowed, used, ob, oe, obu) AS (
+    -- Step 0 is each key's state as locked (or absent); step i applies
+    -- call i to the state after step i-1.
+    SELECT k.k, 0, l.k IS NOT NULL, l.k IS NOT NULL, coalesce(l.already_count, 0),
+        l.begin_time, l.end_time, l.blocked_until, 0::bigint, false, 0::bigint,
+        false, 0::bigint, NULL::timestamptz, NULL::timestamptz, NULL::timestamptz
+    FROM keys k
+    LEFT JOIN locked l ON l.k = k.k
+    UNION ALL
+    SELECT f.k, c.seq, f.existed, true,
+        CASE WHEN d.fits THEN d.used + c.n ELSE f.cnt END,
+        CASE WHEN d.fits AND NOT d.cur THEN c.b WHEN f.ex THEN f.wb ELSE c.now END,
+        CASE WHEN d.fits AND NOT d.cur THEN c.e WHEN f.ex THEN f.we ELSE c.now END,
+        CASE WHEN d.fits OR d.blocked OR c.pe IS NULL THEN f.bu ELSE c.pe END,
+        f.den + CASE WHEN d.fits THEN 0 ELSE 1 END,
+        f.counted OR d.fits,
+        c.lim,
+        d.fits,
+        CASE WHEN d.fits THEN d.used + c.n ELSE d.used END,
+        CASE WHEN d.cur THEN f.wb ELSE c.b END,
+        CASE WHEN d.cur THEN f.we ELSE c.e END,
+        CASE WHEN d.blocked THEN f.bu WHEN d.fits THEN NULL ELSE c.pe END
+    FROM fold f
+    JOIN calls c ON c.k = f.k AND c.seq = f.seq + 1
+    CROSS JOIN LATERAL (SELECT s.cur, s.blocked, u.used, NOT s.blocked AND c.n <= c.lim - u.used AS fits
+        FROM (SELECT
+            f.ex AND f.wb < coalesce(f.we, 'infinity') AND coalesce(f.we > c.now, true) AS cur,
+            coalesce(f.bu > c.now, false) AS blocked) s
+        CROSS JOIN LATERAL (SELECT CASE WHEN s.cur THEN f.cnt ELSE 0 END AS used) u) d
+), final AS (
+    SELECT DISTINCT ON (f.k) f.k, f.existed, f.cnt, f.wb, f.we, f.bu, f.den, f.counted, f.lim
+    FROM fold f
+    WHERE f.seq > 0
+    ORDER BY f.k, f.seq DESC
+), inserted AS (
+    -- Phase 2.
+    INSERT INTO count_limit (use_type, unique_id, already_count, begin_time, end_time, limit_value, denied_count, blocked_until)
+    SELECT k.use_type, k.unique_id, f.cnt, f.wb, f.we, f.lim, f.den, f.bu
+    FROM final f
+    JOIN keys k ON k.k = f.k
+    WHERE NOT f.existed
+    ORDER BY f.k
+    ON CONFLICT DO NOTHING
+    RETURNING use_type, unique_id
+), updated AS (
+    -- Phase 3: the count(*) makes every insert happen first.
+    UPDATE count_limit c SET
+        already_count = f.cnt,
+        begin_time    = f.wb,
+        end_time      = f.we,
+        limit_value   = f.lim,
+        denied_count  = c.denied_count + f.den,
+        blocked_until = f.bu,
+        events        = CASE WHEN f.counted THEN NULL ELSE c.events END,
+        updated_at    = now()
+    FROM final f
+    JOIN keys k ON k.k = f.k
+    WHERE f.existed AND c.use_type = k.use_type AND c.unique_id = k.unique_id
+      AND (SELECT count(*) FROM inserted) >= 0
+    RETURNING f.k
+), applied AS (
+    SELECT u.k FROM updated u
+    UNION ALL
+    SELECT k.k FROM inserted i JOIN keys k ON k.use_type = i.use_type AND k.unique_id = i.unique_id
+)
+SELECT f.k::int AS key_of, f.seq::int AS seq, f.allowed::boolean AS allowed, f.used::bigint AS used,
+    f.ob::timestamptz AS window_begin, f.oe::timestamptz AS window_end, f.obu::timestamptz AS blocked_until
+FROM fold f
+JOIN applied a ON a.k = f.k
+WHERE f.seq > 0;
