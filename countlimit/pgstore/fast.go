@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
@@ -55,7 +56,7 @@ func (s *Store) allowOne(ctx context.Context, d DBTX, r *countlimit.Request) err
 		if err != nil {
 			return err
 		}
-		c.State = state(row.Allowed, row.Used, row.WindowBegin, row.WindowEnd, row.BlockedUntil)
+		c.State = rowState(r.Now, c, row)
 		return nil
 	}
 	return fmt.Errorf("pgstore: row (%s, %s) was created concurrently %d times over", c.UseType, r.ID, maxAttempts)
@@ -76,6 +77,24 @@ func (s *Store) peekOne(ctx context.Context, d DBTX, r *countlimit.Request) erro
 	}
 	c.State = state(row.Allowed, row.Used, row.WindowBegin, row.WindowEnd, row.BlockedUntil)
 	return nil
+}
+
+// rowState turns the row AllowOne wrote into the call's state. A denial
+// leaves the window as it was, so the row tells whether it is current; when
+// it is not, the state shows the window an allowed event would open.
+func rowState(now time.Time, c *countlimit.Check, row db.AllowOneRow) countlimit.State {
+	s := countlimit.State{Allowed: row.Allowed, BlockedUntil: timeOf(row.BlockedUntil)}
+	if !s.BlockedUntil.After(now) {
+		s.BlockedUntil = time.Time{}
+	}
+	begin, end := timeOf(row.BeginTime), timeOf(row.EndTime)
+	current := (end.IsZero() || begin.Before(end)) && (end.IsZero() || end.After(now))
+	if row.Allowed || current {
+		s.Used, s.Begin, s.End = row.AlreadyCount, begin, end
+	} else {
+		s.Begin, s.End = c.Begin, c.End
+	}
+	return s
 }
 
 func state(allowed bool, used int64, begin, end, blocked pgtype.Timestamptz) countlimit.State {
