@@ -93,9 +93,13 @@ type config struct {
 func WithMaxBatch(n int) Option { return func(c *config) { c.maxBatch = n } }
 
 // WithMaxInFlight sets how many group commits may be in flight at once, each
-// on its own connection (default 2, and never more than the pool's
-// MaxConns). Fewer means bigger batches and fewer commits; more means less
-// waiting when the server has cores to spare.
+// on its own connection (default 1, and never more than the pool's
+// MaxConns). One batch in flight is what group commit means: calls gather
+// while it runs and leave together when it commits. More can help a server
+// with many cores and slow commits, at a cost: batches get smaller, and
+// calls for the same id in two batches wait for each other's row lock. On
+// 2 cores, 2 in flight was slower than 1 at every concurrency we measured
+// (see the README's benchmark).
 func WithMaxInFlight(n int) Option { return func(c *config) { c.maxInFlight = n } }
 
 // New returns a Store that runs its statements on d. On a *pgxpool.Pool it
@@ -104,7 +108,7 @@ func WithMaxInFlight(n int) Option { return func(c *config) { c.maxInFlight = n 
 func New(d DBTX, opts ...Option) *Store {
 	s := &Store{db: d, q: db.New()}
 	if p, ok := d.(*pgxpool.Pool); ok {
-		cfg := config{maxBatch: 256, maxInFlight: 2}
+		cfg := config{maxBatch: 256, maxInFlight: 1}
 		for _, o := range opts {
 			o(&cfg)
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"flag"
 	"fmt"
 	"io"
 	"slices"
@@ -16,7 +17,8 @@ import (
 
 // bench runs concurrent Allow calls against a store for a while and reports
 // throughput and latency: the numbers the README records come from here and
-// from the testing.B benchmarks.
+// from the testing.B benchmarks. With --baseline it compares Allow with the
+// hand-written SQL a user would otherwise write.
 func bench(ctx context.Context, args []string, stdout io.Writer) error {
 	fs := newFlagSet("bench")
 	storeURL := storeFlag(fs)
@@ -26,8 +28,26 @@ func bench(ctx context.Context, args []string, stdout io.Writer) error {
 	duration := fs.Duration("duration", 10*time.Second, "how long to run")
 	workers := fs.Int("concurrency", 16, "concurrent callers")
 	ids := fs.Int("ids", 1000, "distinct ids the calls spread over")
+	baseline := fs.Bool("baseline", false, "PostgreSQL: compare Allow with a hand-written upsert, side by side")
+	callers := fs.String("callers", "1,4,16,64", "with --baseline: the numbers of concurrent callers to compare at")
 	if err := parse(fs, args); err != nil {
 		return err
+	}
+	if *baseline {
+		cs, err := parseCallers(*callers)
+		if err != nil {
+			return err
+		}
+		if fs.NArg() > 0 {
+			return usageErrorf("bench: unexpected argument %q", fs.Arg(0))
+		}
+		if !isSet(fs, "ids") {
+			*ids = 10000
+		}
+		if !isSet(fs, "duration") {
+			*duration = 5 * time.Second
+		}
+		return benchBaseline(ctx, *storeURL, cs, *duration, *ids, stdout)
 	}
 	switch {
 	case fs.NArg() > 0:
@@ -68,73 +88,96 @@ func bench(ctx context.Context, args []string, stdout io.Writer) error {
 	for i := range names {
 		names[i] = fmt.Sprintf("bench-%d", i)
 	}
-
-	type tally struct {
-		lat             []time.Duration
-		allowed, denied int
-		errs            int
-		firstErr        error
+	m := measure(ctx, *workers, *duration, names, func(ctx context.Context, id string) (bool, error) {
+		res, err := l.Allow(ctx, rule, id)
+		return res.Allowed, err
+	})
+	fmt.Fprintf(stdout, "countlimit bench: store %s, rule %s (%v, limit %d), %d callers over %d ids for %v\n",
+		st.desc, rule.UseType, rule.Window, rule.Limit, *workers, *ids, m.elapsed.Round(time.Millisecond))
+	tw := tabwriter.NewWriter(stdout, 2, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "calls\t%d\t(%d allowed, %d denied, %d errors)\n", m.calls(), m.allowed, m.denied, m.errs)
+	fmt.Fprintf(tw, "throughput\t%.0f calls/s\t\n", m.rate())
+	fmt.Fprintf(tw, "latency\tp50 %v\tp90 %v  p99 %v  max %v\n", m.pct(.5), m.pct(.9), m.pct(.99), m.pct(1))
+	tw.Flush()
+	if m.errs > 0 {
+		return fmt.Errorf("bench: %d calls failed, the first: %w", m.errs, m.firstErr)
 	}
-	tallies := make([]tally, *workers)
-	runCtx, cancel := context.WithTimeout(ctx, *duration)
+	return nil
+}
+
+// measurement is what measure saw: every call's latency and its outcome.
+type measurement struct {
+	lat             []time.Duration // sorted
+	allowed, denied int
+	errs            int
+	firstErr        error
+	elapsed         time.Duration
+}
+
+func (m *measurement) calls() int    { return len(m.lat) }
+func (m *measurement) rate() float64 { return float64(len(m.lat)) / m.elapsed.Seconds() }
+
+// pct returns the p-th latency quantile (0 < p <= 1).
+func (m *measurement) pct(p float64) time.Duration {
+	if len(m.lat) == 0 {
+		return 0
+	}
+	return m.lat[min(len(m.lat)-1, int(p*float64(len(m.lat))))]
+}
+
+// measure runs call from workers goroutines for d, spreading the calls over
+// ids in turn, and records what happened. Calls cut short by the end of the
+// run are not counted.
+func measure(ctx context.Context, workers int, d time.Duration, ids []string, call func(context.Context, string) (bool, error)) *measurement {
+	tallies := make([]measurement, workers)
+	runCtx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
 	start := time.Now()
 	var wg sync.WaitGroup
-	for w := range *workers {
+	for w := range workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			t := &tallies[w]
-			for i := w; runCtx.Err() == nil; i += *workers {
+			for i := w; runCtx.Err() == nil; i += workers {
 				t0 := time.Now()
-				res, err := l.Allow(runCtx, rule, names[i%len(names)])
-				t.lat = append(t.lat, time.Since(t0))
+				allowed, err := call(runCtx, ids[i%len(ids)])
+				lat := time.Since(t0)
 				switch {
 				case err != nil && runCtx.Err() != nil:
-					t.lat = t.lat[:len(t.lat)-1] // cut short by the end of the run
+					continue // cut short by the end of the run
 				case err != nil:
 					t.errs++
 					if t.firstErr == nil {
 						t.firstErr = err
 					}
-				case res.Allowed:
+				case allowed:
 					t.allowed++
 				default:
 					t.denied++
 				}
+				t.lat = append(t.lat, lat)
 			}
 		}()
 	}
 	wg.Wait()
-	elapsed := time.Since(start)
-
-	var all []time.Duration
-	var total tally
+	m := &measurement{elapsed: time.Since(start)}
 	for _, t := range tallies {
-		all = append(all, t.lat...)
-		total.allowed += t.allowed
-		total.denied += t.denied
-		total.errs += t.errs
-		if total.firstErr == nil {
-			total.firstErr = t.firstErr
+		m.lat = append(m.lat, t.lat...)
+		m.allowed += t.allowed
+		m.denied += t.denied
+		m.errs += t.errs
+		if m.firstErr == nil {
+			m.firstErr = t.firstErr
 		}
 	}
-	slices.Sort(all)
-	pct := func(p float64) time.Duration {
-		if len(all) == 0 {
-			return 0
-		}
-		return all[min(len(all)-1, int(p*float64(len(all))))]
-	}
-	fmt.Fprintf(stdout, "countlimit bench: store %s, rule %s (%v, limit %d), %d callers over %d ids for %v\n",
-		st.desc, rule.UseType, rule.Window, rule.Limit, *workers, *ids, elapsed.Round(time.Millisecond))
-	tw := tabwriter.NewWriter(stdout, 2, 4, 2, ' ', 0)
-	fmt.Fprintf(tw, "calls\t%d\t(%d allowed, %d denied, %d errors)\n", len(all), total.allowed, total.denied, total.errs)
-	fmt.Fprintf(tw, "throughput\t%.0f calls/s\t\n", float64(len(all))/elapsed.Seconds())
-	fmt.Fprintf(tw, "latency\tp50 %v\tp90 %v  p99 %v  max %v\n", pct(.5), pct(.9), pct(.99), pct(1))
-	tw.Flush()
-	if total.errs > 0 {
-		return fmt.Errorf("bench: %d calls failed, the first: %w", total.errs, total.firstErr)
-	}
-	return nil
+	slices.Sort(m.lat)
+	return m
+}
+
+// isSet reports whether the flag name was given on the command line.
+func isSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
 }

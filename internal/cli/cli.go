@@ -30,6 +30,7 @@ Usage:
   countlimit purge [--batch 1000] --store postgres://...
   countlimit migrate up|down|status --store postgres://...
   countlimit bench [--store URL] [--duration 10s] [--concurrency 16] [--ids 1000] [--rule NAME]
+  countlimit bench --baseline --store postgres://... [--duration 5s] [--callers 1,4,16,64] [--ids 10000]
   countlimit rules check FILE
   countlimit rules default
   countlimit help

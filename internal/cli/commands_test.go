@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/countlimit/countlimit/countlimit"
@@ -334,5 +335,50 @@ func TestBench(t *testing.T) {
 		if code != cli.ExitError || !strings.Contains(stderr, tc.want) {
 			t.Errorf("countlimit %v: exit %d, stderr %q; want 2 and %q", tc.args, code, stderr, tc.want)
 		}
+	}
+}
+
+func TestBenchBaseline(t *testing.T) {
+	url := testbackend.FreshSchemaURL(t)
+	if code, _, stderr := run(t, "migrate", "up", "--store", url); code != cli.ExitOK {
+		t.Fatalf("migrate up: exit %d, %s", code, stderr)
+	}
+	code, out, stderr := run(t, "bench", "--baseline", "--store", url, "--duration", "150ms", "--callers", "1,3", "--ids", "5")
+	if code != cli.ExitOK {
+		t.Fatalf("bench --baseline: exit %d, %s", code, stderr)
+	}
+	// One line per cell: callers, ids, both rates, their ratio, both p99s.
+	cells := regexp.MustCompile(`(?m)^ +(\d+) +(\d+) +(\d+) +(\d+) +(\d+\.\d\d)× +\S+ +\S+$`).FindAllStringSubmatch(out, -1)
+	want := [][2]string{{"1", "5"}, {"1", "1"}, {"3", "5"}, {"3", "1"}}
+	if len(cells) != len(want) {
+		t.Fatalf("bench --baseline printed %d cells, want %d:\n%s", len(cells), len(want), out)
+	}
+	for i, c := range cells {
+		if c[1] != want[i][0] || c[2] != want[i][1] || c[3] == "0" || c[4] == "0" {
+			t.Errorf("cell %d: %q, want %v callers over %v ids and nonzero rates", i, c[0], want[i][0], want[i][1])
+		}
+	}
+	if !strings.Contains(out, "synchronous_commit=on") {
+		t.Errorf("bench --baseline does not say whether commits were durable:\n%s", out)
+	}
+	// It leaves nothing behind: no baseline table, no bench rows.
+	conn, err := pgx.Connect(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	var tables, rows int
+	err = conn.QueryRow(context.Background(), `SELECT
+		(SELECT count(*) FROM pg_tables WHERE tablename LIKE 'countlimit_bench_baseline_%' AND schemaname = current_schema()),
+		(SELECT count(*) FROM count_limit)`).Scan(&tables, &rows)
+	if err != nil || tables != 0 || rows != 0 {
+		t.Errorf("after bench --baseline: %d baseline tables and %d count_limit rows left (err %v)", tables, rows, err)
+	}
+
+	if code, _, stderr := run(t, "bench", "--baseline", "--store", "memory"); code != cli.ExitError || !strings.Contains(stderr, "--store must be postgres://") {
+		t.Errorf("bench --baseline on memory: exit %d, %q", code, stderr)
+	}
+	if code, _, stderr := run(t, "bench", "--baseline", "--store", url, "--callers", "1,x"); code != cli.ExitError || !strings.Contains(stderr, "--callers") {
+		t.Errorf("bench --callers 1,x: exit %d, %q", code, stderr)
 	}
 }
