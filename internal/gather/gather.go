@@ -142,6 +142,13 @@ func (b *Batcher) Do(ctx context.Context, req *countlimit.Request) error {
 	return err
 }
 
+// Queued reports how many calls wait for a batch: for metrics and tests.
+func (b *Batcher) Queued() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.queue)
+}
+
 // leave takes c out of the queue if it is still there, reporting whether it
 // was. A call that left is free to reuse.
 func (b *Batcher) leave(c *Call) bool {

@@ -1,0 +1,345 @@
+package gather_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/countlimit/countlimit/countlimit"
+	"github.com/countlimit/countlimit/internal/gather"
+)
+
+// fake is a Send that records its batches and, while gate is set, holds
+// each batch until the test releases it.
+type fake struct {
+	mu       sync.Mutex
+	batches  [][]string // ids per batch, in the order sent
+	gate     chan struct{}
+	started  chan int // size of each batch as it starts
+	inFlight atomic.Int32
+	maxSeen  atomic.Int32
+	outcome  func(c *gather.Call) // sets Err or Retry; nil: success
+}
+
+func newFake() *fake { return &fake{started: make(chan int, 1000)} }
+
+func (f *fake) send(ctx context.Context, calls []*gather.Call) {
+	n := f.inFlight.Add(1)
+	defer f.inFlight.Add(-1)
+	for {
+		m := f.maxSeen.Load()
+		if n <= m || f.maxSeen.CompareAndSwap(m, n) {
+			break
+		}
+	}
+	ids := make([]string, len(calls))
+	for i, c := range calls {
+		ids[i] = c.Req.ID
+	}
+	f.mu.Lock()
+	f.batches = append(f.batches, ids)
+	gate := f.gate
+	f.mu.Unlock()
+	f.started <- len(calls)
+	if gate != nil {
+		select {
+		case <-gate:
+		case <-ctx.Done():
+			for _, c := range calls {
+				c.Err = ctx.Err()
+			}
+			return
+		}
+	}
+	for _, c := range calls {
+		c.Req.Checks[0].State.Used = int64(len(c.Req.ID)) // something the caller can check
+		c.Req.Checks[0].State.Allowed = true
+		if f.outcome != nil {
+			f.outcome(c)
+		}
+	}
+}
+
+func req(id string) *countlimit.Request {
+	return &countlimit.Request{Op: countlimit.OpAllow, ID: id, N: 1, Checks: []countlimit.Check{{UseType: "t", Limit: 10}}}
+}
+
+// waitQueued waits until b holds n queued calls.
+func waitQueued(t *testing.T, b *gather.Batcher, n int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for b.Queued() != n {
+		if time.Now().After(deadline) {
+			t.Fatalf("queued: %d, want %d", b.Queued(), n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func TestIdleCallGoesAtOnceAndWaitersLeaveTogether(t *testing.T) {
+	f := newFake()
+	f.gate = make(chan struct{})
+	b := gather.New(f.send, 4, 1)
+	ctx := context.Background()
+
+	var wg sync.WaitGroup
+	results := make([]*countlimit.Request, 7)
+	do := func(i int) {
+		defer wg.Done()
+		results[i] = req(fmt.Sprintf("id-%d", i))
+		if err := b.Do(ctx, results[i]); err != nil {
+			t.Errorf("call %d: %v", i, err)
+		}
+	}
+	wg.Add(1)
+	go do(0)
+	if n := <-f.started; n != 1 {
+		t.Fatalf("first batch has %d calls, want 1: an idle batcher sends at once", n)
+	}
+	// Six more arrive while it is in flight: they wait, and leave in
+	// batches of at most 4 once it is back.
+	for i := 1; i < 7; i++ {
+		wg.Add(1)
+		go do(i)
+	}
+	waitQueued(t, b, 6)
+	close(f.gate)
+	wg.Wait()
+	if len(f.batches) != 3 || len(f.batches[1]) != 4 || len(f.batches[2]) != 2 {
+		t.Errorf("batches %v, want sizes 1, 4, 2", f.batches)
+	}
+	if m := f.maxSeen.Load(); m != 1 {
+		t.Errorf("%d batches were in flight at once, want at most 1", m)
+	}
+	for i, r := range results {
+		if s := r.Checks[0].State; !s.Allowed || s.Used != int64(len(r.ID)) {
+			t.Errorf("call %d got state %+v, not its own", i, s)
+		}
+	}
+}
+
+func TestMaxInFlight(t *testing.T) {
+	f := newFake()
+	f.gate = make(chan struct{})
+	b := gather.New(f.send, 100, 2)
+	var wg sync.WaitGroup
+	call := func(i int) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := b.Do(context.Background(), req(fmt.Sprint(i))); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	// With a slot free, each call goes at once; then the rest wait.
+	call(0)
+	<-f.started
+	call(1)
+	<-f.started
+	for i := 2; i < 10; i++ {
+		call(i)
+	}
+	waitQueued(t, b, 8)
+	close(f.gate)
+	wg.Wait()
+	if m := f.maxSeen.Load(); m != 2 {
+		t.Errorf("at most %d batches in flight, want 2", m)
+	}
+}
+
+func TestCallerLeavesTheQueue(t *testing.T) {
+	f := newFake()
+	f.gate = make(chan struct{})
+	b := gather.New(f.send, 10, 1)
+	first := make(chan error)
+	go func() { first <- b.Do(context.Background(), req("first")) }()
+	<-f.started
+
+	ctx, cancel := context.WithCancel(context.Background())
+	left := make(chan error)
+	go func() { left <- b.Do(ctx, req("leaver")) }()
+	waitQueued(t, b, 1)
+	cancel()
+	err := <-left
+	if !errors.Is(err, gather.ErrLeft) || !errors.Is(err, context.Canceled) {
+		t.Errorf("a caller that left the queue got %v, want ErrLeft and context.Canceled", err)
+	}
+	if b.Queued() != 0 {
+		t.Errorf("%d calls still queued after the only waiter left", b.Queued())
+	}
+	close(f.gate)
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	// The one that left was never sent.
+	if err := b.Do(context.Background(), req("after")); err != nil {
+		t.Fatal(err)
+	}
+	for _, batch := range f.batches {
+		for _, id := range batch {
+			if id == "leaver" {
+				t.Errorf("batches %v: the caller that left was sent", f.batches)
+			}
+		}
+	}
+}
+
+func TestAbandonedBatchIsCancelledOnlyWhenAllStopWaiting(t *testing.T) {
+	blockerGate, blockerSent := make(chan struct{}), make(chan struct{})
+	batchCtx := make(chan context.Context, 1)
+	send := func(ctx context.Context, calls []*gather.Call) {
+		if calls[0].Req.ID == "blocker" {
+			close(blockerSent)
+			<-blockerGate
+			return
+		}
+		batchCtx <- ctx
+		<-ctx.Done() // held until cancelled
+		for _, c := range calls {
+			c.Err = ctx.Err()
+		}
+	}
+	b := gather.New(send, 10, 1)
+	blocker := make(chan error)
+	go func() { blocker <- b.Do(context.Background(), req("blocker")) }()
+	<-blockerSent
+
+	ctx1, cancel1 := context.WithCancel(context.Background())
+	ctx2, cancel2 := context.WithCancel(context.Background())
+	errA, errB := make(chan error), make(chan error)
+	go func() { errA <- b.Do(ctx1, req("a")) }()
+	go func() { errB <- b.Do(ctx2, req("b")) }()
+	waitQueued(t, b, 2)
+	close(blockerGate)
+	if err := <-blocker; err != nil {
+		t.Fatal(err)
+	}
+	ctx := <-batchCtx // a and b are in flight together
+
+	cancel1()
+	if err := <-errA; !errors.Is(err, context.Canceled) || errors.Is(err, gather.ErrLeft) {
+		t.Errorf("a caller that stopped waiting after its batch was sent got %v, want context.Canceled without ErrLeft", err)
+	}
+	if ctx.Err() != nil {
+		t.Fatal("the batch was cancelled while one of its callers still waited")
+	}
+	cancel2()
+	if err := <-errB; !errors.Is(err, context.Canceled) {
+		t.Errorf("second caller got %v, want context.Canceled", err)
+	}
+	select {
+	case <-ctx.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the batch was not cancelled when every caller had stopped waiting")
+	}
+}
+
+func TestRetry(t *testing.T) {
+	var mu sync.Mutex
+	sent := map[string]int{}
+	send := func(_ context.Context, calls []*gather.Call) {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range calls {
+			sent[c.Req.ID]++
+			switch {
+			case c.Req.ID == "never":
+				c.Retry()
+			case c.Req.ID == "twice" && sent["twice"] == 1:
+				c.Retry()
+			default:
+				c.Req.Checks[0].State.Used = int64(sent[c.Req.ID])
+			}
+		}
+	}
+	b := gather.New(send, 10, 1)
+	r := req("twice")
+	if err := b.Do(context.Background(), r); err != nil || r.Checks[0].State.Used != 2 {
+		t.Errorf("a call retried once: %v, state %+v; want success on its second sending", err, r.Checks[0].State)
+	}
+	if err := b.Do(context.Background(), req("never")); err == nil || !strings.Contains(err.Error(), "attempts") {
+		t.Errorf("a call retried every time: %v, want an error after a bounded number of attempts", err)
+	}
+	if n := sent["never"]; n < 2 || n > 16 {
+		t.Errorf("a call that always asks for a retry was sent %d times", n)
+	}
+}
+
+// TestManyCallers runs many goroutines through one Batcher, some of them
+// giving up at random, and checks that every call that succeeded was sent
+// exactly once and got its own state, and every call that left was never
+// sent.
+func TestManyCallers(t *testing.T) {
+	var mu sync.Mutex
+	sent := map[string]int{}
+	send := func(ctx context.Context, calls []*gather.Call) {
+		mu.Lock()
+		for _, c := range calls {
+			sent[c.Req.ID]++
+		}
+		mu.Unlock()
+		time.Sleep(time.Duration(len(calls)) * 20 * time.Microsecond)
+		for _, c := range calls {
+			c.Req.Checks[0].State.Used = int64(len(c.Req.ID))
+		}
+	}
+	b := gather.New(send, 16, 2)
+	const workers, each = 64, 100
+	var wg sync.WaitGroup
+	outcomes := make([][]error, workers)
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			outcomes[w] = make([]error, each)
+			for i := range each {
+				ctx, cancel := context.WithCancel(context.Background())
+				if (w+i)%7 == 0 {
+					cancel() // gives up at once: leaves, or was already sent
+				}
+				r := req(fmt.Sprintf("w%d-%d", w, i))
+				err := b.Do(ctx, r)
+				cancel()
+				if err == nil && r.Checks[0].State.Used != int64(len(r.ID)) {
+					t.Errorf("%s got state %+v, not its own", r.ID, r.Checks[0].State)
+				}
+				outcomes[w][i] = err
+			}
+		}()
+	}
+	wg.Wait()
+	var ok, left int
+	for w := range workers {
+		for i, err := range outcomes[w] {
+			n := sent[fmt.Sprintf("w%d-%d", w, i)]
+			switch {
+			case err == nil:
+				ok++
+				if n != 1 {
+					t.Errorf("w%d-%d succeeded and was sent %d times", w, i, n)
+				}
+			case errors.Is(err, gather.ErrLeft):
+				left++
+				if n != 0 {
+					t.Errorf("w%d-%d left the queue and was sent %d times", w, i, n)
+				}
+			case errors.Is(err, context.Canceled):
+				if n != 1 {
+					t.Errorf("w%d-%d stopped waiting after it was sent, and was sent %d times", w, i, n)
+				}
+			default:
+				t.Errorf("w%d-%d: %v", w, i, err)
+			}
+		}
+	}
+	if ok < workers*each/2 {
+		t.Errorf("only %d of %d calls succeeded", ok, workers*each)
+	}
+	t.Logf("%d succeeded, %d left the queue, of %d", ok, left, workers*each)
+}
