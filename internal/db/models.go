@@ -8,7 +8,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
-// countlimit counters: one row per (use_type, unique_id). Written only through countlimit_apply; safe to read, and to delete rows from (that resets them).
+// countlimit counters: one row per (use_type, unique_id). Written by countlimit's statements and countlimit_apply; safe to read, and to delete rows from (that resets them).
 type CountLimit struct {
 	// What is limited, e.g. password.change (countlimit.UseType).
 	UseType string
