@@ -27,3 +27,6 @@ func (s *Store) AllowBatchForTest(ctx context.Context, reqs []*countlimit.Reques
 	}
 	return nil
 }
+
+// QueuedForTest reports how many calls wait for a group commit.
+func (s *Store) QueuedForTest() int { return s.gather.Queued() }

@@ -31,11 +31,16 @@ func TestConformance(t *testing.T) {
 	})
 }
 
-// counter is a pgx QueryTracer that counts statements sent.
-type counter struct{ n atomic.Int64 }
+// counter is a pgx QueryTracer that counts statements sent and keeps the
+// last one's SQL.
+type counter struct {
+	n    atomic.Int64
+	last atomic.Value // string
+}
 
-func (c *counter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+func (c *counter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
 	c.n.Add(1)
+	c.last.Store(d.SQL)
 	return ctx
 }
 func (c *counter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
@@ -53,7 +58,25 @@ func TestOneStatementPerCall(t *testing.T) {
 	if err := pool.Ping(ctx); err != nil {
 		t.Fatal(err)
 	}
-	l := countlimit.New(pgstore.New(pool))
+	t.Run("pool", func(t *testing.T) { oneStatementPerCall(t, tracer, pgstore.New(pool)) })
+	// In the caller's transaction every call is its own statement, at once,
+	// and never a group commit.
+	t.Run("tx", func(t *testing.T) {
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(ctx)
+		oneStatementPerCall(t, tracer, pgstore.New(tx))
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+func oneStatementPerCall(t *testing.T, tracer *counter, s *pgstore.Store) {
+	ctx := context.Background()
+	l := countlimit.New(s)
 	fixed := countlimit.Rule{UseType: storetest.UseType(t, "one"), Limit: 5, Window: countlimit.Fixed(time.Hour)}
 	sliding := countlimit.Rule{UseType: storetest.UseType(t, "one.sliding"), Limit: 5, Window: countlimit.Sliding(time.Minute), Block: time.Minute}
 	calls := []struct {
@@ -84,6 +107,9 @@ func TestOneStatementPerCall(t *testing.T) {
 		}
 		if got := tracer.n.Load() - before; got != 1 {
 			t.Errorf("%s sent %d statements, want exactly 1", c.name, got)
+		}
+		if sql, _ := tracer.last.Load().(string); strings.Contains(sql, "AllowBatch") {
+			t.Errorf("%s was sent as a group commit", c.name)
 		}
 	}
 }

@@ -1,0 +1,331 @@
+package pgstore_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/countlimit/countlimit/countlimit"
+	"github.com/countlimit/countlimit/countlimit/pgstore"
+	"github.com/countlimit/countlimit/countlimit/storetest"
+	"github.com/countlimit/countlimit/internal/testbackend"
+)
+
+// TestGroupCommitIsExact sends 64 concurrent callers at one id with limit
+// 100 through group commit: exactly 100 are allowed, and their Used values
+// are 1 to 100, each once, as if they had run one after another.
+func TestGroupCommitIsExact(t *testing.T) {
+	cfg := testbackend.PoolConfig(t)
+	tracer := &counter{}
+	cfg.ConnConfig.Tracer = tracer
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	l := countlimit.New(pgstore.New(pool))
+	rule := countlimit.Rule{UseType: storetest.UseType(t, "exact"), Limit: 100, Window: countlimit.Fixed(time.Hour)}
+
+	const callers, each = 64, 4
+	var (
+		mu      sync.Mutex
+		used    []int64
+		denied  int
+		start   = make(chan struct{})
+		wg      sync.WaitGroup
+		ctx     = context.Background()
+		sending = tracer.n.Load()
+	)
+	for range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			for range each {
+				res, err := l.Allow(ctx, rule, "hot")
+				mu.Lock()
+				switch {
+				case err != nil:
+					t.Error(err)
+				case res.Allowed:
+					used = append(used, res.Used)
+				default:
+					denied++
+					if res.Used != 100 || res.Remaining != 0 {
+						t.Errorf("denied with %+v, want Used 100", res)
+					}
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	slices.Sort(used)
+	exact := len(used) == 100
+	for i := range used {
+		exact = exact && used[i] == int64(i+1)
+	}
+	if !exact {
+		t.Errorf("%d allowed with Used %v; want exactly 100, Used 1..100 each once", len(used), used)
+	}
+	if denied != callers*each-100 {
+		t.Errorf("%d denied, want %d", denied, callers*each-100)
+	}
+	// What the DBA sees of the row the batches wrote.
+	var used2, remaining, den int64
+	err = pool.QueryRow(ctx, `SELECT used, remaining, denied_count FROM count_limit_status
+		WHERE use_type = $1 AND unique_id = 'hot'`, string(rule.UseType)).Scan(&used2, &remaining, &den)
+	if err != nil || used2 != 100 || remaining != 0 || den != int64(denied) {
+		t.Errorf("count_limit_status: used %d remaining %d denied %d (%v); want 100, 0, %d", used2, remaining, den, err, denied)
+	}
+	if n := tracer.n.Load() - sending; n >= callers*each {
+		t.Errorf("%d calls sent %d statements: nothing was batched", callers*each, n)
+	} else {
+		t.Logf("%d calls in %d statements", callers*each, n)
+	}
+}
+
+// blocker holds row locks in a transaction of its own, so that a test can
+// stop a statement on them.
+type blocker struct {
+	tx  pgx.Tx
+	pid int32
+}
+
+func lockRows(t *testing.T, pool *pgxpool.Pool, ut countlimit.UseType, ids ...string) *blocker {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tx.Rollback(context.Background()) })
+	b := &blocker{tx: tx}
+	if err := tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&b.pid); err != nil {
+		t.Fatal(err)
+	}
+	tag, err := tx.Exec(ctx, `SELECT FROM count_limit WHERE use_type = $1 AND unique_id = ANY ($2) FOR UPDATE`, string(ut), ids)
+	if err != nil || tag.RowsAffected() != int64(len(ids)) {
+		t.Fatalf("locking %v: %v, %d rows", ids, err, tag.RowsAffected())
+	}
+	return b
+}
+
+// waiter waits until a backend waits for b's locks and returns its pid.
+func (b *blocker) waiter(t *testing.T, pool *pgxpool.Pool) int32 {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		var pid int32
+		err := pool.QueryRow(context.Background(),
+			`SELECT pid FROM pg_stat_activity WHERE $1::int = ANY (pg_blocking_pids(pid)) LIMIT 1`, b.pid).Scan(&pid)
+		if err == nil {
+			return pid
+		}
+		if !errors.Is(err, pgx.ErrNoRows) {
+			t.Fatal(err)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	t.Fatal("no statement came to wait for the test's row lock")
+	return 0
+}
+
+func (b *blocker) release(t *testing.T) {
+	t.Helper()
+	if err := b.tx.Rollback(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+type outcome struct {
+	res countlimit.Result
+	err error
+}
+
+func goAllow(ctx context.Context, l *countlimit.Limiter, rule countlimit.Rule, id string) <-chan outcome {
+	ch := make(chan outcome, 1)
+	go func() {
+		res, err := l.Allow(ctx, rule, id)
+		ch <- outcome{res, err}
+	}()
+	return ch
+}
+
+// TestFailedBatchCommitsNothing stops a group commit on a row lock, kills
+// its connection, and checks that every caller in it got ErrUnavailable
+// and that none of its counts was committed.
+func TestFailedBatchCommitsNothing(t *testing.T) {
+	admin := testbackend.Postgres(t)
+	s := pgstore.New(testbackend.PostgresPool(t))
+	l := countlimit.New(s)
+	rule := countlimit.Rule{UseType: storetest.UseType(t, "killed"), Limit: 100, Window: countlimit.Fixed(time.Hour)}
+	ctx := context.Background()
+	ids := []string{"a", "b", "c", "z1", "z2"}
+	for _, id := range ids {
+		if _, err := l.Allow(ctx, rule, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The first call is in flight, stopped on z1; four calls gather
+	// behind it.
+	b1 := lockRows(t, admin, rule.UseType, "z1")
+	b2 := lockRows(t, admin, rule.UseType, "z2")
+	first := goAllow(ctx, l, rule, "z1")
+	b1.waiter(t, admin)
+	batch := map[string]<-chan outcome{}
+	for _, id := range []string{"a", "b", "c", "z2"} {
+		batch[id] = goAllow(ctx, l, rule, id)
+	}
+	waitQueued(t, s, 4)
+	// They leave as one batch, which locks a, b, c and stops on z2.
+	b1.release(t)
+	if o := <-first; o.err != nil || o.res.Used != 2 {
+		t.Fatalf("first call: %+v, %v", o.res, o.err)
+	}
+	victim := b2.waiter(t, admin)
+	if _, err := admin.Exec(ctx, `SELECT pg_terminate_backend($1)`, victim); err != nil {
+		t.Fatal(err)
+	}
+	for id, ch := range batch {
+		if o := <-ch; !errors.Is(o.err, countlimit.ErrUnavailable) {
+			t.Errorf("%s in the killed batch: %+v, %v; want ErrUnavailable", id, o.res, o.err)
+		}
+	}
+	b2.release(t)
+	for _, id := range []string{"a", "b", "c", "z2"} {
+		if r, err := l.Peek(ctx, rule, id); err != nil || r.Used != 1 {
+			t.Errorf("%s after the killed batch: Used %d, %v; want 1 (nothing of the batch committed)", id, r.Used, err)
+		}
+	}
+}
+
+// TestCancelledWaiterLeavesNoCount cancels a call while it waits for a
+// group commit: it is never sent, and nothing is counted.
+func TestCancelledWaiterLeavesNoCount(t *testing.T) {
+	admin := testbackend.Postgres(t)
+	s := pgstore.New(testbackend.PostgresPool(t))
+	l := countlimit.New(s)
+	rule := countlimit.Rule{UseType: storetest.UseType(t, "cancelled"), Limit: 100, Window: countlimit.Fixed(time.Hour)}
+	ctx := context.Background()
+	if _, err := l.Allow(ctx, rule, "z"); err != nil {
+		t.Fatal(err)
+	}
+	b := lockRows(t, admin, rule.UseType, "z")
+	first := goAllow(ctx, l, rule, "z")
+	b.waiter(t, admin)
+
+	cctx, cancel := context.WithCancel(ctx)
+	waiting := goAllow(cctx, l, rule, "w")
+	waitQueued(t, s, 1)
+	cancel()
+	if o := <-waiting; !errors.Is(o.err, context.Canceled) || !errors.Is(o.err, countlimit.ErrUnavailable) {
+		t.Errorf("cancelled waiter: %+v, %v; want ErrUnavailable wrapping context.Canceled", o.res, o.err)
+	}
+	b.release(t)
+	if o := <-first; o.err != nil {
+		t.Fatal(o.err)
+	}
+	var n int
+	if err := admin.QueryRow(ctx, `SELECT count(*) FROM count_limit WHERE use_type = $1 AND unique_id = 'w'`, string(rule.UseType)).Scan(&n); err != nil || n != 0 {
+		t.Errorf("the cancelled waiter left %d rows (%v), want none", n, err)
+	}
+}
+
+func waitQueued(t *testing.T, s *pgstore.Store, n int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for s.QueuedForTest() != n {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d calls wait for a group commit, want %d", s.QueuedForTest(), n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestMixedTrafficNeverFails runs batched Allows, AllowAll over two rules
+// (countlimit_apply), sliding Allows and Resets on the same few ids at once.
+// Every statement takes its locks in the same three phases, so none
+// deadlocks, and a Reset never makes a concurrent check fail.
+func TestMixedTrafficNeverFails(t *testing.T) {
+	pools := []*pgxpool.Pool{testbackend.PostgresPool(t), testbackend.PostgresPool(t)}
+	hourly := countlimit.Rule{UseType: storetest.UseType(t, "mix.a"), Limit: 1 << 30, Window: countlimit.Fixed(time.Hour)}
+	daily := countlimit.Rule{UseType: storetest.UseType(t, "mix.b"), Limit: 1 << 30, Window: countlimit.Rolling(24 * time.Hour)}
+	sliding := countlimit.Rule{UseType: storetest.UseType(t, "mix.c"), Limit: 10000, Window: countlimit.Sliding(time.Second)}
+	ids := []string{"p", "q", "r"}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	var (
+		wg     sync.WaitGroup
+		mu     sync.Mutex
+		errs   []error
+		counts = map[string]int{}
+	)
+	worker := func(kind string, w int, call func(l *countlimit.Limiter, id string) error) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			l := countlimit.New(pgstore.New(pools[w%2]))
+			for i := w; ctx.Err() == nil; i++ {
+				err := call(l, ids[i%len(ids)])
+				mu.Lock()
+				if err != nil && ctx.Err() == nil {
+					errs = append(errs, fmt.Errorf("%s: %w", kind, err))
+				}
+				counts[kind]++
+				mu.Unlock()
+			}
+		}()
+	}
+	for w := range 8 {
+		worker("Allow", w, func(l *countlimit.Limiter, id string) error {
+			r := hourly
+			if w%2 == 1 {
+				r = daily
+			}
+			_, err := l.Allow(ctx, r, id)
+			return err
+		})
+	}
+	for w := range 4 {
+		worker("AllowAll", w, func(l *countlimit.Limiter, id string) error {
+			_, err := l.AllowAll(ctx, id, hourly, daily)
+			return err
+		})
+		worker("sliding Allow", w, func(l *countlimit.Limiter, id string) error {
+			_, err := l.Allow(ctx, sliding, id)
+			return err
+		})
+	}
+	for w := range 4 {
+		worker("Reset", w, func(l *countlimit.Limiter, id string) error {
+			for _, r := range []countlimit.Rule{hourly, daily, sliding} {
+				if err := l.Reset(ctx, r, id); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	}
+	wg.Wait()
+	for _, err := range errs[:min(len(errs), 5)] {
+		t.Error(err)
+	}
+	if len(errs) > 0 {
+		t.Errorf("%d of the calls failed (%v)", len(errs), counts)
+	}
+	for _, kind := range []string{"Allow", "AllowAll", "sliding Allow", "Reset"} {
+		if counts[kind] < 20 {
+			t.Errorf("only %d %s calls ran: the test proves little (%v)", counts[kind], kind, counts)
+		}
+	}
+	t.Logf("calls: %v", counts)
+}
