@@ -60,11 +60,13 @@ func TestMigrate(t *testing.T) {
 		want string
 	}{
 		{[]string{"migrate", "status", "--store", url}, "00001_count_limit.sql"},
-		{[]string{"migrate", "up", "--store", url}, "applied 00001_count_limit.sql"},
+		{[]string{"migrate", "status", "--store", url}, "00002_apply_locking.sql"},
+		{[]string{"migrate", "up", "--store", url}, "applied 00002_apply_locking.sql"},
 		{[]string{"migrate", "up", "--store", url}, "nothing to apply"},
 		{[]string{"migrate", "status", "--store", url}, "applied 20"},
-		{[]string{"migrate", "down", "--store", url}, "rolled back 00001_count_limit.sql"},
+		{[]string{"migrate", "down", "--store", url}, "rolled back 00002_apply_locking.sql"},
 		{[]string{"migrate", "status", "--store", url}, "pending"},
+		{[]string{"migrate", "down", "--store", url}, "rolled back 00001_count_limit.sql"},
 		{[]string{"migrate", "down", "--store", url}, "nothing to roll back"},
 	}
 	for i, s := range steps {
