@@ -88,7 +88,7 @@ func rowState(now time.Time, c *countlimit.Check, row db.AllowOneRow) countlimit
 		s.BlockedUntil = time.Time{}
 	}
 	begin, end := timeOf(row.BeginTime), timeOf(row.EndTime)
-	current := (end.IsZero() || begin.Before(end)) && (end.IsZero() || end.After(now))
+	current := end.IsZero() || begin.Before(end) && end.After(now) // lifetime, or not empty and not over
 	if row.Allowed || current {
 		s.Used, s.Begin, s.End = row.AlreadyCount, begin, end
 	} else {
