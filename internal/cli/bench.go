@@ -117,6 +117,19 @@ type measurement struct {
 func (m *measurement) calls() int    { return len(m.lat) }
 func (m *measurement) rate() float64 { return float64(len(m.lat)) / m.elapsed.Seconds() }
 
+// add merges o, measured after m, into m.
+func (m *measurement) add(o *measurement) {
+	m.lat = append(m.lat, o.lat...)
+	slices.Sort(m.lat)
+	m.allowed += o.allowed
+	m.denied += o.denied
+	m.errs += o.errs
+	if m.firstErr == nil {
+		m.firstErr = o.firstErr
+	}
+	m.elapsed += o.elapsed
+}
+
 // pct returns the p-th latency quantile (0 < p <= 1).
 func (m *measurement) pct(p float64) time.Duration {
 	if len(m.lat) == 0 {
