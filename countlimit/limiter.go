@@ -64,10 +64,13 @@ type Result struct {
 }
 
 // Limiter checks rules against a Store. It is safe for concurrent use; its
-// only state is the store and the clock.
+// state is the store, the clock and what its failure options count. Make
+// one with New: the zero Limiter has no store, and its methods panic.
 type Limiter struct {
-	store Store
-	now   func() time.Time
+	store   Store
+	now     func() time.Time
+	guarded *guarded    // nil without WithStoreTimeout, WithCircuitBreaker, WithFallback
+	sclock  *storeClock // nil without WithStoreClock
 }
 
 // Option configures a Limiter.
@@ -139,12 +142,16 @@ func (l *Limiter) Reset(ctx context.Context, r Rule, id string) error {
 	if err := validateKey(r.UseType, id); err != nil {
 		return wrap(OpReset, r.UseType, err)
 	}
+	now, err := l.clockFor(ctx)
+	if err != nil {
+		return wrap(OpReset, r.UseType, err)
+	}
 	c := callPool.Get().(*call)
 	defer callPool.Put(c)
 	c.checks[0] = Check{UseType: r.UseType}
-	c.req = Request{Op: OpReset, ID: id, Now: l.clock(), Checks: c.checks[:]}
-	if err := l.store.Do(ctx, c.reqs[:]); err != nil {
-		return wrap(OpReset, r.UseType, Unavailable(err))
+	c.req = Request{Op: OpReset, ID: id, Now: now, Checks: c.checks[:]}
+	if err := l.do(ctx, OpReset, c.reqs[:]); err != nil {
+		return wrap(OpReset, r.UseType, err)
 	}
 	return nil
 }
@@ -153,13 +160,16 @@ func (l *Limiter) one(ctx context.Context, op Op, r Rule, id string, n int64) (R
 	if err := validate(r, id, n); err != nil {
 		return Result{}, wrap(op, r.UseType, err)
 	}
-	now := l.clock()
+	now, err := l.clockFor(ctx)
+	if err != nil {
+		return Result{}, wrap(op, r.UseType, err)
+	}
 	c := callPool.Get().(*call)
 	defer callPool.Put(c)
 	c.checks[0] = check(r, now)
 	c.req = Request{Op: op, ID: id, Now: now, N: n, Checks: c.checks[:]}
-	if err := l.store.Do(ctx, c.reqs[:]); err != nil {
-		return Result{}, wrap(op, r.UseType, Unavailable(err))
+	if err := l.do(ctx, op, c.reqs[:]); err != nil {
+		return Result{}, wrap(op, r.UseType, err)
 	}
 	ch := &c.checks[0]
 	if op != OpAllow {
@@ -189,14 +199,17 @@ func (l *Limiter) AllowAll(ctx context.Context, id string, rules ...Rule) ([]Res
 			}
 		}
 	}
-	now := l.clock()
+	now, err := l.clockFor(ctx)
+	if err != nil {
+		return nil, wrap(OpAllow, rules[0].UseType, err)
+	}
 	checks := make([]Check, len(rules))
 	for i, r := range rules {
 		checks[i] = check(r, now)
 	}
 	req := &Request{Op: OpAllow, ID: id, Now: now, N: 1, Checks: checks}
-	if err := l.store.Do(ctx, []*Request{req}); err != nil {
-		return nil, wrap(OpAllow, rules[0].UseType, Unavailable(err))
+	if err := l.do(ctx, OpAllow, []*Request{req}); err != nil {
+		return nil, wrap(OpAllow, rules[0].UseType, err)
 	}
 	var retry time.Duration
 	for i := range checks {
@@ -232,7 +245,10 @@ func (l *Limiter) CheckLimit(ctx context.Context, useType UseType, id string, li
 	if duration < time.Microsecond || duration > MaxDuration {
 		return false, wrap(OpAllow, useType, invalidf("duration", "must be 1µs to 100 years, got %v", duration))
 	}
-	now := l.clock()
+	now, err := l.clockFor(ctx)
+	if err != nil {
+		return false, wrap(OpAllow, useType, err)
+	}
 	begin := now
 	if !beginTime.IsZero() {
 		begin = beginTime.Truncate(time.Microsecond)
@@ -241,18 +257,16 @@ func (l *Limiter) CheckLimit(ctx context.Context, useType UseType, id string, li
 	defer callPool.Put(c)
 	c.checks[0] = Check{UseType: useType, Limit: limit, Begin: begin, End: begin.Add(truncMicro(duration))}
 	c.req = Request{Op: OpAllow, ID: id, Now: now, N: 1, Checks: c.checks[:]}
-	if err := l.store.Do(ctx, c.reqs[:]); err != nil {
-		return false, wrap(OpAllow, useType, Unavailable(err))
+	if err := l.do(ctx, OpAllow, c.reqs[:]); err != nil {
+		return false, wrap(OpAllow, useType, err)
 	}
 	return c.checks[0].State.Allowed, nil
 }
 
-// Now reads the Limiter's clock, to the microsecond as the stores keep
-// time: what a Result's ResetAt and BlockedUntil are relative to.
+// Now reads the Limiter's clock (corrected to the store's with
+// WithStoreClock), to the microsecond as the stores keep time: what a
+// Result's ResetAt and BlockedUntil are relative to.
 func (l *Limiter) Now() time.Time { return l.clock() }
-
-// clock reads the Limiter's clock at the stores' precision.
-func (l *Limiter) clock() time.Time { return l.now().Truncate(time.Microsecond) }
 
 // check turns a validated rule into the explicit form a Store needs.
 func check(r Rule, now time.Time) Check {

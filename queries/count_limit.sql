@@ -70,3 +70,9 @@ SELECT (to_regclass('count_limit') IS NOT NULL AND EXISTS (
     JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
     WHERE p.proname = 'countlimit_apply' AND n.nspname = ANY(current_schemas(false))
 ))::boolean AS ready;
+
+-- name: StoreTime :one
+-- StoreTime is the server's clock, for Limiters that take "now" from the
+-- store (countlimit.WithStoreClock). clock_timestamp(), not now(): inside a
+-- caller's transaction now() is the transaction's start.
+SELECT clock_timestamp()::timestamptz AS now;

@@ -299,3 +299,17 @@ func (q *Queries) StatusNearestLimit(ctx context.Context, db DBTX, arg StatusNea
 	}
 	return items, nil
 }
+
+const storeTime = `-- name: StoreTime :one
+SELECT clock_timestamp()::timestamptz AS now
+`
+
+// StoreTime is the server's clock, for Limiters that take "now" from the
+// store (countlimit.WithStoreClock). clock_timestamp(), not now(): inside a
+// caller's transaction now() is the transaction's start.
+func (q *Queries) StoreTime(ctx context.Context, db DBTX) (pgtype.Timestamptz, error) {
+	row := db.QueryRow(ctx, storeTime)
+	var now pgtype.Timestamptz
+	err := row.Scan(&now)
+	return now, err
+}

@@ -1,0 +1,337 @@
+package countlimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// ErrCircuitOpen is returned, wrapped, while a circuit breaker (see
+// [WithCircuitBreaker]) answers for a store that keeps failing, without
+// calling it. It wraps ErrUnavailable, so errors.Is(err, ErrUnavailable)
+// holds too and a fail-open or fail-closed policy applies as for any store
+// failure.
+var ErrCircuitOpen = fmt.Errorf("%w: circuit breaker open", ErrUnavailable)
+
+// WithStoreTimeout bounds every store call the Limiter makes to d, on top of
+// the caller's own context: a store that does not answer within d fails the
+// call with ErrUnavailable (wrapping context.DeadlineExceeded), so a stalled
+// database (a table lock, a paused server) turns into fast errors that a
+// fail-open policy, a fallback or a circuit breaker can act on, instead of
+// holding every caller for the whole stall. d <= 0 means no bound (the
+// default).
+//
+// The bound works through the context the store receives: pgstore and
+// memstore honour it; redisstore does only when its client was made with
+// ContextTimeoutEnabled: true (otherwise the client's ReadTimeout applies).
+// A timed-out call may still have been counted by the store.
+func WithStoreTimeout(d time.Duration) Option {
+	return func(l *Limiter) {
+		if d > 0 {
+			l.guard().timeout = d
+		}
+	}
+}
+
+// CircuitBreaker configures [WithCircuitBreaker]. Its zero value is usable:
+// every field has a default.
+type CircuitBreaker struct {
+	// Failures is how many store calls in a row must fail for the breaker
+	// to open (default 5). A call counts as failed when the store returned
+	// an error while the caller's own context was still live, so callers
+	// that give up do not open it.
+	Failures int
+	// CoolDown is how long the breaker stays open before it lets one call
+	// through to probe the store (default 1s).
+	CoolDown time.Duration
+	// OnChange, when not nil, is called after every change of state, with
+	// the states before and after, once per change (not once per call):
+	// the place to log an outage and its end. It runs on the goroutine of
+	// the call that caused the change and must not block.
+	OnChange func(from, to BreakerState)
+}
+
+// BreakerState is the state of a circuit breaker.
+type BreakerState int32
+
+// The states of a circuit breaker. A Limiter without one stays
+// BreakerClosed.
+const (
+	// BreakerClosed: calls go to the store.
+	BreakerClosed BreakerState = iota
+	// BreakerOpen: the store failed CircuitBreaker.Failures times in a row;
+	// calls fail at once with ErrCircuitOpen (or go to the fallback store)
+	// until the cool-down ends.
+	BreakerOpen
+	// BreakerHalfOpen: the cool-down is over and one call is probing the
+	// store; the others fail at once as while open. The probe's success
+	// closes the breaker, its failure opens it for another cool-down.
+	BreakerHalfOpen
+)
+
+// String returns "closed", "open" or "half-open".
+func (s BreakerState) String() string {
+	switch s {
+	case BreakerClosed:
+		return "closed"
+	case BreakerOpen:
+		return "open"
+	case BreakerHalfOpen:
+		return "half-open"
+	}
+	return "state?"
+}
+
+// WithCircuitBreaker makes the Limiter stop calling a store that keeps
+// failing: after cb.Failures failed calls in a row it answers ErrCircuitOpen
+// at once (or asks the fallback store, see [WithFallback]) for cb.CoolDown,
+// then lets one call probe the store, and closes again when the probe
+// succeeds. Callers stop waiting on a store that is down, and the store gets
+// room to come back. [Limiter.Stats] reports its state and counts.
+func WithCircuitBreaker(cb CircuitBreaker) Option {
+	return func(l *Limiter) {
+		if cb.Failures <= 0 {
+			cb.Failures = 5
+		}
+		if cb.CoolDown <= 0 {
+			cb.CoolDown = time.Second
+		}
+		l.guard().breaker = &breaker{cfg: cb}
+	}
+}
+
+// WithFallback makes the Limiter decide with fallback (typically a
+// memstore.Store) while its store is unavailable: when a call to the store
+// fails with ErrUnavailable, or the circuit breaker is open, Allow, AllowN,
+// AllowAll, Peek and CheckLimit are answered by fallback instead, as
+// rate-limiter-flexible's "insurance" limiter does.
+//
+// The fallback's counts are its own: they start from zero, are per process,
+// and are not copied back when the store returns. A fleet of n processes
+// each with a fallback may allow up to n times a rule's Limit during an
+// outage. Refund and Reset never fall back: they fail with ErrUnavailable,
+// so nothing an operator does is silently applied to one process only.
+// Without this option the Limiter fails closed: the call returns
+// ErrUnavailable. [Limiter.Stats] counts the calls the fallback answered.
+func WithFallback(fallback Store) Option {
+	return func(l *Limiter) {
+		if fallback != nil {
+			l.guard().fallback = fallback
+		}
+	}
+}
+
+// Stats are a Limiter's counts of store failures and of what its failure
+// options did about them, for metrics. All counts are since New.
+type Stats struct {
+	// Failures is how many store calls failed (errors other than the
+	// caller's own context ending), timeouts included.
+	Failures uint64
+	// Timeouts is how many store calls ran out of the WithStoreTimeout
+	// bound.
+	Timeouts uint64
+	// Rejected is how many calls the open circuit breaker answered without
+	// calling the store.
+	Rejected uint64
+	// Fallbacks is how many calls the fallback store answered.
+	Fallbacks uint64
+	// Breaker is the circuit breaker's state now, and BreakerOpenings how
+	// many times it has opened.
+	Breaker         BreakerState
+	BreakerOpenings uint64
+}
+
+// Stats returns the Limiter's failure counts. It is safe to call
+// concurrently with checks.
+func (l *Limiter) Stats() Stats {
+	g := l.guarded
+	if g == nil {
+		return Stats{}
+	}
+	s := Stats{
+		Failures:  g.failures.Load(),
+		Timeouts:  g.timeouts.Load(),
+		Rejected:  g.rejected.Load(),
+		Fallbacks: g.fallbacks.Load(),
+	}
+	if b := g.breaker; b != nil {
+		b.mu.Lock()
+		s.Breaker, s.BreakerOpenings = b.state, b.openings
+		b.mu.Unlock()
+	}
+	return s
+}
+
+// guarded holds the failure options; a Limiter without any has none, and
+// its calls go straight to the store.
+type guarded struct {
+	timeout  time.Duration
+	breaker  *breaker
+	fallback Store
+
+	failures, timeouts, rejected, fallbacks atomic.Uint64
+}
+
+func (l *Limiter) guard() *guarded {
+	if l.guarded == nil {
+		l.guarded = new(guarded)
+	}
+	return l.guarded
+}
+
+// do runs reqs, whose operation is op, on the store with the failure
+// options applied.
+func (l *Limiter) do(ctx context.Context, op Op, reqs []*Request) error {
+	g := l.guarded
+	if g == nil {
+		return Unavailable(l.store.Do(ctx, reqs))
+	}
+	now := l.now()
+	err := ErrCircuitOpen
+	probe, ok := g.breaker.admit(now)
+	if ok {
+		err = g.call(ctx, l.store, reqs)
+		failed := err != nil && ctx.Err() == nil
+		if failed {
+			g.failures.Add(1)
+		}
+		g.breaker.record(now, probe, err == nil, failed)
+	} else {
+		g.rejected.Add(1)
+		err = fmt.Errorf("%w (%d failures in a row; next probe in %v)", err, g.breaker.cfg.Failures, g.breaker.wait(now).Round(time.Millisecond))
+	}
+	if err == nil || g.fallback == nil || op == OpRefund || op == OpReset || ctx.Err() != nil {
+		return err
+	}
+	if ferr := g.call(ctx, g.fallback, reqs); ferr != nil {
+		return fmt.Errorf("%w; the fallback store failed too: %w", err, ferr)
+	}
+	g.fallbacks.Add(1)
+	return nil
+}
+
+// call runs reqs on s within the store timeout.
+func (g *guarded) call(ctx context.Context, s Store, reqs []*Request) error {
+	if g.timeout <= 0 {
+		return Unavailable(s.Do(ctx, reqs))
+	}
+	tctx, cancel := context.WithTimeout(ctx, g.timeout)
+	err := s.Do(tctx, reqs)
+	if err != nil && ctx.Err() == nil && errors.Is(tctx.Err(), context.DeadlineExceeded) {
+		g.timeouts.Add(1)
+		err = fmt.Errorf("no answer within the store timeout of %v: %w", g.timeout, err)
+	}
+	cancel()
+	return Unavailable(err)
+}
+
+// breaker is a consecutive-failure circuit breaker. A nil breaker admits
+// every call. Its times come from the Limiter's clock.
+type breaker struct {
+	cfg CircuitBreaker
+
+	open  atomic.Bool  // state != BreakerClosed: the fast path reads only this
+	fails atomic.Int64 // failures in a row while closed
+
+	mu sync.Mutex
+	// Under mu:
+	state    BreakerState
+	until    time.Time // while open: the end of the cool-down
+	probing  bool      // while half-open: a probe is out
+	openings uint64
+}
+
+// admit reports whether a call may go to the store now, and whether it is
+// the half-open probe.
+func (b *breaker) admit(now time.Time) (probe, ok bool) {
+	if b == nil || !b.open.Load() {
+		return false, true
+	}
+	b.mu.Lock()
+	var from BreakerState
+	changed := false
+	switch {
+	case b.state == BreakerClosed: // closed since the load above
+		ok = true
+	case b.state == BreakerOpen && !now.Before(b.until):
+		from, changed = b.state, true
+		b.state, b.probing = BreakerHalfOpen, true
+		probe, ok = true, true
+	case b.state == BreakerHalfOpen && !b.probing:
+		b.probing = true
+		probe, ok = true, true
+	}
+	b.mu.Unlock()
+	if changed {
+		b.changed(from, BreakerHalfOpen)
+	}
+	return probe, ok
+}
+
+// record takes the outcome of an admitted call: ok when it succeeded,
+// failed when the store failed it (not the caller's context).
+func (b *breaker) record(now time.Time, probe, ok, failed bool) {
+	if b == nil {
+		return
+	}
+	if !probe {
+		// Closed, or admitted just before the breaker opened. Lock-free
+		// unless this failure is the one that opens it.
+		switch {
+		case ok && b.fails.Load() != 0:
+			b.fails.Store(0)
+		case failed && b.fails.Add(1) >= int64(b.cfg.Failures):
+			b.trip(now)
+		}
+		return
+	}
+	b.mu.Lock()
+	from := b.state
+	switch {
+	case ok:
+		b.state, b.probing = BreakerClosed, false
+		b.fails.Store(0)
+	case failed:
+		b.state, b.until, b.probing = BreakerOpen, now.Add(b.cfg.CoolDown), false
+		b.openings++
+	default:
+		b.probing = false // the caller gave up: the next call probes
+	}
+	to := b.state
+	b.open.Store(to != BreakerClosed)
+	b.mu.Unlock()
+	if from != to {
+		b.changed(from, to)
+	}
+}
+
+// trip opens a closed breaker.
+func (b *breaker) trip(now time.Time) {
+	b.mu.Lock()
+	if b.state != BreakerClosed {
+		b.mu.Unlock()
+		return
+	}
+	b.state, b.until = BreakerOpen, now.Add(b.cfg.CoolDown)
+	b.fails.Store(0)
+	b.openings++
+	b.open.Store(true)
+	b.mu.Unlock()
+	b.changed(BreakerClosed, BreakerOpen)
+}
+
+// wait is how long until the next probe may go.
+func (b *breaker) wait(now time.Time) time.Duration {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return max(0, b.until.Sub(now))
+}
+
+func (b *breaker) changed(from, to BreakerState) {
+	if b.cfg.OnChange != nil {
+		b.cfg.OnChange(from, to)
+	}
+}

@@ -1,0 +1,456 @@
+package countlimit_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/countlimit/countlimit/countlimit"
+	"github.com/countlimit/countlimit/countlimit/memstore"
+)
+
+var errDown = errors.New("connection refused")
+
+// flaky is a store that fails while down is set, and otherwise passes calls
+// to a memstore. It counts the calls that reached it, and can hold them
+// until their context ends (a stalled store).
+type flaky struct {
+	mem      *memstore.Store
+	down     atomic.Bool
+	stall    atomic.Bool
+	calls    atomic.Int64
+	inFlight atomic.Int64
+	maxIn    atomic.Int64 // the most calls in flight at once while down
+	hold     chan struct{}
+}
+
+func newFlaky(t *testing.T) *flaky {
+	mem := memstore.New(memstore.WithJanitorInterval(0))
+	t.Cleanup(func() { mem.Close() })
+	return &flaky{mem: mem}
+}
+
+func (f *flaky) Do(ctx context.Context, reqs []*countlimit.Request) error {
+	f.calls.Add(1)
+	n := f.inFlight.Add(1)
+	defer f.inFlight.Add(-1)
+	if f.down.Load() {
+		for {
+			m := f.maxIn.Load()
+			if n <= m || f.maxIn.CompareAndSwap(m, n) {
+				break
+			}
+		}
+	}
+	if f.hold != nil {
+		select {
+		case <-f.hold:
+		case <-ctx.Done():
+		}
+	}
+	switch {
+	case f.stall.Load():
+		<-ctx.Done()
+		return countlimit.Unavailable(ctx.Err())
+	case f.down.Load():
+		return countlimit.Unavailable(errDown)
+	}
+	return f.mem.Do(ctx, reqs)
+}
+
+// stubClock is a settable clock.
+type stubClock struct{ ns atomic.Int64 }
+
+func newStubClock() *stubClock {
+	c := new(stubClock)
+	c.ns.Store(time.Date(2026, 11, 23, 10, 0, 0, 0, time.UTC).UnixNano())
+	return c
+}
+func (c *stubClock) now() time.Time          { return time.Unix(0, c.ns.Load()) }
+func (c *stubClock) advance(d time.Duration) { c.ns.Add(int64(d)) }
+
+var perMinute = countlimit.Rule{UseType: "api.call", Limit: 3, Window: countlimit.Fixed(time.Minute)}
+
+func TestStoreTimeoutEndsAStall(t *testing.T) {
+	t.Parallel()
+	f := newFlaky(t)
+	f.stall.Store(true)
+	l := countlimit.New(f, countlimit.WithStoreTimeout(20*time.Millisecond))
+	// The caller's own context would wait for a minute: the timeout is what
+	// ends the call.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	res, err := l.Allow(ctx, perMinute, "u1")
+	if !errors.Is(err, countlimit.ErrUnavailable) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Allow on a stalled store = %+v, %v; want ErrUnavailable wrapping DeadlineExceeded", res, err)
+	}
+	if !strings.Contains(err.Error(), "store timeout of 20ms") {
+		t.Errorf("error %q does not say which bound ran out", err)
+	}
+	if ctx.Err() != nil {
+		t.Fatal("the caller's context ended: the test proves nothing")
+	}
+	if s := l.Stats(); s.Timeouts != 1 || s.Failures != 1 {
+		t.Errorf("Stats = %+v, want 1 timeout, 1 failure", s)
+	}
+	f.stall.Store(false)
+	if res, err := l.Allow(ctx, perMinute, "u1"); err != nil || !res.Allowed {
+		t.Fatalf("Allow after the stall = %+v, %v; want allowed", res, err)
+	}
+}
+
+func TestStoreTimeoutLeavesCallerCancellationAlone(t *testing.T) {
+	t.Parallel()
+	f := newFlaky(t)
+	f.stall.Store(true)
+	l := countlimit.New(f, countlimit.WithStoreTimeout(time.Minute), countlimit.WithCircuitBreaker(countlimit.CircuitBreaker{Failures: 1}))
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := l.Allow(ctx, perMinute, "u1"); !errors.Is(err, countlimit.ErrUnavailable) || !errors.Is(err, context.Canceled) {
+		t.Fatalf("Allow with a cancelled context = %v, want ErrUnavailable wrapping Canceled", err)
+	}
+	if s := l.Stats(); s.Timeouts != 0 || s.Failures != 0 || s.Breaker != countlimit.BreakerClosed {
+		t.Errorf("Stats = %+v: a caller giving up is not a store failure", s)
+	}
+}
+
+func TestCircuitBreaker(t *testing.T) {
+	t.Parallel()
+	f := newFlaky(t)
+	clock := newStubClock()
+	var mu sync.Mutex
+	var changes []string
+	l := countlimit.New(f, countlimit.WithClock(clock.now), countlimit.WithCircuitBreaker(countlimit.CircuitBreaker{
+		Failures: 3,
+		CoolDown: 2 * time.Second,
+		OnChange: func(from, to countlimit.BreakerState) {
+			mu.Lock()
+			changes = append(changes, from.String()+"→"+to.String())
+			mu.Unlock()
+		},
+	}))
+	ctx := context.Background()
+	allow := func(step string, wantErr error, wantCalls int64) {
+		t.Helper()
+		before := f.calls.Load()
+		_, err := l.Allow(ctx, perMinute, "u1")
+		if (wantErr == nil) != (err == nil) || wantErr != nil && !errors.Is(err, wantErr) {
+			t.Fatalf("%s: Allow = %v, want %v", step, err, wantErr)
+		}
+		if got := f.calls.Load() - before; got != wantCalls {
+			t.Fatalf("%s: the store was called %d times, want %d", step, got, wantCalls)
+		}
+	}
+
+	allow("up", nil, 1)
+	f.down.Store(true)
+	allow("failure 1", errDown, 1)
+	allow("failure 2", errDown, 1)
+	if s := l.Stats(); s.Breaker != countlimit.BreakerClosed {
+		t.Fatalf("after 2 failures the breaker is %v, want closed", s.Breaker)
+	}
+	allow("failure 3 opens", errDown, 1)
+	allow("open", countlimit.ErrCircuitOpen, 0)
+	clock.advance(1999 * time.Millisecond)
+	allow("still open", countlimit.ErrCircuitOpen, 0)
+	clock.advance(time.Millisecond)
+	allow("probe fails", errDown, 1)
+	allow("open again", countlimit.ErrCircuitOpen, 0)
+	f.down.Store(false)
+	allow("open even though the store is back", countlimit.ErrCircuitOpen, 0)
+	clock.advance(2 * time.Second)
+	allow("probe succeeds", nil, 1)
+	allow("closed", nil, 1)
+
+	// A success while closed forgets earlier failures.
+	f.down.Store(true)
+	allow("failure 1 of a new run", errDown, 1)
+	allow("failure 2 of a new run", errDown, 1)
+	f.down.Store(false)
+	allow("success", nil, 1)
+	f.down.Store(true)
+	allow("failure 1 after the success", errDown, 1)
+	allow("failure 2 after the success", errDown, 1)
+	allow("still closed", errDown, 1)
+	allow("opened by the third in a row", countlimit.ErrCircuitOpen, 0)
+
+	s := l.Stats()
+	if s.Breaker != countlimit.BreakerOpen || s.BreakerOpenings != 3 || s.Rejected != 5 || s.Failures != 9 {
+		t.Errorf("Stats = %+v, want open, 3 openings, 5 rejected, 9 failures", s)
+	}
+	want := []string{
+		"closed→open", "open→half-open", "half-open→open", "open→half-open", "half-open→closed", "closed→open",
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if !slices.Equal(changes, want) {
+		t.Errorf("OnChange saw %q, want %q", changes, want)
+	}
+}
+
+// While open, 64 goroutines never reach the store; when the cool-down ends
+// exactly one of them probes it, however many arrive at once.
+func TestCircuitBreakerOneProbeUnderLoad(t *testing.T) {
+	t.Parallel()
+	f := newFlaky(t)
+	f.down.Store(true)
+	clock := newStubClock()
+	l := countlimit.New(f, countlimit.WithClock(clock.now),
+		countlimit.WithCircuitBreaker(countlimit.CircuitBreaker{Failures: 1, CoolDown: time.Second}))
+	// Bounded, so that a breaker letting many calls into the held store
+	// fails the test instead of hanging it.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := l.Allow(ctx, perMinute, "u"); !errors.Is(err, errDown) {
+		t.Fatalf("first Allow = %v, want the store's error", err)
+	}
+	run := func() (rejected int64) {
+		var wg sync.WaitGroup
+		var n atomic.Int64
+		for g := range 64 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := range 50 {
+					_, err := l.Allow(ctx, perMinute, fmt.Sprintf("u%d-%d", g, i))
+					switch {
+					case errors.Is(err, countlimit.ErrCircuitOpen):
+						n.Add(1)
+					case !errors.Is(err, errDown):
+						t.Errorf("Allow = %v, want ErrCircuitOpen or the store's error", err)
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		return n.Load()
+	}
+	before := f.calls.Load()
+	if got := run(); got != 64*50 {
+		t.Fatalf("%d of %d calls rejected while open, want all", got, 64*50)
+	}
+	if f.calls.Load() != before {
+		t.Fatalf("the open breaker let %d calls through", f.calls.Load()-before)
+	}
+
+	// The probe is held in the store until every other goroutine has run.
+	clock.advance(time.Second)
+	f.hold = make(chan struct{})
+	probeDone := make(chan error)
+	go func() {
+		_, err := l.Allow(ctx, perMinute, "probe")
+		probeDone <- err
+	}()
+	for f.inFlight.Load() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	if got := run(); got != 64*50 {
+		t.Fatalf("%d of %d calls rejected while the probe is out, want all", got, 64*50)
+	}
+	close(f.hold)
+	if err := <-probeDone; !errors.Is(err, errDown) {
+		t.Fatalf("probe = %v, want the store's error", err)
+	}
+	if got := f.maxIn.Load(); got != 1 {
+		t.Errorf("%d calls were in the store at once while half-open, want 1", got)
+	}
+	if got := f.calls.Load() - before; got != 1 {
+		t.Errorf("the store saw %d calls while open and half-open, want 1 (the probe)", got)
+	}
+}
+
+func TestFallback(t *testing.T) {
+	t.Parallel()
+	f := newFlaky(t)
+	local := memstore.New(memstore.WithJanitorInterval(0))
+	defer local.Close()
+	clock := newStubClock()
+	l := countlimit.New(f, countlimit.WithClock(clock.now), countlimit.WithFallback(local),
+		countlimit.WithCircuitBreaker(countlimit.CircuitBreaker{Failures: 2, CoolDown: time.Second}))
+	ctx := context.Background()
+
+	if res, err := l.Allow(ctx, perMinute, "u1"); err != nil || res.Used != 1 {
+		t.Fatalf("Allow while up = %+v, %v; want used 1 in the store", res, err)
+	}
+	f.down.Store(true)
+	// The fallback counts on its own, from zero: per-process limits.
+	for i := 1; i <= 4; i++ {
+		res, err := l.Allow(ctx, perMinute, "u1")
+		if err != nil {
+			t.Fatalf("Allow %d while down = %v, want the fallback's answer", i, err)
+		}
+		if want := i <= 3; res.Allowed != want || res.Used != int64(min(i, 3)) {
+			t.Fatalf("Allow %d while down = %+v, want allowed %v, used %d", i, res, want, min(i, 3))
+		}
+	}
+	if res, err := l.Peek(ctx, perMinute, "u1"); err != nil || res.Allowed || res.Used != 3 {
+		t.Fatalf("Peek while down = %+v, %v; want the fallback's full window", res, err)
+	}
+	if ok, err := l.CheckLimit(ctx, "pin", "u1", 1, time.Hour, time.Time{}); err != nil || !ok {
+		t.Fatalf("CheckLimit while down = %v, %v; want the fallback's answer", ok, err)
+	}
+	if _, err := l.AllowAll(ctx, "u2", perMinute, countlimit.Rule{UseType: "api.day", Limit: 10, Window: countlimit.Fixed(24 * time.Hour)}); err != nil {
+		t.Fatalf("AllowAll while down = %v, want the fallback's answer", err)
+	}
+	// Operator actions never fall back.
+	if _, err := l.Refund(ctx, perMinute, "u1", 1); !errors.Is(err, countlimit.ErrUnavailable) {
+		t.Errorf("Refund while down = %v, want ErrUnavailable", err)
+	}
+	if err := l.Reset(ctx, perMinute, "u1"); !errors.Is(err, countlimit.ErrUnavailable) {
+		t.Errorf("Reset while down = %v, want ErrUnavailable", err)
+	}
+	// Bad input is still bad input.
+	if _, err := l.Allow(ctx, countlimit.Rule{UseType: "x", Limit: -1, Window: countlimit.Fixed(time.Minute)}, "u1"); !errors.Is(err, countlimit.ErrInvalid) {
+		t.Errorf("Allow with Limit -1 while down = %v, want ErrInvalid", err)
+	}
+	s := l.Stats()
+	if s.Fallbacks != 7 || s.Breaker != countlimit.BreakerOpen {
+		t.Errorf("Stats = %+v, want 7 fallbacks and the breaker open", s)
+	}
+
+	// Back up: after the cool-down the store decides again, with its own
+	// count.
+	f.down.Store(false)
+	clock.advance(time.Second)
+	if res, err := l.Allow(ctx, perMinute, "u1"); err != nil || !res.Allowed || res.Used != 2 {
+		t.Fatalf("Allow after recovery = %+v, %v; want used 2 in the store", res, err)
+	}
+	if got := l.Stats().Fallbacks; got != 7 {
+		t.Errorf("Fallbacks = %d after recovery, want still 7", got)
+	}
+}
+
+func TestFallbackFailingToo(t *testing.T) {
+	t.Parallel()
+	primary, second := newFlaky(t), newFlaky(t)
+	primary.down.Store(true)
+	second.down.Store(true)
+	l := countlimit.New(primary, countlimit.WithFallback(second))
+	_, err := l.Allow(context.Background(), perMinute, "u1")
+	if !errors.Is(err, countlimit.ErrUnavailable) || !strings.Contains(err.Error(), "the fallback store failed too") {
+		t.Fatalf("Allow with both stores down = %v, want ErrUnavailable naming both", err)
+	}
+}
+
+// clockStore is a memstore whose StoreTime runs skew ahead of the clock
+// the test gives the Limiter.
+type clockStore struct {
+	*memstore.Store
+	local *stubClock
+	skew  atomic.Int64
+	fail  atomic.Bool
+	reads atomic.Int64
+}
+
+func (c *clockStore) StoreTime(context.Context) (time.Time, error) {
+	c.reads.Add(1)
+	if c.fail.Load() {
+		return time.Time{}, countlimit.Unavailable(errDown)
+	}
+	return c.local.now().Add(time.Duration(c.skew.Load())), nil
+}
+
+func TestStoreClock(t *testing.T) {
+	t.Parallel()
+	local := newStubClock()
+	cs := &clockStore{Store: memstore.New(memstore.WithJanitorInterval(0)), local: local}
+	defer cs.Close()
+	cs.skew.Store(int64(90 * time.Second))
+	l := countlimit.New(cs, countlimit.WithClock(local.now), countlimit.WithStoreClock(time.Minute))
+	ctx := context.Background()
+
+	// Local 10:00:00, store 10:01:30: the window is the store's minute.
+	res, err := l.Allow(ctx, perMinute, "u1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := time.Date(2026, 11, 23, 10, 2, 0, 0, time.UTC); !res.ResetAt.Equal(want) {
+		t.Fatalf("ResetAt = %v, want %v (the store's clock)", res.ResetAt.UTC(), want)
+	}
+	if got := l.Now().Sub(local.now()); got != 90*time.Second {
+		t.Errorf("Now() is %v off the local clock, want 1m30s", got)
+	}
+	// Within the resync period the store is not asked again.
+	for range 10 {
+		if _, err := l.Allow(ctx, perMinute, "u2"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := cs.reads.Load(); got != 1 {
+		t.Fatalf("the store's clock was read %d times, want 1", got)
+	}
+	// After it, one call reads it again and the new offset applies.
+	cs.skew.Store(int64(-30 * time.Second))
+	local.advance(time.Minute)
+	if _, err := l.Allow(ctx, perMinute, "u3"); err != nil {
+		t.Fatal(err)
+	}
+	if got := cs.reads.Load(); got != 2 {
+		t.Fatalf("the store's clock was read %d times, want 2", got)
+	}
+	if got := l.Now().Sub(local.now()); got != -30*time.Second {
+		t.Errorf("Now() is %v off the local clock, want -30s", got)
+	}
+	// A failed refresh keeps the last offset and does not fail the call.
+	cs.fail.Store(true)
+	local.advance(time.Minute)
+	if _, err := l.Allow(ctx, perMinute, "u4"); err != nil {
+		t.Fatalf("Allow with a failed refresh = %v, want the old offset used", err)
+	}
+	if got := l.Now().Sub(local.now()); got != -30*time.Second {
+		t.Errorf("after a failed refresh Now() is %v off, want -30s kept", got)
+	}
+}
+
+func TestStoreClockFirstReadFails(t *testing.T) {
+	t.Parallel()
+	local := newStubClock()
+	cs := &clockStore{Store: memstore.New(memstore.WithJanitorInterval(0)), local: local}
+	defer cs.Close()
+	cs.fail.Store(true)
+	l := countlimit.New(cs, countlimit.WithClock(local.now), countlimit.WithStoreClock(0))
+	if _, err := l.Allow(context.Background(), perMinute, "u1"); !errors.Is(err, countlimit.ErrUnavailable) {
+		t.Fatalf("Allow when the store's clock cannot be read = %v, want ErrUnavailable", err)
+	}
+	if cs.Len() != 0 {
+		t.Error("something was counted although the call failed")
+	}
+
+	fallback := memstore.New(memstore.WithJanitorInterval(0))
+	defer fallback.Close()
+	l = countlimit.New(cs, countlimit.WithClock(local.now), countlimit.WithStoreClock(0), countlimit.WithFallback(fallback))
+	if res, err := l.Allow(context.Background(), perMinute, "u1"); err != nil || !res.Allowed {
+		t.Fatalf("Allow with a fallback when the store's clock cannot be read = %+v, %v; want allowed on the local clock", res, err)
+	}
+}
+
+func TestStoreClockNeedsAClock(t *testing.T) {
+	t.Parallel()
+	defer func() {
+		if r := recover(); r == nil || !strings.Contains(fmt.Sprint(r), "StoreClock") {
+			t.Errorf("New(store without a clock, WithStoreClock) panicked with %v, want a message naming StoreClock", r)
+		}
+	}()
+	countlimit.New(newFlaky(t), countlimit.WithStoreClock(0))
+}
+
+func TestNoFailureOptionsNoStats(t *testing.T) {
+	t.Parallel()
+	f := newFlaky(t)
+	f.down.Store(true)
+	l := countlimit.New(f)
+	for range 10 {
+		if _, err := l.Allow(context.Background(), perMinute, "u1"); !errors.Is(err, countlimit.ErrUnavailable) {
+			t.Fatalf("Allow on a failing store = %v, want ErrUnavailable (fail closed)", err)
+		}
+	}
+	if s := l.Stats(); s != (countlimit.Stats{}) {
+		t.Errorf("Stats without failure options = %+v, want zero", s)
+	}
+}

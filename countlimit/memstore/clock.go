@@ -1,0 +1,17 @@
+package memstore
+
+import (
+	"context"
+	"time"
+
+	"github.com/countlimit/countlimit/countlimit"
+)
+
+var _ countlimit.StoreClock = (*Store)(nil)
+
+// StoreTime implements countlimit.StoreClock with this process's clock, so
+// that a Limiter configured with countlimit.WithStoreClock works on any
+// store; for a memstore it changes nothing.
+func (s *Store) StoreTime(context.Context) (time.Time, error) {
+	return time.Now().Truncate(time.Microsecond), nil
+}

@@ -1,0 +1,21 @@
+package redisstore
+
+import (
+	"context"
+	"time"
+
+	"github.com/countlimit/countlimit/countlimit"
+)
+
+var _ countlimit.StoreClock = (*Store)(nil)
+
+// StoreTime implements countlimit.StoreClock with Redis's TIME, to the
+// microsecond. On a Cluster it asks whichever node the client picks: run
+// the nodes' clocks in sync (NTP), as Redis's own expiry needs anyway.
+func (s *Store) StoreTime(ctx context.Context) (time.Time, error) {
+	t, err := s.client.Time(ctx).Result()
+	if err != nil {
+		return time.Time{}, countlimit.Unavailable(err)
+	}
+	return t.Truncate(time.Microsecond), nil
+}

@@ -1,0 +1,129 @@
+package countlimit
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// StoreClock is implemented by stores that can tell their own time:
+// pgstore (the server's clock_timestamp()), redisstore (TIME) and memstore
+// (this process's clock). [WithStoreClock] uses it.
+type StoreClock interface {
+	StoreTime(ctx context.Context) (time.Time, error)
+}
+
+// WithStoreClock makes the Limiter take "now" from its store's clock rather
+// than its own, for fleets whose servers' clocks disagree: every process
+// sharing the store then decides with the same time, as go-redis/redis_rate
+// does by reading Redis's TIME. It panics in New if the store does not
+// implement [StoreClock].
+//
+// The store is not asked on every call. The Limiter reads the store's time
+// on its first call and then once per resync (default one minute when
+// resync <= 0), and adds the offset it measured to its own clock
+// ([WithClock], default time.Now). The offset is measured to within half
+// that read's round trip; between reads, the local clock's drift adds to
+// the error (NTP-disciplined clocks drift far less than a millisecond a
+// minute). The read that refreshes the offset is made by the one call that
+// finds it stale, adding one round trip to that call; the others meanwhile
+// use the previous offset. If the very first read fails, the call fails
+// with ErrUnavailable (or, with [WithFallback], is decided on the local
+// clock); a failed refresh keeps the previous offset.
+//
+// Skew without this option: each process decides with its own clock. A
+// process whose clock runs ahead sees windows end early (a Fixed window
+// restarts when its clock passes the window's end, which may let a burst
+// through up to the skew early) and sets penalties that end later; stores
+// never reset a window that another caller's clock considers current (see
+// Store), so skew never loses counts, it moves window edges by the skew.
+func WithStoreClock(resync time.Duration) Option {
+	return func(l *Limiter) {
+		sc, ok := l.store.(StoreClock)
+		if !ok {
+			panic(fmt.Sprintf("countlimit: WithStoreClock: the store %T cannot tell its time (it does not implement StoreClock)", l.store))
+		}
+		if resync <= 0 {
+			resync = time.Minute
+		}
+		l.sclock = &storeClock{store: sc, resync: resync}
+	}
+}
+
+// storeClock keeps the offset of the store's clock from the Limiter's.
+type storeClock struct {
+	store  StoreClock
+	resync time.Duration
+
+	offset     atomic.Int64 // nanoseconds to add to the Limiter's clock
+	next       atomic.Int64 // when to refresh, Unix nanoseconds of the Limiter's clock; 0: never synced
+	refreshing atomic.Bool
+	first      sync.Mutex // serialises the first read
+}
+
+// clockFor reads the clock for a call about to go to the store.
+func (l *Limiter) clockFor(ctx context.Context) (time.Time, error) {
+	if l.sclock != nil {
+		if err := l.syncClock(ctx); err != nil && (l.guarded == nil || l.guarded.fallback == nil) {
+			return time.Time{}, err
+		}
+	}
+	return l.clock(), nil
+}
+
+// clock reads the Limiter's clock, corrected to the store's when
+// WithStoreClock is set, at the stores' precision.
+func (l *Limiter) clock() time.Time {
+	t := l.now()
+	if l.sclock != nil {
+		t = t.Add(time.Duration(l.sclock.offset.Load()))
+	}
+	return t.Truncate(time.Microsecond)
+}
+
+// syncClock makes sure the offset is known and not stale. Only the first read's
+// failure is returned.
+func (l *Limiter) syncClock(ctx context.Context) error {
+	sc := l.sclock
+	next := sc.next.Load()
+	switch {
+	case next == 0:
+		sc.first.Lock()
+		defer sc.first.Unlock()
+		if sc.next.Load() != 0 {
+			return nil
+		}
+		return l.readStoreClock(ctx)
+	case l.now().UnixNano() < next || !sc.refreshing.CompareAndSwap(false, true):
+		return nil
+	}
+	defer sc.refreshing.Store(false)
+	_ = l.readStoreClock(ctx) // on failure, keep the previous offset
+	return nil
+}
+
+// readStoreClock measures the offset once.
+func (l *Limiter) readStoreClock(ctx context.Context) error {
+	sc := l.sclock
+	if g := l.guarded; g != nil && g.timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, g.timeout)
+		defer cancel()
+	}
+	t0 := l.now()
+	st, err := sc.store.StoreTime(ctx)
+	t1 := l.now()
+	if err != nil {
+		// Try again soon, not after a whole resync period.
+		if sc.next.Load() != 0 {
+			sc.next.Store(t1.Add(min(sc.resync, time.Second)).UnixNano())
+		}
+		return fmt.Errorf("reading the store's clock: %w", Unavailable(err))
+	}
+	mid := t0.Add(t1.Sub(t0) / 2)
+	sc.offset.Store(int64(st.Sub(mid)))
+	sc.next.Store(t1.Add(sc.resync).UnixNano())
+	return nil
+}
