@@ -80,7 +80,11 @@ func OnError(h ErrorHandler) Option {
 
 // FailOpen serves requests unlimited while the store fails
 // (countlimit.ErrUnavailable), trading the limit for availability. The
-// default is to fail closed with 503. observe, when not nil, is called
+// default is to fail closed with 503. A failure reaches the middleware only
+// as fast as the Limiter gives it up: give the Limiter
+// countlimit.WithStoreTimeout and countlimit.WithCircuitBreaker so a stalled
+// or dead store answers in milliseconds, or countlimit.WithFallback to keep
+// limiting per process instead of opening. observe, when not nil, is called
 // before the next handler, to log the error or mark the response with a
 // header; it must not write the body.
 func FailOpen(observe ErrorHandler) Option {

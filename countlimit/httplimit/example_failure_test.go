@@ -1,0 +1,57 @@
+package httplimit_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"time"
+
+	"github.com/countlimit/countlimit/countlimit"
+	"github.com/countlimit/countlimit/countlimit/httplimit"
+	"github.com/countlimit/countlimit/countlimit/memstore"
+)
+
+// stalledStore stands in for a database that has stopped answering.
+type stalledStore struct{}
+
+func (stalledStore) Do(ctx context.Context, _ []*countlimit.Request) error {
+	<-ctx.Done()
+	return countlimit.Unavailable(ctx.Err())
+}
+
+// When the store stalls or fails, the Limiter's failure options decide how
+// the middleware behaves: WithStoreTimeout turns a stall into a fast
+// ErrUnavailable, WithCircuitBreaker stops calling a store that keeps
+// failing, and WithFallback keeps limiting per process with a memstore
+// (otherwise FailOpen or the default 503 applies).
+func ExampleMiddleware_storeFailures() {
+	local := memstore.New()
+	defer local.Close()
+	limiter := countlimit.New(stalledStore{}, // pgstore.New(pool) in real life
+		countlimit.WithStoreTimeout(50*time.Millisecond),
+		countlimit.WithCircuitBreaker(countlimit.CircuitBreaker{
+			Failures: 2,
+			CoolDown: time.Second,
+			OnChange: func(from, to countlimit.BreakerState) { fmt.Printf("store breaker %v → %v\n", from, to) },
+		}),
+		countlimit.WithFallback(local),
+	)
+	perMinute := countlimit.Rule{UseType: "api", Limit: 2, Window: countlimit.Fixed(time.Minute)}
+	limit := httplimit.Middleware(limiter, httplimit.ClientIP(), httplimit.Rules(perMinute))
+	h := limit(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {}))
+
+	for range 3 {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/", nil))
+		fmt.Println(rec.Code)
+	}
+	s := limiter.Stats()
+	fmt.Printf("timeouts %d, answered by the fallback %d, breaker %v\n", s.Timeouts, s.Fallbacks, s.Breaker)
+	// Output:
+	// 200
+	// store breaker closed → open
+	// 200
+	// 429
+	// timeouts 2, answered by the fallback 3, breaker open
+}
