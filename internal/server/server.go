@@ -3,11 +3,14 @@
 //
 // A verdict is 200 whether allowed or denied: the caller is a backend asking
 // a question, and "no" is an answer. Bad requests are 400 with a JSON error
-// naming the field; a failing store is 503.
+// naming the field; a failing store is 503; a missing or wrong bearer token,
+// when one is configured, is 401.
 package server
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -34,13 +37,58 @@ const MaxBodyBytes = 64 << 10
 type Config struct {
 	Limiter *countlimit.Limiter
 	Rules   *rulefile.File
-	// Ping reports whether the store answers; nil means always healthy.
+	// Ping reports whether the store answers; nil means healthy unless
+	// checks fail.
 	Ping func(context.Context) error
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 	// StoreTimeout bounds each request's calls to the store (default
 	// DefaultStoreTimeout): a stuck store gets 503, not a hung client.
 	StoreTimeout time.Duration
+	// Token, when not empty, is the bearer token that every endpoint but
+	// /healthz requires ("Authorization: Bearer <token>"), /metrics
+	// included. Empty means no authentication.
+	Token string
+	// OmitMetrics leaves /metrics out of the handler, for a service that
+	// serves Metrics() on an address of its own.
+	OmitMetrics bool
+	// HealthTimeout bounds /healthz's store ping (default
+	// DefaultHealthTimeout); a ping that does not answer in time is a 503.
+	HealthTimeout time.Duration
+	// FailureMemory is how long a check that failed because of the store
+	// keeps /healthz at 503 even though the ping answers (default
+	// DefaultFailureMemory). A successful check ends it sooner.
+	FailureMemory time.Duration
+	// StartErr is the store's error when it did not answer at start: the
+	// service then starts unhealthy, logs it once, and turns healthy when
+	// the store answers. Nil means the store answered.
+	StartErr error
+}
+
+// limiterCollectors export the Limiter's failure counts (see
+// countlimit.Stats): what its store timeout, circuit breaker and fallback
+// did.
+func limiterCollectors(l *countlimit.Limiter) []prometheus.Collector {
+	counter := func(name, help string, v func(countlimit.Stats) uint64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help},
+			func() float64 { return float64(v(l.Stats())) })
+	}
+	return []prometheus.Collector{
+		counter("countlimit_store_failures_total", "Store calls that failed (timeouts included).",
+			func(s countlimit.Stats) uint64 { return s.Failures }),
+		counter("countlimit_store_timeouts_total", "Store calls that ran out of --store-timeout.",
+			func(s countlimit.Stats) uint64 { return s.Timeouts }),
+		counter("countlimit_breaker_rejected_total", "Checks the open circuit breaker answered without calling the store.",
+			func(s countlimit.Stats) uint64 { return s.Rejected }),
+		counter("countlimit_breaker_openings_total", "Times the circuit breaker opened.",
+			func(s countlimit.Stats) uint64 { return s.BreakerOpenings }),
+		counter("countlimit_fallback_decisions_total", "Checks the fallback store answered.",
+			func(s countlimit.Stats) uint64 { return s.Fallbacks }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "countlimit_breaker_state",
+			Help: "The circuit breaker: 0 closed, 1 open, 2 half-open.",
+		}, func() float64 { return float64(l.Stats().Breaker) }),
+	}
 }
 
 // DefaultStoreTimeout is Config.StoreTimeout's default.
@@ -51,6 +99,9 @@ type Server struct {
 	cfg     Config
 	log     *slog.Logger
 	mux     *http.ServeMux
+	token   *[sha256.Size]byte // nil: no authentication
+	state   *storeState
+	pinger  *pinger // nil: no Ping
 	reg     *prometheus.Registry
 	decided *prometheus.CounterVec
 	latency *prometheus.HistogramVec
@@ -66,6 +117,19 @@ func New(cfg Config) *Server {
 	if s.cfg.StoreTimeout <= 0 {
 		s.cfg.StoreTimeout = DefaultStoreTimeout
 	}
+	if s.cfg.HealthTimeout <= 0 {
+		s.cfg.HealthTimeout = DefaultHealthTimeout
+	}
+	if s.cfg.FailureMemory <= 0 {
+		s.cfg.FailureMemory = DefaultFailureMemory
+	}
+	if cfg.Token != "" {
+		sum := sha256.Sum256([]byte(cfg.Token))
+		s.token = &sum
+	}
+	if cfg.Ping != nil {
+		s.pinger = &pinger{ping: cfg.Ping, timeout: s.cfg.HealthTimeout}
+	}
 	s.decided = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "countlimit_decisions_total",
 		Help: "Checks answered, by rule (or group) and verdict (allowed, denied).",
@@ -79,8 +143,18 @@ func New(cfg Config) *Server {
 		Name: "countlimit_store_errors_total",
 		Help: "Requests that failed because the store did, by endpoint.",
 	}, []string{"endpoint"})
-	s.reg.MustRegister(s.decided, s.latency, s.failed,
+	up := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "countlimit_store_up",
+		Help: "1 while the store answers, 0 during an outage (a failing check or /healthz ping).",
+	})
+	up.Set(1)
+	s.state = &storeState{log: s.log, now: time.Now, gauge: up}
+	if cfg.StartErr != nil {
+		s.state.startDown(cfg.StartErr)
+	}
+	s.reg.MustRegister(s.decided, s.latency, s.failed, up,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	s.reg.MustRegister(limiterCollectors(cfg.Limiter)...)
 
 	for _, o := range []Op{OpAllow, OpPeek, OpRefund, OpReset} {
 		s.mux.HandleFunc("POST /v1/"+o.String(), s.timed(o.String(), s.check(o)))
@@ -88,8 +162,14 @@ func New(cfg Config) *Server {
 	}
 	s.mux.HandleFunc("GET /v1/rules", s.rules)
 	s.mux.HandleFunc("GET /healthz", s.health)
-	s.mux.Handle("GET /metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
+	if !cfg.OmitMetrics {
+		s.mux.Handle("GET /metrics", s.metrics())
+	}
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/metrics" && cfg.OmitMetrics {
+			writeJSON(w, http.StatusNotFound, apiError{Error: "no such endpoint: /metrics is served on its own address"})
+			return
+		}
 		if m, ok := methods[r.URL.Path]; ok {
 			w.Header().Set("Allow", m)
 			writeJSON(w, http.StatusMethodNotAllowed, apiError{Error: r.URL.Path + " takes " + m})
@@ -106,8 +186,30 @@ var methods = map[string]string{
 	"/v1/rules": "GET", "/healthz": "GET", "/metrics": "GET",
 }
 
-// ServeHTTP implements http.Handler.
-func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+// ServeHTTP implements http.Handler. With a token, every request but
+// GET /healthz must carry it.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if s.token != nil && r.URL.Path != "/healthz" && !s.authorized(w, r) {
+		return
+	}
+	s.mux.ServeHTTP(w, r)
+}
+
+// Metrics returns a handler that serves GET /metrics alone, with no
+// authentication: for a listener of its own (see Config.OmitMetrics), on
+// an address that only the scraper reaches.
+func (s *Server) Metrics() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", s.metrics())
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusNotFound, apiError{Error: "no such endpoint: " + r.Method + " " + r.URL.Path + " (this address serves GET /metrics)"})
+	})
+	return mux
+}
+
+func (s *Server) metrics() http.Handler {
+	return promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{})
+}
 
 func (s *Server) timed(endpoint string, h http.HandlerFunc) http.HandlerFunc {
 	obs := s.latency.WithLabelValues(endpoint)
@@ -218,6 +320,7 @@ func (s *Server) check(o Op) http.HandlerFunc {
 			s.fail(w, r, o.String(), req.Rule, err)
 			return
 		}
+		s.state.ok()
 		if o == OpReset {
 			writeJSON(w, http.StatusOK, map[string]any{"reset": true})
 			return
@@ -234,16 +337,18 @@ func (s *Server) check(o Op) http.HandlerFunc {
 	}
 }
 
-// decode reads and checks a request, answering 400 itself when it is bad.
+// decode reads and checks a request, answering 4xx itself when it is bad.
 func (s *Server) decode(w http.ResponseWriter, r *http.Request, o Op) (Request, []countlimit.Rule, bool) {
 	var req Request
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
+	raw, ok := s.readBody(w, r)
+	if !ok {
+		return req, nil, false
+	}
+	var wire wireRequest
+	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil {
-		var mbe *http.MaxBytesError
+	if err := dec.Decode(&wire); err != nil {
 		switch {
-		case errors.As(err, &mbe):
-			writeJSON(w, http.StatusRequestEntityTooLarge, apiError{Error: fmt.Sprintf("body over %d bytes", MaxBodyBytes)})
 		case errors.Is(err, io.EOF):
 			writeJSON(w, http.StatusBadRequest, apiError{Error: `empty body: want JSON like {"rule": "sms.code", "id": "18500000000"}`})
 		default:
@@ -259,7 +364,7 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request, o Op) (Request, 
 		}
 		return req, nil, false
 	}
-	if dec.More() {
+	if trailing(raw, dec.InputOffset()) {
 		writeJSON(w, http.StatusBadRequest, apiError{Error: "bad JSON: more than one value in the body"})
 		return req, nil, false
 	}
@@ -267,6 +372,16 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request, o Op) (Request, 
 		writeJSON(w, http.StatusBadRequest, apiError{Error: fmt.Sprintf(format, args...), Field: field})
 		return req, nil, false
 	}
+	for _, f := range []struct {
+		name string
+		raw  json.RawMessage
+		dst  *string
+	}{{"rule", wire.Rule, &req.Rule}, {"id", wire.ID, &req.ID}, {"tier", wire.Tier, &req.Tier}} {
+		if err := jsonString(f.raw, f.dst); err != nil {
+			return bad(f.name, "%s %v", f.name, err)
+		}
+	}
+	req.Cost = wire.Cost
 	if req.Rule == "" {
 		return bad("rule", "rule is required")
 	}
@@ -313,7 +428,8 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, endpoint, rule str
 		return
 	}
 	s.failed.WithLabelValues(endpoint).Inc()
-	s.log.Error("store failed", "endpoint", endpoint, "rule", rule, "err", err)
+	s.state.fail(endpoint, err) // logs the outage once, not every request
+	s.log.Debug("store failed", "endpoint", endpoint, "rule", rule, "err", err)
 	writeJSON(w, http.StatusServiceUnavailable, apiError{Error: "store unavailable"})
 }
 
@@ -374,19 +490,6 @@ func (s *Server) rules(w http.ResponseWriter, _ *http.Request) {
 		out = append(out, ruleInfo{Name: n, Description: g.Description, Rules: g.Rules})
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"rules": out})
-}
-
-func (s *Server) health(w http.ResponseWriter, r *http.Request) {
-	if s.cfg.Ping != nil {
-		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
-		defer cancel()
-		if err := s.cfg.Ping(ctx); err != nil {
-			s.log.Warn("health check failed", "err", err)
-			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "unavailable", "error": "store unavailable"})
-			return
-		}
-	}
-	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {

@@ -266,7 +266,7 @@ func TestStoreDown(t *testing.T) {
 	if _, out := a.do("GET", "/metrics", ""); !strings.Contains(out["text"].(string), `countlimit_store_errors_total{endpoint="allow"} 1`) {
 		t.Error("metrics lack the store error")
 	}
-	if !strings.Contains(logs.String(), "store failed") || strings.Contains(logs.String(), `"x"`) {
+	if strings.Count(logs.String(), "msg=\"store unavailable\"") != 1 || strings.Contains(logs.String(), `"x"`) {
 		t.Errorf("logs: %s", logs.String())
 	}
 }

@@ -1,0 +1,131 @@
+package server
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"unicode/utf8"
+)
+
+// readBody reads a request body of at most MaxBodyBytes. When it cannot, it
+// answers itself: 413 when the body is too large, 408 when the client sends
+// it too slowly for the server's ReadTimeout, 400 otherwise. The read
+// error's own text names socket addresses ("read tcp 10.0.0.1:8080->..."),
+// so it goes to the debug log, never to the client.
+func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
+	raw, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
+	if err == nil {
+		return raw, true
+	}
+	var mbe *http.MaxBytesError
+	var ne net.Error
+	switch {
+	case errors.As(err, &mbe):
+		writeJSON(w, http.StatusRequestEntityTooLarge, apiError{Error: fmt.Sprintf("body over %d bytes", MaxBodyBytes)})
+	case errors.Is(err, os.ErrDeadlineExceeded) || errors.As(err, &ne) && ne.Timeout():
+		// The connection's read deadline has passed: it is good for nothing
+		// but this answer.
+		w.Header().Set("Connection", "close")
+		writeJSON(w, http.StatusRequestTimeout, apiError{Error: "request body too slow: send the whole request within the server's read timeout"})
+	default:
+		writeJSON(w, http.StatusBadRequest, apiError{Error: "could not read the request body"})
+	}
+	s.log.Debug("reading a request body failed", "path", r.URL.Path, "err", err)
+	return nil, false
+}
+
+// wireRequest is a Request as it comes off the wire. Its strings stay raw:
+// encoding/json would turn invalid UTF-8 and lone surrogate escapes
+// ("\ud800") into U+FFFD, so that different ids would share one counter.
+// jsonString refuses them instead.
+type wireRequest struct {
+	Rule json.RawMessage `json:"rule"`
+	ID   json.RawMessage `json:"id"`
+	Cost *int64          `json:"cost"`
+	Tier json.RawMessage `json:"tier"`
+}
+
+// jsonString decodes raw, one JSON value, into *dst when it is a string
+// that decodes losslessly: valid UTF-8, and every \uD800-\uDFFF escape half
+// of a surrogate pair. null leaves *dst alone. The error completes a
+// sentence that starts with the field's name.
+func jsonString(raw json.RawMessage, dst *string) error {
+	switch {
+	case len(raw) == 0 || string(raw) == "null":
+		return nil
+	case raw[0] != '"':
+		return errors.New("must be a string")
+	case !utf8.Valid(raw):
+		return errors.New("is not valid UTF-8")
+	}
+	if esc := loneSurrogate(raw); esc != "" {
+		return fmt.Errorf(`holds a lone UTF-16 surrogate (%s), which is not a character`, esc)
+	}
+	return json.Unmarshal(raw, dst)
+}
+
+// loneSurrogate returns the first \uD800-\uDFFF escape in s, a well-formed
+// JSON string literal, that is not half of a valid surrogate pair, or "".
+func loneSurrogate(s []byte) string {
+	for i := 0; i < len(s); i++ {
+		if s[i] != '\\' {
+			continue
+		}
+		i++ // s[i] is the escaped byte: any other escape is two bytes long
+		if i >= len(s) || s[i] != 'u' {
+			continue
+		}
+		r, ok := hex4(s[i+1:])
+		if !ok {
+			continue // not well-formed; the JSON decoder has said so already
+		}
+		esc := string(s[i-1 : i+5])
+		i += 4 // the last hex digit
+		switch {
+		case r >= 0xDC00 && r <= 0xDFFF:
+			return esc // a low half with no high half before it
+		case r >= 0xD800 && r <= 0xDBFF:
+			if len(s) > i+2 && s[i+1] == '\\' && s[i+2] == 'u' {
+				if lo, ok := hex4(s[i+3:]); ok && lo >= 0xDC00 && lo <= 0xDFFF {
+					i += 6
+					continue
+				}
+			}
+			return esc
+		}
+	}
+	return ""
+}
+
+// hex4 parses the four hex digits that start b.
+func hex4(b []byte) (rune, bool) {
+	if len(b) < 4 {
+		return 0, false
+	}
+	var r rune
+	for _, c := range b[:4] {
+		switch {
+		case '0' <= c && c <= '9':
+			c -= '0'
+		case 'a' <= c && c <= 'f':
+			c -= 'a' - 10
+		case 'A' <= c && c <= 'F':
+			c -= 'A' - 10
+		default:
+			return 0, false
+		}
+		r = r<<4 | rune(c)
+	}
+	return r, true
+}
+
+// trailing reports whether anything but white space follows the first JSON
+// value in raw, which ends at offset.
+func trailing(raw []byte, offset int64) bool {
+	return len(bytes.TrimSpace(raw[offset:])) > 0
+}
