@@ -9,6 +9,7 @@ import (
 	"github.com/countlimit/countlimit/countlimit/memstore"
 )
 
+// At most 10 new conversations per hour AND 50 per day: when either rule
 // denies, neither counts.
 func ExampleLimiter_AllowAll() {
 	store := memstore.New()

@@ -9,6 +9,7 @@ import (
 	"github.com/countlimit/countlimit/countlimit/memstore"
 )
 
+// CheckLimit is the classic model: a natural day is "beginTime = today's
 // midnight, duration = 24h".
 func ExampleLimiter_CheckLimit() {
 	store := memstore.New()

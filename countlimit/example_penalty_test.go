@@ -9,6 +9,7 @@ import (
 	"github.com/countlimit/countlimit/countlimit/memstore"
 )
 
+// After 5 failed logins in 15 minutes, lock the IP out for 30 minutes.
 // Support can unlock it with Reset.
 func ExampleRule_block() {
 	store := memstore.New()

@@ -9,6 +9,7 @@ import (
 	"github.com/countlimit/countlimit/countlimit/memstore"
 )
 
+// A phone number may receive 2 SMS codes per 5 minutes, in any 5 minutes
 // (an exact sliding log). When sending fails, the code is refunded.
 func ExampleLimiter_Refund() {
 	store := memstore.New()

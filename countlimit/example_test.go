@@ -38,9 +38,6 @@ func Example() {
 	// change 4: allowed=false remaining=0 retry in 3h0m0s
 }
 
-// A phone number may receive 2 SMS codes per 5 minutes, in any 5 minutes
-// At most 10 new conversations per hour AND 50 per day: when either rule
-// After 5 failed logins in 15 minutes, lock the IP out for 30 minutes.
 // Bronze members may post 3 times an hour, silver 5, gold 8: one UseType,
 // the limit chosen per call.
 func ExampleRule_tiers() {
@@ -61,5 +58,3 @@ func ExampleRule_tiers() {
 	// Output:
 	// silver posts allowed: 5
 }
-
-// CheckLimit is the classic model: a natural day is "beginTime = today's

@@ -1,0 +1,76 @@
+package countlimit
+
+import "time"
+
+// Result is the outcome of a check. A denial is a Result with Allowed false,
+// never an error.
+type Result struct {
+	Allowed bool
+	Limit   int64
+	// Used is what the current window has counted after this call.
+	Used int64
+	// Remaining is Limit - Used, never below 0.
+	Remaining int64
+	// ResetAt is when room comes back: the window's end, or for Sliding
+	// windows when the oldest counted event leaves (now when none is
+	// counted). Zero for Lifetime windows.
+	ResetAt time.Time
+	// RetryAfter is 0 when Allowed, else how long until the same call can
+	// succeed (the later of the penalty's end and room in every window), or
+	// -1 when no wait helps: a full Lifetime window, or n > Limit.
+	RetryAfter time.Duration
+	// BlockedUntil is the end of the penalty while the id sits in it.
+	BlockedUntil time.Time
+}
+
+// need reports how long until a check with this state has room for n, or
+// never when no wait helps. It is 0 when the request was allowed.
+func need(c *Check, now time.Time, n int64) (wait time.Duration, never bool) {
+	s := &c.State
+	if s.Allowed {
+		return 0, false
+	}
+	if !s.BlockedUntil.IsZero() {
+		wait = s.BlockedUntil.Sub(now)
+	}
+	if n <= c.Limit-s.Used { // not s.Used+n: that may overflow
+		return wait, false
+	}
+	var room time.Time
+	switch {
+	case n > c.Limit:
+		return -1, true
+	case c.Span > 0:
+		if s.FreeAt.IsZero() {
+			return -1, true
+		}
+		room = s.FreeAt.Add(c.Span)
+	case s.End.IsZero():
+		return -1, true
+	default:
+		room = s.End
+	}
+	return max(wait, room.Sub(now)), false
+}
+
+func result(c *Check, now time.Time, retry time.Duration) Result {
+	s := &c.State
+	r := Result{
+		Allowed:      s.Allowed,
+		Limit:        c.Limit,
+		Used:         s.Used,
+		Remaining:    max(0, c.Limit-s.Used),
+		ResetAt:      s.End,
+		BlockedUntil: s.BlockedUntil,
+	}
+	if c.Span > 0 {
+		r.ResetAt = now
+		if s.Used > 0 {
+			r.ResetAt = s.Begin.Add(c.Span)
+		}
+	}
+	if !r.Allowed {
+		r.RetryAfter = retry
+	}
+	return r
+}

@@ -1,0 +1,114 @@
+package countlimit
+
+import (
+	"fmt"
+	"time"
+	"unicode/utf8"
+)
+
+// UseType names what is limited, e.g. "password.change" or "sms.code". One
+// UseType is one counter per id.
+type UseType string
+
+// MaxIDLen is the longest id, and the longest UseType, in bytes.
+const MaxIDLen = 512
+
+// Bounds on numbers, so every store computes exactly (Redis scripts count in
+// double precision) and no sum overflows.
+const (
+	// MaxLimit is the largest Limit, and the largest weight n.
+	MaxLimit = 1 << 53
+	// MaxSlidingLimit is the largest Limit of a Sliding window, which keeps
+	// one timestamp per counted event. Use Fixed or Rolling for more.
+	MaxSlidingLimit = 10000
+	// MaxDuration is the longest window, penalty or CheckLimit duration.
+	MaxDuration = 100 * 365 * 24 * time.Hour
+)
+
+// Rule is a limit: at most Limit events of UseType per Window for each id.
+// Rules are plain values; the Limiter and its store keep no configuration, so
+// a changed Limit applies at once to the current window. A changed Window
+// applies from the next window (a Lifetime window has none: Reset the id).
+type Rule struct {
+	UseType UseType
+	// Limit is how many events a window allows; 0 allows none.
+	Limit  int64
+	Window Window
+	// Block, when positive, is a penalty box: a denial puts the id in it for
+	// Block, and every call is denied until it ends, even after the window
+	// resets. Denials during the penalty do not extend it. Reset clears it.
+	Block time.Duration
+}
+
+// Validate reports why r cannot be used, as every Limiter method would: an
+// error wrapping ErrInvalid that names the field, or nil. Configuration
+// loaders call it so a bad rule fails at load time, not on every check.
+func (r Rule) Validate() error {
+	if err := validateName(string(r.UseType)); err != "" {
+		return invalidf("UseType", "%s", err)
+	}
+	return r.validateLimits()
+}
+
+func validate(r Rule, id string, n int64) error {
+	if err := validateKey(r.UseType, id); err != nil {
+		return err
+	}
+	if err := r.validateLimits(); err != nil {
+		return err
+	}
+	if n < 1 || n > MaxLimit {
+		return invalidf("n", "must be 1 to 2^53, got %d", n)
+	}
+	return nil
+}
+
+func (r Rule) validateLimits() error {
+	if r.Limit < 0 || r.Limit > MaxLimit {
+		return invalidf("Rule.Limit", "must be 0 to 2^53, got %d", r.Limit)
+	}
+	if err := r.Window.validate(); err != nil {
+		return err
+	}
+	if r.Window.kind == kindSliding && r.Limit > MaxSlidingLimit {
+		return invalidf("Rule.Limit", "a Sliding window logs every event: at most %d, got %d (use Fixed or Rolling for more)", MaxSlidingLimit, r.Limit)
+	}
+	if r.Block < 0 || r.Block > MaxDuration {
+		return invalidf("Rule.Block", "must be 0 to 100 years, got %v", r.Block)
+	}
+	return nil
+}
+
+// ValidateID reports whether id is usable as an id: non-empty, at most
+// MaxIDLen bytes, valid UTF-8, no NUL byte. The error wraps ErrInvalid and
+// names the field "id". Handlers use it to answer 400 before any check.
+func ValidateID(id string) error {
+	if err := validateName(id); err != "" {
+		return invalidf("id", "%s", err)
+	}
+	return nil
+}
+
+func validateKey(ut UseType, id string) error {
+	if err := validateName(string(ut)); err != "" {
+		return invalidf("UseType", "%s", err)
+	}
+	return ValidateID(id)
+}
+
+func validateName(s string) string {
+	switch {
+	case s == "":
+		return "is empty"
+	case len(s) > MaxIDLen:
+		return fmt.Sprintf("is %d bytes, more than %d", len(s), MaxIDLen)
+	case !utf8.ValidString(s):
+		return "is not valid UTF-8"
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] == 0 {
+			return "holds a NUL byte"
+		}
+	}
+	return ""
+}
