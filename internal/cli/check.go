@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"strings"
@@ -12,7 +11,7 @@ import (
 
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/internal/rulefile"
-	"github.com/countlimit/countlimit/internal/server"
+	"github.com/countlimit/countlimit/internal/ruleops"
 )
 
 func loadRules(path string) (*rulefile.File, error) {
@@ -25,7 +24,7 @@ func loadRules(path string) (*rulefile.File, error) {
 // check runs allow, peek, refund or reset for one id and reports whether
 // the answer was a denial.
 func check(ctx context.Context, verb string, args []string, stdout io.Writer) (denied bool, err error) {
-	o := map[string]server.Op{"allow": server.OpAllow, "peek": server.OpPeek, "refund": server.OpRefund, "reset": server.OpReset}[verb]
+	o, _ := ruleops.ParseOp(verb)
 	fs := newFlagSet(verb)
 	storeURL := storeFlag(fs)
 	rulesPath := fs.String("rules", "", "YAML rule file (default: the built-in rules)")
@@ -40,24 +39,15 @@ func check(ctx context.Context, verb string, args []string, stdout io.Writer) (d
 		return false, usageErrorf("%s: want RULE ID, got %d arguments", verb, len(pos))
 	}
 	name, id := pos[0], pos[1]
-	if *cost < 1 || *cost > countlimit.MaxLimit {
-		return false, usageErrorf("%s: --cost must be 1 to 2^53, got %d", verb, *cost)
-	}
-	costSet := false
-	fs.Visit(func(f *flag.Flag) { costSet = costSet || f.Name == "cost" })
-	if costSet && (o == server.OpPeek || o == server.OpReset) {
-		return false, usageErrorf("%s takes no --cost", verb)
-	}
 	rf, err := loadRules(*rulesPath)
 	if err != nil {
 		return false, err
 	}
-	var rules []countlimit.Rule
-	if o == server.OpReset {
-		rules, err = rf.ResolveUseTypes(name) // forgetting needs no tier
-	} else {
-		rules, err = rf.Resolve(name, *tier)
+	var ce *ruleops.CostError
+	if err := ruleops.CheckCost(rf, o, name, *cost, isSet(fs, "cost")); errors.As(err, &ce) {
+		return false, usageErrorf("%s: %s", verb, ce.Named("--cost"))
 	}
+	rules, err := ruleops.Resolve(rf, o, name, *tier)
 	if err != nil {
 		if errors.Is(err, rulefile.ErrUnknown) {
 			return false, fmt.Errorf("%s: unknown rule %q; rules: %s", verb, name, strings.Join(rf.Names(), ", "))
@@ -69,11 +59,11 @@ func check(ctx context.Context, verb string, args []string, stdout io.Writer) (d
 		return false, err
 	}
 	defer st.close()
-	results, err := server.Do(ctx, countlimit.New(st.store), o, rules, id, *cost)
+	results, err := ruleops.Do(ctx, countlimit.New(st.store), o, rules, id, *cost)
 	if err != nil {
 		return false, err
 	}
-	if o == server.OpReset {
+	if o == countlimit.OpReset {
 		if *asJSON {
 			fmt.Fprintln(stdout, `{"reset": true}`)
 		} else {
@@ -81,7 +71,7 @@ func check(ctx context.Context, verb string, args []string, stdout io.Writer) (d
 		}
 		return false, nil
 	}
-	resp := server.NewResponse(rf.Members(name), rules, results)
+	resp := ruleops.NewResponse(rf.Members(name), rules, results)
 	if *asJSON {
 		b, _ := json.MarshalIndent(resp, "", "  ")
 		fmt.Fprintln(stdout, string(b))

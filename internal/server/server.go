@@ -16,7 +16,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math"
 	"net/http"
 	"strconv"
 	"strings"
@@ -28,6 +27,7 @@ import (
 
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/internal/rulefile"
+	"github.com/countlimit/countlimit/internal/ruleops"
 )
 
 // MaxBodyBytes bounds a request body.
@@ -156,7 +156,7 @@ func New(cfg Config) *Server {
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	s.reg.MustRegister(limiterCollectors(cfg.Limiter)...)
 
-	for _, o := range []Op{OpAllow, OpPeek, OpRefund, OpReset} {
+	for _, o := range ruleops.Ops {
 		s.mux.HandleFunc("POST /v1/"+o.String(), s.timed(o.String(), s.check(o)))
 		s.failed.WithLabelValues(o.String()) // present at 0 before the first failure
 	}
@@ -220,58 +220,6 @@ func (s *Server) timed(endpoint string, h http.HandlerFunc) http.HandlerFunc {
 	}
 }
 
-// Op is what a request does.
-type Op int
-
-// The operations, by endpoint.
-const (
-	OpAllow Op = iota
-	OpPeek
-	OpRefund
-	OpReset
-)
-
-// String returns the endpoint's name.
-func (o Op) String() string { return [...]string{"allow", "peek", "refund", "reset"}[o] }
-
-// Do carries out o for id on rules (one rule, or a group's) with weight
-// cost: allow checks a group all-or-nothing (cost must then be 1); peek,
-// refund and reset go rule by rule. Reset returns no results.
-func Do(ctx context.Context, l *countlimit.Limiter, o Op, rules []countlimit.Rule, id string, cost int64) ([]countlimit.Result, error) {
-	switch {
-	case o == OpReset:
-		for _, rule := range rules {
-			if err := l.Reset(ctx, rule, id); err != nil {
-				return nil, err
-			}
-		}
-		return nil, nil
-	case o == OpAllow && len(rules) > 1:
-		if cost != 1 {
-			return nil, fmt.Errorf("countlimit: allow: %w: cost: a group counts one event, got %d", countlimit.ErrInvalid, cost)
-		}
-		return l.AllowAll(ctx, id, rules...)
-	}
-	out := make([]countlimit.Result, 0, len(rules))
-	for _, rule := range rules {
-		var res countlimit.Result
-		var err error
-		switch o {
-		case OpAllow:
-			res, err = l.AllowN(ctx, rule, id, cost)
-		case OpPeek:
-			res, err = l.Peek(ctx, rule, id)
-		case OpRefund:
-			res, err = l.Refund(ctx, rule, id, cost)
-		}
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, res)
-	}
-	return out, nil
-}
-
 // Request is the body of POST /v1/allow, /v1/peek, /v1/refund and /v1/reset.
 type Request struct {
 	Rule string `json:"rule"`
@@ -282,32 +230,12 @@ type Request struct {
 	Tier string `json:"tier,omitempty"`
 }
 
-// Response answers allow, peek and refund.
-type Response struct {
-	Allowed bool `json:"allowed"`
-	// RetryAfterSeconds is 0 when allowed, -1 when no wait helps, else the
-	// wait rounded up to the millisecond.
-	RetryAfterSeconds float64      `json:"retry_after_seconds"`
-	Results           []RuleResult `json:"results"`
-}
-
-// RuleResult is one rule's state after a call.
-type RuleResult struct {
-	Rule         string     `json:"rule"`
-	UseType      string     `json:"use_type"`
-	Limit        int64      `json:"limit"`
-	Used         int64      `json:"used"`
-	Remaining    int64      `json:"remaining"`
-	ResetAt      *time.Time `json:"reset_at"`
-	BlockedUntil *time.Time `json:"blocked_until"`
-}
-
 type apiError struct {
 	Error string `json:"error"`
 	Field string `json:"field,omitempty"`
 }
 
-func (s *Server) check(o Op) http.HandlerFunc {
+func (s *Server) check(o countlimit.Op) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		req, rules, ok := s.decode(w, r, o)
 		if !ok {
@@ -315,18 +243,18 @@ func (s *Server) check(o Op) http.HandlerFunc {
 		}
 		ctx, cancel := context.WithTimeout(r.Context(), s.cfg.StoreTimeout)
 		defer cancel()
-		results, err := Do(ctx, s.cfg.Limiter, o, rules, req.ID, *req.Cost)
+		results, err := ruleops.Do(ctx, s.cfg.Limiter, o, rules, req.ID, *req.Cost)
 		if err != nil {
 			s.fail(w, r, o.String(), req.Rule, err)
 			return
 		}
 		s.state.ok()
-		if o == OpReset {
+		if o == countlimit.OpReset {
 			writeJSON(w, http.StatusOK, map[string]any{"reset": true})
 			return
 		}
-		resp := NewResponse(s.cfg.Rules.Members(req.Rule), rules, results)
-		if o == OpAllow {
+		resp := ruleops.NewResponse(s.cfg.Rules.Members(req.Rule), rules, results)
+		if o == countlimit.OpAllow {
 			verdict := "denied"
 			if resp.Allowed {
 				verdict = "allowed"
@@ -338,7 +266,7 @@ func (s *Server) check(o Op) http.HandlerFunc {
 }
 
 // decode reads and checks a request, answering 4xx itself when it is bad.
-func (s *Server) decode(w http.ResponseWriter, r *http.Request, o Op) (Request, []countlimit.Rule, bool) {
+func (s *Server) decode(w http.ResponseWriter, r *http.Request, o countlimit.Op) (Request, []countlimit.Rule, bool) {
 	var req Request
 	raw, ok := s.readBody(w, r)
 	if !ok {
@@ -388,23 +316,15 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request, o Op) (Request, 
 	if err := countlimit.ValidateID(req.ID); err != nil {
 		return bad("id", "%v", err)
 	}
-	if req.Cost == nil {
+	costSet := req.Cost != nil
+	if !costSet {
 		one := int64(1)
 		req.Cost = &one
-	} else if *req.Cost < 1 || *req.Cost > countlimit.MaxLimit {
-		return bad("cost", "cost must be 1 to 2^53, got %d", *req.Cost)
-	} else if o == OpPeek || o == OpReset {
-		return bad("cost", "%s takes no cost", o)
-	} else if o == OpAllow && *req.Cost != 1 && len(s.cfg.Rules.Members(req.Rule)) > 1 {
-		return bad("cost", "a group counts one event: cost must be 1")
 	}
-	var rules []countlimit.Rule
-	var err error
-	if o == OpReset {
-		rules, err = s.cfg.Rules.ResolveUseTypes(req.Rule) // forgetting needs no tier
-	} else {
-		rules, err = s.cfg.Rules.Resolve(req.Rule, req.Tier)
+	if err := ruleops.CheckCost(s.cfg.Rules, o, req.Rule, *req.Cost, costSet); err != nil {
+		return bad("cost", "%v", err)
 	}
+	rules, err := ruleops.Resolve(s.cfg.Rules, o, req.Rule, req.Tier)
 	switch {
 	case errors.Is(err, rulefile.ErrUnknown):
 		return bad("rule", "unknown rule %q (GET /v1/rules lists them)", req.Rule)
@@ -431,38 +351,6 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, endpoint, rule str
 	s.state.fail(endpoint, err) // logs the outage once, not every request
 	s.log.Debug("store failed", "endpoint", endpoint, "rule", rule, "err", err)
 	writeJSON(w, http.StatusServiceUnavailable, apiError{Error: "store unavailable"})
-}
-
-// NewResponse builds the answer to allow, peek or refund from the rules'
-// names, the rules and their results.
-func NewResponse(names []string, rules []countlimit.Rule, results []countlimit.Result) Response {
-	resp := Response{Allowed: true, Results: make([]RuleResult, len(results))}
-	for i, res := range results {
-		resp.Allowed = resp.Allowed && res.Allowed
-		if !res.Allowed {
-			resp.RetryAfterSeconds = combine(resp.RetryAfterSeconds, res.RetryAfter)
-		}
-		rr := RuleResult{Rule: names[i], UseType: string(rules[i].UseType), Limit: res.Limit, Used: res.Used, Remaining: res.Remaining}
-		if !res.ResetAt.IsZero() {
-			t := res.ResetAt.UTC()
-			rr.ResetAt = &t
-		}
-		if !res.BlockedUntil.IsZero() {
-			t := res.BlockedUntil.UTC()
-			rr.BlockedUntil = &t
-		}
-		resp.Results[i] = rr
-	}
-	return resp
-}
-
-// combine keeps the longest wait, -1 (never) winning, in seconds rounded
-// up to the millisecond so a client that waits as told is never early.
-func combine(acc float64, d time.Duration) float64 {
-	if acc < 0 || d < 0 {
-		return -1
-	}
-	return math.Max(acc, math.Ceil(d.Seconds()*1000)/1000)
 }
 
 func (s *Server) rules(w http.ResponseWriter, _ *http.Request) {
