@@ -3,18 +3,28 @@
 -- contract is countlimit.Store's, proven by storetest on both.
 --
 -- KEYS, per check i: KEYS[2i-1] the counter hash, KEYS[2i] the sliding log
--- (a sorted set: member "<µs>:<seq>", score µs).
--- ARGV: op ('allow' | 'peek' | 'refund'), now (µs), n, then per check:
--- limit, begin (µs), length (µs; 0 = lifetime), span (µs; 0 = not sliding),
--- block (µs; 0 = none).
+-- (a sorted set: member "<µs>:<seq>", score µs); then, for every op but
+-- peek, the reply key: a key unique to this call, in the id's slot.
+-- ARGV: op ('allow' | 'peek' | 'refund'), now (µs), n, reply TTL (ms), then
+-- per check: limit, begin (µs), length (µs; 0 = lifetime), span (µs; 0 =
+-- not sliding), block (µs; 0 = none).
 -- Hash fields: c count, b window begin, e window end (absent = lifetime),
 -- l limit last applied, d denied tally, x blocked until, s log sequence.
 -- Returns per check: {used, begin, end, blocked_until, free_at}, NONE for
 -- none, then the verdict (1 or 0) as the last element.
+--
+-- The reply is kept under the reply key for the reply TTL. A client that
+-- lost the reply and sends the same call again (go-redis retries on a new
+-- connection) gets it back, and nothing is counted or refunded twice.
 local op = ARGV[1]
 local now = tonumber(ARGV[2])
 local n = tonumber(ARGV[3])
-local cnt = (#ARGV - 3) / 5
+local cnt = (#ARGV - 4) / 5
+local reply = KEYS[2 * cnt + 1]
+if reply then
+  local done = redis.call('GET', reply)
+  if done then return cmsgpack.unpack(done) end
+end
 local need = n
 if op ~= 'allow' then need = 1 end
 
@@ -53,7 +63,7 @@ end
 local checks = {}
 local allok = true
 for i = 1, cnt do
-  local a = 3 + (i - 1) * 5
+  local a = 4 + (i - 1) * 5
   local c = {
     h = KEYS[2 * i - 1], z = KEYS[2 * i],
     limit = tonumber(ARGV[a + 1]), begin = tonumber(ARGV[a + 2]), len = tonumber(ARGV[a + 3]),
@@ -162,4 +172,9 @@ for i = 1, cnt do
   out[#out + 1] = free
 end
 out[#out + 1] = allok and 1 or 0
+-- A repeated denial needs no memory: it counts nothing (at most it adds one
+-- to the denied tally), so a flood of denials creates no keys.
+if reply and (allok or op ~= 'allow') then
+  redis.call('SET', reply, cmsgpack.pack(out), 'PX', ARGV[4])
+end
 return out

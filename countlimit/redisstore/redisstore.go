@@ -18,6 +18,27 @@
 // with its window, penalty or newest sliding event; updates never drop it.
 // Lifetime counters are the exception: they have no end, so no TTL.
 //
+// A lost reply never counts twice. go-redis sends a command again when its
+// connection breaks (3 retries by default), and the script may have run
+// before the reply was lost: a blind repeat would count an event twice,
+// refund twice, or reset away a count made in between. So every write
+// (Allow, Refund, Reset; not Peek) names a key unique to the call,
+// "countlimit:{<id>}:reply:<token>" (a random prefix per process and a
+// counter), in the id's slot. The script keeps its reply there for 20 s
+// (one SET PX) and answers a repeat with that reply instead of running
+// again. This holds whatever the client's retry settings, on a single
+// server, Sentinel or Cluster: the reply is written, and replicated, with
+// the counts it describes. (Turning retries off instead is the client's
+// setting, not the store's, and turns every broken connection into an
+// error.) So that no repeat comes after its reply is gone, a Do gives up
+// after 10 s whatever its context allows. A denial is not remembered: its
+// repeat counts nothing either. The price is a GET and a SET in the script
+// and a short-lived key of about 150 bytes per counted write: some 3 MB of
+// Redis memory per 1,000 counted writes a second.
+//
+// A call that fails with countlimit.ErrUnavailable may or may not have
+// counted; calling again is a new event.
+//
 // go-redis honours a context's deadline only when the client is made with
 // ContextTimeoutEnabled: true; otherwise a silent server holds a check until
 // the client's ReadTimeout. Either way a failure is countlimit.ErrUnavailable.
@@ -28,9 +49,13 @@ package redisstore
 
 import (
 	"context"
+	"crypto/rand"
 	_ "embed"
+	"encoding/base64"
 	"fmt"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -49,6 +74,34 @@ var (
 	resetSrc    string
 	resetScript = redis.NewScript(resetSrc)
 )
+
+const (
+	// replyTTL is how long a write's reply is kept for a repeat of the call.
+	replyTTL = 20 * time.Second
+	// maxCall bounds a Do, and so the last repeat go-redis may send, well
+	// inside replyTTL (the margin covers a reconnect's handshake).
+	maxCall = 10 * time.Second
+)
+
+var (
+	callPrefix = newCallPrefix()
+	callSeq    atomic.Uint64
+	replyMS    any = replyTTL.Milliseconds() // boxed once, not per call
+)
+
+// newCallPrefix returns 72 random bits: calls from two processes never
+// share a reply key.
+func newCallPrefix() string {
+	var b [9]byte
+	_, _ = rand.Read(b[:]) // never fails (it crashes the program instead)
+	return base64.RawURLEncoding.EncodeToString(b[:])
+}
+
+// replyKey returns a key unique to one call, in id's slot. No Key starts
+// with "countlimit:{": a use type is never empty.
+func replyKey(id string) string {
+	return "countlimit:{" + escape(id) + "}:reply:" + callPrefix + strconv.FormatUint(callSeq.Add(1), 36)
+}
 
 // Store is a countlimit.Store on Redis. It is safe for concurrent use.
 type Store struct {
@@ -75,8 +128,14 @@ func escape(s string) string {
 	return escaper.Replace(s)
 }
 
-// Do implements countlimit.Store: one script per request.
+// Do implements countlimit.Store: one script per request. It gives up
+// after 10 s, whatever ctx allows (see the package doc).
 func (s *Store) Do(ctx context.Context, reqs []*countlimit.Request) error {
+	if d, ok := ctx.Deadline(); !ok || time.Until(d) > maxCall {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, maxCall)
+		defer cancel()
+	}
 	for _, r := range reqs {
 		if err := s.do(ctx, r); err != nil {
 			return countlimit.Unavailable(fmt.Errorf("redisstore: %w", err))
@@ -86,16 +145,19 @@ func (s *Store) Do(ctx context.Context, reqs []*countlimit.Request) error {
 }
 
 func (s *Store) do(ctx context.Context, r *countlimit.Request) error {
-	keys := make([]string, 0, 2*len(r.Checks))
+	keys := make([]string, 0, 2*len(r.Checks)+1)
 	for i := range r.Checks {
 		k := Key(r.Checks[i].UseType, r.ID)
 		keys = append(keys, k, k+":log")
 	}
-	if r.Op == countlimit.OpReset {
-		return resetScript.Run(ctx, s.client, keys).Err()
+	if r.Op != countlimit.OpPeek {
+		keys = append(keys, replyKey(r.ID))
 	}
-	args := make([]any, 0, 3+5*len(r.Checks))
-	args = append(args, r.Op.String(), r.Now.UnixMicro(), r.N)
+	if r.Op == countlimit.OpReset {
+		return resetScript.Run(ctx, s.client, keys, replyMS).Err()
+	}
+	args := make([]any, 0, 4+5*len(r.Checks))
+	args = append(args, r.Op.String(), r.Now.UnixMicro(), r.N, replyMS)
 	for i := range r.Checks {
 		c := &r.Checks[i]
 		var length int64

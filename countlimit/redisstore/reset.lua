@@ -1,2 +1,9 @@
--- countlimit: forget an id's counters, logs and penalties (KEYS).
-return redis.call('DEL', unpack(KEYS))
+-- countlimit: forget an id's counters, logs and penalties. KEYS: the
+-- counters and logs, then the reply key (see apply.lua); ARGV[1]: the reply
+-- TTL (ms). A repeat of a reset already done changes nothing, so that a
+-- count made since is not forgotten.
+local reply = KEYS[#KEYS]
+if redis.call('EXISTS', reply) == 1 then return 0 end
+redis.call('DEL', unpack(KEYS, 1, #KEYS - 1))
+redis.call('SET', reply, '1', 'PX', ARGV[1])
+return 1
