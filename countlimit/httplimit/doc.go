@@ -19,6 +19,17 @@
 //		httplimit.Rules(perMinute))
 //	http.ListenAndServe(":8080", limit(mux))
 //
+// # Client IPs
+//
+// [ClientIP] keys a request by its client's address, read from
+// X-Forwarded-For only behind the proxies you trust. An IPv4 client is
+// keyed by its address; an IPv6 client by the /64 its address is in, since
+// one client holds at least a /64 and could otherwise take a fresh limit,
+// and cost the store a fresh counter, with each of its 2^64 addresses.
+// [ClientIPPrefix] sets another prefix length: 48 or 56 to treat a whole
+// site as one client, 128 to key each address apart. IPv4-mapped IPv6
+// addresses (::ffff:192.0.2.1) are keyed as the IPv4 address they carry.
+//
 // # Headers
 //
 // Every checked response, allowed or denied, carries the RateLimit-Policy

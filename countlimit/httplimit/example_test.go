@@ -104,7 +104,7 @@ func ExampleClientIP() {
 	fmt.Println("direct, forged header:", key(direct))
 	// Output:
 	// via the proxy: 203.0.113.7
-	// direct, forged header: 2001:db8::1
+	// direct, forged header: 2001:db8::/64
 }
 
 // unreachable is a store whose server is down.

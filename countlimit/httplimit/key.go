@@ -1,6 +1,7 @@
 package httplimit
 
 import (
+	"fmt"
 	"net/http"
 	"net/netip"
 	"slices"
@@ -14,8 +15,21 @@ import (
 // [OnError]).
 type KeyFunc func(*http.Request) string
 
-// ClientIP returns a KeyFunc that keys requests by the client's IP address,
-// without port or zone, IPv4-mapped IPv6 addresses written as IPv4.
+// DefaultIPv6Prefix is the prefix length, in bits, by which ClientIP keys
+// IPv6 clients: a /64, the smallest block a network gives one subscriber or
+// LAN (address autoconfiguration needs a whole one).
+const DefaultIPv6Prefix = 64
+
+// ClientIP returns a KeyFunc that keys requests by the client's IP address:
+// an IPv4 address on its own, an IPv6 address by the /64 it is in
+// ([DefaultIPv6Prefix]; see [ClientIPPrefix] for another length). An IPv6
+// client holds at least a /64 and may send each request from another of its
+// 2^64 addresses: keyed by the full address, it would get a fresh limit,
+// and the store a fresh counter, per request.
+//
+// The key is the address without port or zone ("192.0.2.1"), IPv4-mapped
+// IPv6 addresses written as IPv4, or the IPv6 prefix in CIDR form
+// ("2001:db8:1:2::/64").
 //
 // X-Forwarded-For is believed only when the request comes straight from a
 // trusted proxy: when the IP of r.RemoteAddr is in one of the trusted
@@ -26,14 +40,31 @@ type KeyFunc func(*http.Request) string
 // stops the walk at the last address known good. Without trusted prefixes,
 // or from an untrusted peer, the header is ignored and the key is the peer's
 // IP. Forwarded and X-Real-IP are never read: a proxy that writes one of them
-// would pass the client's own copy of the other through.
+// would pass the client's own copy of the other through. Proxies are
+// matched by their full address, whatever the prefix clients are keyed by.
 //
 // A RemoteAddr that is not an IP address (a Unix socket) gives no key.
-// IPv6 clients often hold a whole /64; keying by the full address lets them
-// take a fresh limit per address, so mask it in your own KeyFunc if that
-// matters.
 func ClientIP(trusted ...netip.Prefix) KeyFunc {
+	return ClientIPPrefix(DefaultIPv6Prefix, trusted...)
+}
+
+// ClientIPPrefix is ClientIP keying IPv6 clients by the first ipv6Bits bits
+// of their address: 56 or 48 to take in a whole site's delegation, 128 for
+// one key per address (written without "/128", as IPv4 keys are). IPv4
+// clients are keyed by their address whatever ipv6Bits is. It panics unless
+// 0 < ipv6Bits <= 128.
+func ClientIPPrefix(ipv6Bits int, trusted ...netip.Prefix) KeyFunc {
+	if ipv6Bits < 1 || ipv6Bits > 128 {
+		panic(fmt.Sprintf("httplimit: ClientIPPrefix called with ipv6Bits %d, want 1 to 128", ipv6Bits))
+	}
 	trusted = slices.Clone(trusted)
+	key := func(a netip.Addr) string {
+		if a.Is4() || ipv6Bits == 128 {
+			return a.String()
+		}
+		p, _ := a.Prefix(ipv6Bits) // cannot fail: a is IPv6 and ipv6Bits in range
+		return p.String()
+	}
 	isTrusted := func(a netip.Addr) bool {
 		for _, p := range trusted {
 			if p.Contains(a) {
@@ -48,21 +79,21 @@ func ClientIP(trusted ...netip.Prefix) KeyFunc {
 			return ""
 		}
 		if !isTrusted(client) {
-			return client.String()
+			return key(client)
 		}
 		for _, line := range slices.Backward(r.Header.Values("X-Forwarded-For")) {
 			for _, entry := range slices.Backward(strings.Split(line, ",")) {
 				a, ok := parseIP(strings.TrimSpace(entry))
 				if !ok {
-					return client.String()
+					return key(client)
 				}
 				client = a
 				if !isTrusted(a) {
-					return client.String()
+					return key(client)
 				}
 			}
 		}
-		return client.String() // every hop is trusted: the request began inside
+		return key(client) // every hop is trusted: the request began inside
 	}
 }
 

@@ -5,11 +5,13 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/httplimit"
+	"github.com/countlimit/countlimit/countlimit/memstore"
 	"github.com/countlimit/countlimit/countlimit/storetest"
 )
 
@@ -42,14 +44,15 @@ func TestClientIP(t *testing.T) {
 		{"malformed entry stops at the last good hop", proxies, "10.0.0.1:1234", []string{"203.0.113.7, garbage, 10.0.0.2"}, "10.0.0.2"},
 		{"malformed rightmost entry", proxies, "10.0.0.1:1234", []string{"unknown"}, "10.0.0.1"},
 		{"empty entry", proxies, "10.0.0.1:1234", []string{"203.0.113.7,,10.0.0.2"}, "10.0.0.2"},
-		{"IPv6 peer", nil, "[2001:db8::1]:443", nil, "2001:db8::1"},
-		{"IPv6 peer, long form", nil, "[2001:0db8:0000::0001]:443", nil, "2001:db8::1"},
-		{"IPv6 peer with zone", nil, "[fe80::1%eth0]:443", nil, "fe80::1"},
-		{"IPv6 spoof from untrusted peer", proxies, "[2001:db8::1]:443", []string{"2001:db8::66"}, "2001:db8::1"},
-		{"IPv6 trusted proxy", proxies, "[fd00::1]:443", []string{"2001:db8::7"}, "2001:db8::7"},
-		{"IPv6 entry with port", proxies, "[fd00::1]:443", []string{"[2001:db8::7]:5555"}, "2001:db8::7"},
-		{"IPv6 entry in brackets", proxies, "[fd00::1]:443", []string{"[2001:db8::7]"}, "2001:db8::7"},
-		{"IPv6 half bracket is malformed", proxies, "[fd00::1]:443", []string{"[2001:db8::7"}, "fd00::1"},
+		{"IPv6 peer", nil, "[2001:db8::1]:443", nil, "2001:db8::/64"},
+		{"IPv6 peer, long form", nil, "[2001:0db8:0000::0001]:443", nil, "2001:db8::/64"},
+		{"IPv6 peer with zone", nil, "[fe80::1%eth0]:443", nil, "fe80::/64"},
+		{"IPv6 spoof from untrusted peer", proxies, "[2001:db8:0:1::1]:443", []string{"2001:db8::66"}, "2001:db8:0:1::/64"},
+		{"IPv6 trusted proxy", proxies, "[fd00::1]:443", []string{"2001:db8:0:7::7"}, "2001:db8:0:7::/64"},
+		{"IPv6 entry with port", proxies, "[fd00::1]:443", []string{"[2001:db8::7]:5555"}, "2001:db8::/64"},
+		{"IPv6 entry in brackets", proxies, "[fd00::1]:443", []string{"[2001:db8::7]"}, "2001:db8::/64"},
+		{"IPv6 half bracket is malformed", proxies, "[fd00::1]:443", []string{"[2001:db8::7"}, "fd00::/64"},
+		{"IPv6 proxies matched by full address", []netip.Prefix{netip.MustParsePrefix("2001:db8::1/128")}, "[2001:db8::2]:443", []string{"2001:db8:0:7::7"}, "2001:db8::/64"},
 		{"IPv4-mapped peer is IPv4", proxies, "[::ffff:10.0.0.1]:443", []string{"203.0.113.7"}, "203.0.113.7"},
 		{"IPv4-mapped entry is IPv4", proxies, "10.0.0.1:1234", []string{"::ffff:203.0.113.7"}, "203.0.113.7"},
 		{"RemoteAddr without port", nil, "192.0.2.1", nil, "192.0.2.1"},
@@ -68,6 +71,90 @@ func TestClientIP(t *testing.T) {
 				t.Errorf("ClientIP(%v) with RemoteAddr %q, X-Forwarded-For %q = %q, want %q", tc.trusted, tc.remote, tc.xff, got, tc.want)
 			}
 		})
+	}
+}
+
+func TestClientIPPrefix(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		bits     int
+		a, b     string // two clients' RemoteAddr
+		wantA    string
+		sameKeys bool
+	}{
+		{64, "[2001:db8:1:2::1]:1", "[2001:db8:1:2:ffff:ffff:ffff:ffff]:1", "2001:db8:1:2::/64", true},
+		{64, "[2001:db8:1:2::1]:1", "[2001:db8:1:3::1]:1", "2001:db8:1:2::/64", false},
+		{56, "[2001:db8:1:2::1]:1", "[2001:db8:1:ff::1]:1", "2001:db8:1::/56", true},
+		{56, "[2001:db8:1:2::1]:1", "[2001:db8:1:100::1]:1", "2001:db8:1::/56", false},
+		{48, "[2001:db8:1:2::1]:1", "[2001:db8:1:ffff::1]:1", "2001:db8:1::/48", true},
+		{1, "[2001:db8::1]:1", "[7fff::1]:1", "::/1", true},
+		{127, "[2001:db8::2]:1", "[2001:db8::3]:1", "2001:db8::2/127", true},
+		{128, "[2001:db8::1]:1", "[2001:db8::2]:1", "2001:db8::1", false},
+		{128, "[2001:db8::1]:1", "[2001:0db8::0001%eth0]:1", "2001:db8::1", true},
+		// IPv4 is keyed by address, mapped or not, whatever the prefix.
+		{64, "192.0.2.1:1", "[::ffff:192.0.2.1]:1", "192.0.2.1", true},
+		{64, "192.0.2.1:1", "192.0.2.2:1", "192.0.2.1", false},
+		{64, "[::ffff:192.0.2.1]:1", "[::ffff:192.0.2.2]:1", "192.0.2.1", false},
+		{1, "192.0.2.1:1", "[::ffff:192.0.2.1]:1", "192.0.2.1", true},
+		{128, "192.0.2.1:1", "[::ffff:192.0.2.1]:1", "192.0.2.1", true},
+	}
+	for i, tc := range tests {
+		key := httplimit.ClientIPPrefix(tc.bits)
+		if tc.bits == httplimit.DefaultIPv6Prefix {
+			key = httplimit.ClientIP()
+		}
+		ra := httptest.NewRequest(http.MethodGet, "/", nil)
+		ra.RemoteAddr = tc.a
+		rb := httptest.NewRequest(http.MethodGet, "/", nil)
+		rb.RemoteAddr = tc.b
+		ka, kb := key(ra), key(rb)
+		if ka != tc.wantA {
+			t.Errorf("case %d: /%d key of %s = %q, want %q", i, tc.bits, tc.a, ka, tc.wantA)
+		}
+		if (ka == kb) != tc.sameKeys {
+			t.Errorf("case %d: /%d keys of %s and %s: %q and %q; want the same: %v", i, tc.bits, tc.a, tc.b, ka, kb, tc.sameKeys)
+		}
+	}
+}
+
+func TestClientIPPrefixBadBits(t *testing.T) {
+	t.Parallel()
+	for _, bits := range []int{-1, 0, 129, 1 << 20} {
+		func() {
+			defer func() {
+				if msg, _ := recover().(string); !strings.Contains(msg, fmt.Sprint("ipv6Bits ", bits)) {
+					t.Errorf("ClientIPPrefix(%d) panicked with %q, want a message naming ipv6Bits %d", bits, msg, bits)
+				}
+			}()
+			httplimit.ClientIPPrefix(bits)
+		}()
+	}
+}
+
+// TestClientIPPrefixMiddleware: a client that walks through the addresses
+// of its /64 gets no fresh limit, and costs the store one counter.
+func TestClientIPPrefixMiddleware(t *testing.T) {
+	t.Parallel()
+	store := memstore.New(memstore.WithJanitorInterval(0))
+	t.Cleanup(func() { store.Close() })
+	l := countlimit.New(store, countlimit.WithClock(storetest.NewClock(t0).Now))
+	rule := countlimit.Rule{UseType: "api", Limit: 1, Window: countlimit.Fixed(time.Minute)}
+	h := httplimit.Middleware(l, httplimit.ClientIP(), httplimit.Rules(rule))(served)
+	for i := range 1000 {
+		remote := fmt.Sprintf("[2001:db8:1:2:%x::%x]:443", i, i)
+		want := http.StatusTooManyRequests
+		if i == 0 {
+			want = http.StatusOK
+		}
+		if rec := do(h, req{remote: remote}); rec.Code != want {
+			t.Fatalf("request %d from %s: status %d, want %d", i, remote, rec.Code, want)
+		}
+	}
+	if rec := do(h, req{remote: "[2001:db8:1:3::1]:443"}); rec.Code != http.StatusOK {
+		t.Errorf("another /64: status %d, want 200", rec.Code)
+	}
+	if n := store.Len(); n != 2 {
+		t.Errorf("store holds %d counters, want 2: one per /64", n)
 	}
 }
 

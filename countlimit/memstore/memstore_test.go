@@ -126,3 +126,22 @@ func BenchmarkAllowSliding(b *testing.B) {
 		}
 	}
 }
+
+func TestAllowExistingKeyAllocatesNothing(t *testing.T) {
+	s := memstore.New(memstore.WithJanitorInterval(0))
+	defer s.Close()
+	l := countlimit.New(s)
+	ctx := context.Background()
+	rule := countlimit.Rule{UseType: "api", Limit: countlimit.MaxLimit, Window: countlimit.Fixed(time.Hour)}
+	if _, err := l.Allow(ctx, rule, "user-1"); err != nil {
+		t.Fatal(err)
+	}
+	allocs := testing.AllocsPerRun(1000, func() {
+		if _, err := l.Allow(ctx, rule, "user-1"); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if allocs != 0 {
+		t.Errorf("Allow on an existing key: %v allocations, want 0", allocs)
+	}
+}

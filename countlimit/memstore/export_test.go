@@ -1,0 +1,49 @@
+package memstore
+
+// Sweep runs one sweep now, as the janitor does.
+func Sweep(s *Store) { s.sweep() }
+
+// Rebuilds reports how many shard maps sweeps have replaced with fresh ones.
+func Rebuilds(s *Store) int64 { return s.rebuilds.Load() }
+
+// Peak reports the sum of the shards' peaks: the counters their maps are
+// sized for.
+func Peak(s *Store) int {
+	n := 0
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		n += sh.peak
+		sh.mu.Unlock()
+	}
+	return n
+}
+
+// PerShard reports the most counters one shard holds; 0 for no cap.
+func PerShard(s *Store) int { return s.perShard }
+
+// OnPause sets f to run between a sweep's slices, with the shard's lock let
+// go. Set it before the first sweep.
+func OnPause(s *Store, f func()) { s.pause = f }
+
+// ShardLocked reports whether the lock of id's shard is held.
+func ShardLocked(s *Store, id string) bool {
+	sh := s.shard(id)
+	if sh.mu.TryLock() {
+		sh.mu.Unlock()
+		return false
+	}
+	return true
+}
+
+// MayHaveExpired reports whether id's shard may hold a counter that has
+// expired, as a full shard judges before it looks for one to drop.
+func MayHaveExpired(s *Store, id string) bool {
+	sh := s.shard(id)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	return s.mono() >= sh.soonest
+}
+
+// Looks reports how often full shards have looked for expired counters.
+func Looks(s *Store) int64 { return s.looks.Load() }

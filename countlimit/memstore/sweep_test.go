@@ -1,0 +1,300 @@
+package memstore_test
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/countlimit/countlimit/countlimit"
+	"github.com/countlimit/countlimit/countlimit/memstore"
+)
+
+func TestSweepRebuildsEmptiedShards(t *testing.T) {
+	t.Parallel()
+	s := memstore.New(memstore.WithShards(4), memstore.WithJanitorInterval(0))
+	t.Cleanup(func() { s.Close() })
+	l := countlimit.New(s)
+	for i := range 20000 {
+		stale(t, l, fmt.Sprint("id-", i))
+	}
+	if n, p := s.Len(), memstore.Peak(s); n != 20000 || p != 20000 {
+		t.Fatalf("Len %d, peak %d; want 20000, 20000", n, p)
+	}
+	memstore.Sweep(s)
+	if n := s.Len(); n != 0 {
+		t.Errorf("Len = %d after the sweep, want 0", n)
+	}
+	if got := memstore.Rebuilds(s); got != 4 {
+		t.Errorf("%d shard maps rebuilt, want all 4", got)
+	}
+	if p := memstore.Peak(s); p != 0 {
+		t.Errorf("peak = %d after the rebuild, want 0: the maps are fresh", p)
+	}
+	memstore.Sweep(s)
+	if got := memstore.Rebuilds(s); got != 4 {
+		t.Errorf("%d shard maps rebuilt after a second sweep, want still 4: empty fresh maps need none", got)
+	}
+}
+
+func TestSweepKeepsShardsThatShrankLittle(t *testing.T) {
+	t.Parallel()
+	s := memstore.New(memstore.WithShards(1), memstore.WithJanitorInterval(0))
+	t.Cleanup(func() { s.Close() })
+	l := countlimit.New(s)
+	rule := countlimit.Rule{UseType: "live", Limit: 1, Window: countlimit.Fixed(time.Hour)}
+	for i := range 3000 {
+		if i%2 == 0 {
+			stale(t, l, fmt.Sprint("id-", i))
+		} else if _, err := l.Allow(context.Background(), rule, fmt.Sprint("id-", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	memstore.Sweep(s)
+	if n, r := s.Len(), memstore.Rebuilds(s); n != 1500 || r != 0 {
+		t.Errorf("Len %d, %d rebuilt; want 1500, 0: half the peak left is not worth a rebuild", n, r)
+	}
+}
+
+// TestSweepMovesLiveCounters rebuilds a shard while counters are checked,
+// added and reset between the sweep's slices: every count must survive the
+// move exactly.
+func TestSweepMovesLiveCounters(t *testing.T) {
+	t.Parallel()
+	const stales, lives = 20000, 3000 // a rebuild moves lives in several slices
+	s := memstore.New(memstore.WithShards(1), memstore.WithJanitorInterval(0))
+	t.Cleanup(func() { s.Close() })
+	l := countlimit.New(s)
+	ctx := context.Background()
+	rule := countlimit.Rule{UseType: "live", Limit: countlimit.MaxLimit, Window: countlimit.Lifetime()}
+	want := map[string]int64{}
+	allow := func(id string) {
+		t.Helper()
+		if _, err := l.Allow(ctx, rule, id); err != nil {
+			t.Error(err)
+			return
+		}
+		want[id]++
+	}
+	for i := range stales {
+		stale(t, l, fmt.Sprint("stale-", i))
+	}
+	for i := range lives {
+		allow(fmt.Sprint("live-", i))
+	}
+	pauses := 0
+	memstore.OnPause(s, func() {
+		pauses++
+		for i := range 50 { // counters in the old map, the new one, or neither
+			allow(fmt.Sprint("live-", (pauses*97+i*61)%lives))
+		}
+		allow(fmt.Sprint("added-", pauses))
+		id := fmt.Sprint("live-", pauses*13%lives)
+		if err := l.Reset(ctx, rule, id); err != nil {
+			t.Error(err)
+		}
+		delete(want, id)
+	})
+	memstore.Sweep(s)
+	if got := memstore.Rebuilds(s); got != 1 {
+		t.Fatalf("%d rebuilt, want 1", got)
+	}
+	if pauses < (stales+lives)/memstore.SweepSlice+lives/memstore.SweepSlice-1 {
+		t.Errorf("%d pauses, want a pause every %d counters", pauses, memstore.SweepSlice)
+	}
+	if n := s.Len(); n != len(want) {
+		t.Errorf("Len = %d, want %d", n, len(want))
+	}
+	for id, used := range want {
+		if r, err := l.Peek(ctx, rule, id); err != nil || r.Used != used {
+			t.Errorf("Peek(%q) = Used %d, %v; want %d", id, r.Used, err, used)
+		}
+	}
+}
+
+// TestSweepMissesNoExpiry adds expired counters while a sweep pauses: those
+// the sweep had already passed must still tell a full shard to look.
+func TestSweepMissesNoExpiry(t *testing.T) {
+	t.Parallel()
+	s := memstore.New(memstore.WithShards(1), memstore.WithJanitorInterval(0))
+	t.Cleanup(func() { s.Close() })
+	l := countlimit.New(s)
+	rule := countlimit.Rule{UseType: "live", Limit: 1, Window: countlimit.Lifetime()}
+	const lives = 8 * memstore.SweepSlice
+	for i := range lives {
+		if _, err := l.Allow(context.Background(), rule, fmt.Sprint("live-", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pauses := 0
+	memstore.OnPause(s, func() {
+		pauses++
+		stale(t, l, fmt.Sprint("stale-", pauses))
+	})
+	memstore.Sweep(s)
+	kept := s.Len() - lives
+	t.Logf("%d of %d expired counters added during the sweep outlived it", kept, pauses)
+	if got := memstore.MayHaveExpired(s, "live-0"); got != (kept > 0) {
+		t.Errorf("after the sweep, with %d expired counters kept, the shard thinks one may have expired: %v", kept, got)
+	}
+}
+
+// TestSweepLetsGoOfTheLock sweeps a shard of 200k expired counters and, at
+// every pause, has another goroutine count on that shard: the sweep must
+// have let go of the lock for it to finish.
+func TestSweepLetsGoOfTheLock(t *testing.T) {
+	t.Parallel()
+	const n = 200_000
+	s := memstore.New(memstore.WithShards(1), memstore.WithJanitorInterval(0))
+	t.Cleanup(func() { s.Close() })
+	l := countlimit.New(s)
+	ctx := context.Background()
+	for i := range n {
+		stale(t, l, strconv.Itoa(i))
+	}
+	rule := countlimit.Rule{UseType: "live", Limit: countlimit.MaxLimit, Window: countlimit.Lifetime()}
+	var during atomic.Int64
+	memstore.OnPause(s, func() {
+		if memstore.ShardLocked(s, "live") {
+			t.Error("paused with the shard's lock held")
+			return
+		}
+		done := make(chan error)
+		go func() {
+			_, err := l.Allow(ctx, rule, "live")
+			done <- err
+		}()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+		during.Add(1)
+	})
+	memstore.Sweep(s)
+	if got := during.Load(); got < n/memstore.SweepSlice {
+		t.Errorf("%d checks ran during the sweep, want one per slice: %d", got, n/memstore.SweepSlice)
+	}
+	if r, _ := l.Peek(ctx, rule, "live"); r.Used != during.Load() {
+		t.Errorf("Used = %d, want %d", r.Used, during.Load())
+	}
+	if got := s.Len(); got != 1 {
+		t.Errorf("Len = %d after the sweep, want 1", got)
+	}
+}
+
+// TestSweepWhileCounting sweeps and rebuilds over and over while many
+// goroutines count on live counters and add expired ones.
+func TestSweepWhileCounting(t *testing.T) {
+	t.Parallel()
+	const goroutines, each, keys = 8, 2000, 4
+	s := memstore.New(memstore.WithShards(2), memstore.WithJanitorInterval(0))
+	t.Cleanup(func() { s.Close() })
+	l := countlimit.New(s)
+	ctx := context.Background()
+	rule := countlimit.Rule{UseType: "live", Limit: countlimit.MaxLimit, Window: countlimit.Lifetime()}
+	for i := range 10000 { // the first sweep will rebuild both shards
+		stale(t, l, fmt.Sprint("pre-", i))
+	}
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for g := range goroutines {
+		wg.Go(func() {
+			<-start
+			for i := range each {
+				if _, err := l.Allow(ctx, rule, fmt.Sprint("key-", (g+i)%keys)); err != nil {
+					t.Error(err)
+					return
+				}
+				stale(t, l, fmt.Sprintf("churn-%d-%d", g, i))
+			}
+		})
+	}
+	stop := make(chan struct{})
+	swept := make(chan struct{})
+	go func() {
+		defer close(swept)
+		<-start
+		for {
+			memstore.Sweep(s)
+			select {
+			case <-stop:
+				return
+			default:
+			}
+		}
+	}()
+	close(start)
+	wg.Wait()
+	close(stop)
+	<-swept
+	memstore.Sweep(s)
+	for k := range keys {
+		id := fmt.Sprint("key-", k)
+		if r, err := l.Peek(ctx, rule, id); err != nil || r.Used != goroutines*each/keys {
+			t.Errorf("Peek(%q) = Used %d, %v; want %d", id, r.Used, err, goroutines*each/keys)
+		}
+	}
+	if n := s.Len(); n != keys {
+		t.Errorf("Len = %d after the last sweep, want %d", n, keys)
+	}
+	if memstore.Rebuilds(s) == 0 {
+		t.Error("no shard was rebuilt")
+	}
+}
+
+func heapAlloc() uint64 {
+	runtime.GC()
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.HeapAlloc
+}
+
+// BenchmarkMemory reports the heap one counter takes (with a fresh id
+// string, as a server's would be), what stays after every counter has
+// expired and been swept, how long the sweep took and about how long it
+// held a shard's lock per slice (wall time: on a busy machine the
+// scheduler's preemptions show in the tail). Run it with -benchtime=1000000x for a million
+// ids.
+func BenchmarkMemory(b *testing.B) {
+	ctx := context.Background()
+	rule := countlimit.Rule{UseType: "api", Limit: 10, Window: countlimit.Rolling(time.Microsecond)}
+	before := heapAlloc()
+	s := memstore.New(memstore.WithMaxEntries(0), memstore.WithJanitorInterval(0))
+	defer s.Close()
+	l := countlimit.New(s)
+	for i := range b.N {
+		if _, err := l.Allow(ctx, rule, "user-"+strconv.Itoa(i)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+	full := heapAlloc()
+	var holds []time.Duration // between pauses: about how long each slice held its lock
+	last := time.Now()
+	memstore.OnPause(s, func() {
+		holds = append(holds, time.Since(last))
+		last = time.Now()
+	})
+	start := time.Now()
+	memstore.Sweep(s)
+	sweep := time.Since(start)
+	if n := s.Len(); n != 0 {
+		b.Fatalf("Len = %d after a sweep, want 0", n)
+	}
+	empty := heapAlloc()
+	b.ReportMetric(float64(full-before)/float64(b.N), "B/id")
+	b.ReportMetric(float64(empty-before)/float64(b.N), "B/id-swept")
+	b.ReportMetric(float64(empty-before)/1e6, "MB-swept")
+	b.ReportMetric(float64(sweep.Microseconds()), "µs/sweep")
+	if len(holds) > 0 {
+		slices.Sort(holds)
+		b.ReportMetric(float64(holds[len(holds)/2].Microseconds()), "µs/slice-p50")
+		b.ReportMetric(float64(holds[len(holds)*99/100].Microseconds()), "µs/slice-p99")
+	}
+	runtime.KeepAlive(s)
+}
