@@ -59,7 +59,7 @@ func benchBaseline(ctx context.Context, url string, callers []int, d time.Durati
 
 	admin, err := pgxpool.New(ctx, url)
 	if err != nil {
-		return fmt.Errorf("--store %s: %w", redactURL(url), err)
+		return badStoreURL(url, err)
 	}
 	defer admin.Close()
 	if err := pgstore.New(admin).Ping(ctx); err != nil {

@@ -25,6 +25,8 @@ const usage = `countlimit: may this event happen once more for this key in this 
 
 Usage:
   countlimit serve [--addr 127.0.0.1:8080] [--store URL] [--rules FILE] [--migrate] [--log-level info]
+                   [--token-file FILE] [--insecure] [--metrics-addr ADDR]
+                   [--store-timeout 1s] [--breaker-failures 5] [--breaker-cooldown 1s]
   countlimit allow|peek|refund|reset RULE ID [--cost N] [--tier T] [--store URL] [--rules FILE] [--json]
   countlimit top [-n 20] --store postgres://...
   countlimit purge [--batch 1000] --store postgres://...
@@ -36,8 +38,16 @@ Usage:
   countlimit help
 
 --store (default $COUNTLIMIT_STORE, else memory) is memory, postgres://... or redis://...
---addr defaults to $COUNTLIMIT_ADDR, else 127.0.0.1:8080 (use :8080 in a container).
+--addr defaults to $COUNTLIMIT_ADDR, else 127.0.0.1:8080 (use :8080 and a token in a container).
 --rules is a YAML rule file; without it the built-in rules (the seed scenarios) apply.
+serve --token-file FILE (else $COUNTLIMIT_TOKEN; the file wins) sets a bearer token of at
+least 16 characters: every endpoint but /healthz then needs "Authorization: Bearer <token>".
+serve refuses an --addr beyond loopback (":8080", 0.0.0.0) without a token unless --insecure.
+serve --metrics-addr ADDR serves /metrics there, with no token, and not on --addr.
+serve starts even when the store does not answer (except with --migrate); /healthz says 503
+until it does. A store call that takes over --store-timeout fails (503); after
+--breaker-failures failures in a row (0: never) checks answer 503 without calling the store
+for --breaker-cooldown, then one probes it.
 allow, peek, refund and reset exit 0 when allowed, 1 when denied, 2 on error;
 put -- before an ID that starts with "-".
 `

@@ -30,7 +30,7 @@ func migrate(ctx context.Context, args []string, stdout io.Writer) error {
 	}
 	pool, err := pgxpool.New(ctx, *store)
 	if err != nil {
-		return fmt.Errorf("migrate: %w", err)
+		return badStoreURL(*store, err)
 	}
 	defer pool.Close()
 	p, closeDB, err := pgstore.NewMigrationProvider(pool)

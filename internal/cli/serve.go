@@ -8,7 +8,9 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/countlimit/countlimit/countlimit"
@@ -18,6 +20,13 @@ import (
 // DefaultAddr is where serve listens unless told otherwise: loopback, so a
 // fresh start exposes nothing. Use --addr :8080 in a container.
 const DefaultAddr = "127.0.0.1:8080"
+
+// MinTokenLen is the shortest bearer token serve accepts.
+const MinTokenLen = 16
+
+// startTimeout bounds serve's first ping of its store, so that a store
+// whose address drops packets does not hold the start for minutes.
+const startTimeout = 5 * time.Second
 
 func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("serve")
@@ -30,70 +39,235 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	rulesPath := fs.String("rules", "", "YAML rule file (default: the built-in rules)")
 	migrate := fs.Bool("migrate", false, "apply the PostgreSQL migrations at start")
 	level := fs.String("log-level", "info", "debug, info, warn or error")
+	tokenFile := fs.String("token-file", "", "file holding the bearer token the API requires (beats $COUNTLIMIT_TOKEN)")
+	insecure := fs.Bool("insecure", false, "serve beyond loopback without a token")
+	metricsAddr := fs.String("metrics-addr", "", "serve /metrics on this address instead of --addr")
+	storeTimeout := fs.Duration("store-timeout", time.Second, "give up on a store call after this long (503); 0: only the request's 5s bound")
+	breakerFailures := fs.Int("breaker-failures", 5, "open the circuit breaker after this many store failures in a row; 0: no breaker")
+	breakerCoolDown := fs.Duration("breaker-cooldown", time.Second, "how long the open breaker answers 503 without calling the store before one probe")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return usageErrorf("serve: unexpected argument %q", fs.Arg(0))
 	}
+	switch {
+	case *storeTimeout < 0:
+		return usageErrorf("serve: --store-timeout must not be negative, got %v", *storeTimeout)
+	case *breakerFailures < 0:
+		return usageErrorf("serve: --breaker-failures must not be negative, got %d", *breakerFailures)
+	case *breakerCoolDown <= 0:
+		return usageErrorf("serve: --breaker-cooldown must be positive, got %v", *breakerCoolDown)
+	}
 	var lvl slog.Level
 	if err := lvl.UnmarshalText([]byte(*level)); err != nil {
 		return usageErrorf("serve: --log-level: %v", err)
+	}
+	token, err := loadToken(*tokenFile)
+	if err != nil {
+		return err
+	}
+	if err := checkExposure(*addr, token != "", *insecure); err != nil {
+		return err
 	}
 	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: lvl}))
 	rf, err := loadRules(*rulesPath)
 	if err != nil {
 		return err
 	}
-	st, err := openStore(ctx, *storeURL, *migrate, log)
+	// A store that does not answer yet (it may be starting beside us) does
+	// not stop the service: it starts unhealthy and heals when the store
+	// answers. Migrating needs the store, so --migrate fails instead.
+	openCtx, cancelOpen := ctx, context.CancelFunc(func() {})
+	if !*migrate {
+		openCtx, cancelOpen = context.WithTimeout(ctx, startTimeout)
+	}
+	var storeDown error
+	st, err := openStoreMaybeDown(openCtx, *storeURL, *migrate, log, &storeDown)
+	cancelOpen()
 	if err != nil {
 		return err
 	}
 	defer st.close()
+	if storeDown != nil && *migrate {
+		return fmt.Errorf("serve --migrate: the store must answer at start to be migrated (start without --migrate, and run \"countlimit migrate up\" when it answers): %w", storeDown)
+	}
 
 	ln, err := net.Listen("tcp", *addr)
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)
 	}
+	defer ln.Close()
+	var metricsLn net.Listener
+	if *metricsAddr != "" {
+		if metricsLn, err = net.Listen("tcp", *metricsAddr); err != nil {
+			return fmt.Errorf("serve: --metrics-addr: %w", err)
+		}
+		defer metricsLn.Close()
+	}
+	opts := []countlimit.Option{countlimit.WithStoreTimeout(*storeTimeout)}
+	if *breakerFailures > 0 {
+		opts = append(opts, countlimit.WithCircuitBreaker(countlimit.CircuitBreaker{
+			Failures: *breakerFailures,
+			CoolDown: *breakerCoolDown,
+			OnChange: breakerLog(log),
+		}))
+	}
+	handler := server.New(server.Config{
+		Limiter:     countlimit.New(st.store, opts...),
+		Rules:       rf,
+		Ping:        st.ping,
+		Logger:      log,
+		Token:       token,
+		OmitMetrics: metricsLn != nil,
+		StartErr:    storeDown,
+	})
 	// Requests run under base, which is canceled if draining them takes too
 	// long, so a stuck store cannot hold shutdown.
 	base, cancelBase := context.WithCancel(context.Background())
 	defer cancelBase()
-	srv := &http.Server{
-		BaseContext: func(net.Listener) context.Context { return base },
-		Handler: server.New(server.Config{
-			Limiter: countlimit.New(st.store),
-			Rules:   rf,
-			Ping:    st.ping,
-			Logger:  log,
-		}),
-		ReadHeaderTimeout: 5 * time.Second,
-		ReadTimeout:       10 * time.Second,
-		WriteTimeout:      15 * time.Second,
-		IdleTimeout:       60 * time.Second,
-		MaxHeaderBytes:    64 << 10,
-		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	newServer := func(h http.Handler) *http.Server {
+		return &http.Server{
+			BaseContext:       func(net.Listener) context.Context { return base },
+			Handler:           h,
+			ReadHeaderTimeout: 5 * time.Second,
+			ReadTimeout:       10 * time.Second,
+			WriteTimeout:      15 * time.Second,
+			IdleTimeout:       60 * time.Second,
+			MaxHeaderBytes:    64 << 10,
+			ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+		}
+	}
+	type listening struct {
+		srv *http.Server
+		ln  net.Listener
+	}
+	servers := []listening{{newServer(handler), ln}}
+	if metricsLn != nil {
+		servers = append(servers, listening{newServer(handler.Metrics()), metricsLn})
+		fmt.Fprintf(stdout, "countlimit: metrics on http://%s/metrics\n", metricsLn.Addr())
+	}
+	if storeDown != nil {
+		fmt.Fprintln(stdout, "countlimit: the store does not answer yet; serving anyway, unhealthy until it does")
+	}
+	if token == "" && !isLoopback(*addr) {
+		log.Warn("serving beyond loopback with no token (--insecure): whoever reaches the address can reset and refund any id", "addr", ln.Addr().String())
 	}
 	fmt.Fprintf(stdout, "countlimit: serving http://%s (store %s, rules %s: %d)\n", ln.Addr(), st.desc, rf.Name, len(rf.Names()))
-	log.Info("serving", "addr", ln.Addr().String(), "store", st.desc, "rules", rf.Name)
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
+	attrs := []any{"addr", ln.Addr().String(), "store", st.desc, "rules", rf.Name, "token", token != ""}
+	if metricsLn != nil {
+		attrs = append(attrs, "metrics_addr", metricsLn.Addr().String())
+	}
+	log.Info("serving", attrs...)
+
+	errc := make(chan error, len(servers))
+	for _, s := range servers {
+		go func() { errc <- s.srv.Serve(s.ln) }()
+	}
 	select {
 	case err := <-errc:
+		for _, s := range servers {
+			s.srv.Close()
+		}
 		return fmt.Errorf("serve: %w", err)
 	case <-ctx.Done():
 	}
 	log.Info("shutting down")
 	shutdown, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := srv.Shutdown(shutdown); err != nil {
-		cancelBase()
-		srv.Close()
-		return fmt.Errorf("serve: shutdown: %w", err)
+	var failed error
+	for _, s := range servers {
+		if err := s.srv.Shutdown(shutdown); err != nil && failed == nil {
+			failed = fmt.Errorf("serve: shutdown: %w", err)
+		}
 	}
-	if err := <-errc; !errors.Is(err, http.ErrServerClosed) {
-		return fmt.Errorf("serve: %w", err)
+	if failed != nil {
+		cancelBase()
+		for _, s := range servers {
+			s.srv.Close()
+		}
+		return failed
+	}
+	for range servers {
+		if err := <-errc; !errors.Is(err, http.ErrServerClosed) {
+			return fmt.Errorf("serve: %w", err)
+		}
 	}
 	fmt.Fprintln(stdout, "countlimit: stopped")
 	return nil
+}
+
+// breakerLog logs the breaker opening and closing, one line each; its
+// probes in between (open → half-open → open, once per cool-down) are not
+// news.
+func breakerLog(log *slog.Logger) func(from, to countlimit.BreakerState) {
+	return func(from, to countlimit.BreakerState) {
+		switch {
+		case from == countlimit.BreakerClosed:
+			log.Warn("circuit breaker open: checks answer 503 without calling the store until a probe succeeds")
+		case to == countlimit.BreakerClosed:
+			log.Info("circuit breaker closed: the store answers again")
+		}
+	}
+}
+
+// loadToken returns the bearer token the API requires: the contents of
+// file (white space around it trimmed) when file is set, else
+// $COUNTLIMIT_TOKEN; "" when neither is set. A token must be at least
+// MinTokenLen printable ASCII characters with no spaces, so that it fits in
+// a header as sent.
+func loadToken(file string) (string, error) {
+	tok, from := os.Getenv("COUNTLIMIT_TOKEN"), "$COUNTLIMIT_TOKEN"
+	if file != "" {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return "", fmt.Errorf("serve: --token-file: %w", err)
+		}
+		tok, from = strings.TrimSpace(string(b)), "--token-file "+file
+		if tok == "" {
+			return "", fmt.Errorf("serve: %s is empty", from)
+		}
+	}
+	if tok == "" {
+		return "", nil
+	}
+	if len(tok) < MinTokenLen {
+		return "", fmt.Errorf("serve: the token from %s is %d characters long, want at least %d (try: openssl rand -hex 32)", from, len(tok), MinTokenLen)
+	}
+	for i := 0; i < len(tok); i++ {
+		if tok[i] <= ' ' || tok[i] > '~' {
+			return "", fmt.Errorf("serve: the token from %s holds a space, a control character or non-ASCII; want printable ASCII", from)
+		}
+	}
+	return tok, nil
+}
+
+// checkExposure refuses a listen address beyond loopback when no token is
+// set and insecure is false: whoever reaches the address could reset and
+// refund any id.
+func checkExposure(addr string, token, insecure bool) error {
+	if _, _, err := net.SplitHostPort(addr); err != nil {
+		return fmt.Errorf("serve: --addr: %w", err)
+	}
+	if token || insecure || isLoopback(addr) {
+		return nil
+	}
+	return fmt.Errorf("serve: --addr %s listens beyond loopback, and no token is set: whoever reaches it could reset and refund any id. "+
+		"Set --token-file FILE or $COUNTLIMIT_TOKEN (callers then send \"Authorization: Bearer <token>\"), "+
+		"or pass --insecure to serve without one", addr)
+}
+
+// isLoopback reports whether the listen address addr is on loopback only:
+// localhost, 127.0.0.0/8 or ::1. An empty host (":8080"), 0.0.0.0, :: and
+// any other name are not.
+func isLoopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip, err := netip.ParseAddr(host)
+	return err == nil && ip.Unmap().IsLoopback()
 }

@@ -1,0 +1,301 @@
+package cli_test
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/countlimit/countlimit/internal/cli"
+)
+
+// watched is a syncBuffer that closes ready once serve says it serves.
+type watched struct {
+	syncBuffer
+	once  sync.Once
+	ready chan struct{}
+}
+
+func (w *watched) Write(p []byte) (int, error) {
+	n, err := w.syncBuffer.Write(p)
+	if w.ready != nil && servingRE.MatchString(w.String()) {
+		w.once.Do(func() { close(w.ready) })
+	}
+	return n, err
+}
+
+// served is a "countlimit serve" running in-process.
+type served struct {
+	base           string // http://host:port
+	stdout, stderr *watched
+	stop           func() int // stops it and returns its exit status
+}
+
+// launch runs "countlimit serve --addr 127.0.0.1:0 args..." and returns
+// once it serves; later args override the --addr.
+func launch(t *testing.T, args ...string) *served {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	s := &served{stdout: &watched{ready: make(chan struct{})}, stderr: &watched{}}
+	done := make(chan int, 1)
+	go func() {
+		done <- cli.Run(ctx, append([]string{"serve", "--addr", "127.0.0.1:0"}, args...), s.stdout, s.stderr)
+	}()
+	guard := time.NewTimer(30 * time.Second) // against a hang, not a timing assertion
+	defer guard.Stop()
+	select {
+	case <-s.stdout.ready:
+	case code := <-done:
+		t.Fatalf("serve %v exited %d before serving: %s %s", args, code, s.stdout.String(), s.stderr.String())
+	case <-guard.C:
+		t.Fatalf("serve %v did not start: %s %s", args, s.stdout.String(), s.stderr.String())
+	}
+	s.base = "http://" + servingRE.FindStringSubmatch(s.stdout.String())[1]
+	s.stop = func() int {
+		cancel()
+		select {
+		case code := <-done:
+			return code
+		case <-time.After(30 * time.Second):
+			t.Fatal("serve did not stop after its context ended")
+			return -1
+		}
+	}
+	return s
+}
+
+// request makes one request and returns the status, the JSON body and the
+// WWW-Authenticate header.
+func request(t *testing.T, method, url, body, token string) (int, map[string]any, string) {
+	t.Helper()
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	out := map[string]any{"text": string(raw)}
+	if strings.HasPrefix(resp.Header.Get("Content-Type"), "application/json") {
+		if err := json.Unmarshal(raw, &out); err != nil {
+			t.Fatalf("%s %s: bad JSON %q", method, url, raw)
+		}
+	}
+	return resp.StatusCode, out, resp.Header.Get("WWW-Authenticate")
+}
+
+func tokenFile(t *testing.T, token string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(p, []byte(token+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestServeToken(t *testing.T) {
+	const fileToken, envToken = "file-token-0123456789abcdef", "env-token-0123456789abcdef"
+	t.Setenv("COUNTLIMIT_TOKEN", envToken)
+	// Beyond loopback: a token is enough, no --insecure needed.
+	s := launch(t, "--addr", ":0", "--token-file", tokenFile(t, fileToken))
+	s.base = strings.Replace(s.base, "[::]", "127.0.0.1", 1)
+	sms := `{"rule": "sms.code", "id": "18500000000"}`
+	for _, tc := range []struct {
+		method, path, token string
+		code                int
+	}{
+		{"POST", "/v1/allow", "", 401},
+		{"POST", "/v1/reset", "", 401},
+		{"POST", "/v1/allow", envToken, 401}, // --token-file beats $COUNTLIMIT_TOKEN
+		{"POST", "/v1/allow", fileToken, 200},
+		{"POST", "/v1/refund", fileToken, 200},
+		{"GET", "/v1/rules", "", 401},
+		{"GET", "/metrics", "", 401},
+		{"GET", "/metrics", fileToken, 200},
+		{"GET", "/healthz", "", 200},
+	} {
+		code, out, challenge := request(t, tc.method, s.base+tc.path, sms, tc.token)
+		if code != tc.code || code == 401 && (!strings.HasPrefix(challenge, "Bearer ") || out["error"] == nil) {
+			t.Errorf("%s %s with token %q: %d %v %q; want %d", tc.method, tc.path, tc.token, code, out, challenge, tc.code)
+		}
+	}
+	if code := s.stop(); code != cli.ExitOK {
+		t.Errorf("exit %d", code)
+	}
+	if strings.Contains(s.stdout.String()+s.stderr.String(), fileToken) {
+		t.Error("serve printed its token")
+	}
+
+	// With no --token-file, $COUNTLIMIT_TOKEN is the token.
+	s = launch(t)
+	if code, _, _ := request(t, "POST", s.base+"/v1/allow", sms, envToken); code != 200 {
+		t.Errorf("allow with $COUNTLIMIT_TOKEN's token: %d", code)
+	}
+	if code, _, _ := request(t, "POST", s.base+"/v1/allow", sms, ""); code != 401 {
+		t.Errorf("allow without a token: %d", code)
+	}
+	s.stop()
+}
+
+func TestServeRefusesExposure(t *testing.T) {
+	t.Setenv("COUNTLIMIT_TOKEN", "")
+	t.Setenv("COUNTLIMIT_ADDR", "")
+	for _, tc := range []struct {
+		args []string
+		env  string // $COUNTLIMIT_ADDR
+		want string
+	}{
+		{[]string{"serve", "--addr", ":0"}, "", "--addr :0 listens beyond loopback, and no token is set"},
+		{[]string{"serve", "--addr", "0.0.0.0:0", "--metrics-addr", "127.0.0.1:0"}, "", "pass --insecure"},
+		{[]string{"serve"}, ":0", "Set --token-file FILE or $COUNTLIMIT_TOKEN"},
+		{[]string{"serve", "--addr", ":0", "--token-file", "/nonexistent/token"}, "", "--token-file: open /nonexistent/token"},
+		{[]string{"serve", "--token-file", tokenFile(t, "")}, "", "is empty"},
+		{[]string{"serve", "--token-file", tokenFile(t, "short")}, "", "want at least 16"},
+	} {
+		t.Setenv("COUNTLIMIT_ADDR", tc.env)
+		code, out, stderr := run(t, tc.args...)
+		if code != cli.ExitError || !strings.Contains(stderr, tc.want) || strings.Contains(out, "serving") {
+			t.Errorf("countlimit %v with COUNTLIMIT_ADDR=%q: exit %d, stderr %q; want 2 and %q", tc.args, tc.env, code, stderr, tc.want)
+		}
+	}
+	t.Setenv("COUNTLIMIT_ADDR", "")
+	s := launch(t, "--addr", "0.0.0.0:0", "--insecure")
+	if !strings.Contains(s.stderr.String(), "serving beyond loopback with no token (--insecure)") {
+		t.Errorf("serve --insecure did not warn: %s", s.stderr.String())
+	}
+	if code := s.stop(); code != cli.ExitOK {
+		t.Errorf("serve --insecure: exit %d", code)
+	}
+}
+
+var metricsRE = regexp.MustCompile(`metrics on (http://\S+/metrics)`)
+
+func TestServeMetricsAddr(t *testing.T) {
+	t.Parallel()
+	const token = "metrics-test-token-0123456789"
+	s := launch(t, "--metrics-addr", "127.0.0.1:0", "--token-file", tokenFile(t, token))
+	m := metricsRE.FindStringSubmatch(s.stdout.String())
+	if m == nil {
+		t.Fatalf("serve --metrics-addr did not say where: %s", s.stdout.String())
+	}
+	if code, _, _ := request(t, "POST", s.base+"/v1/allow", `{"rule": "sms.code", "id": "x"}`, token); code != 200 {
+		t.Errorf("allow: %d", code)
+	}
+	if code, out, _ := request(t, "GET", s.base+"/metrics", "", token); code != 404 {
+		t.Errorf("GET /metrics on --addr: %d %v, want 404", code, out)
+	}
+	code, out, _ := request(t, "GET", m[1], "", "")
+	if text := out["text"].(string); code != 200 || !strings.Contains(text, `countlimit_decisions_total{rule="sms.code",verdict="allowed"} 1`) {
+		t.Errorf("GET %s with no token: %d, want 200 with the API's metrics:\n%s", m[1], code, text)
+	}
+	if code, _, _ := request(t, "POST", strings.TrimSuffix(m[1], "/metrics")+"/v1/allow", `{"rule": "sms.code", "id": "x"}`, token); code != 404 {
+		t.Errorf("the metrics address serves the API: %d", code)
+	}
+	if code := s.stop(); code != cli.ExitOK {
+		t.Errorf("exit %d", code)
+	}
+}
+
+func TestServeStoreDownAtStart(t *testing.T) {
+	t.Parallel()
+	for _, url := range []string{
+		"postgres://postgres:secret@127.0.0.1:1/x",
+		"redis://:secret@127.0.0.1:1/0",
+	} {
+		t.Run(strings.SplitN(url, ":", 2)[0], func(t *testing.T) {
+			t.Parallel()
+			s := launch(t, "--store", url)
+			if !strings.Contains(s.stdout.String(), "the store does not answer yet") {
+				t.Errorf("stdout does not say the store is down: %s", s.stdout.String())
+			}
+			for i := range 2 {
+				if code, out, _ := request(t, "GET", s.base+"/healthz", "", ""); code != 503 || out["status"] != "unavailable" || out["reason"] == nil {
+					t.Errorf("step %d: healthz: %d %v, want 503 with a reason", i, code, out)
+				}
+				if code, out, _ := request(t, "POST", s.base+"/v1/allow", `{"rule": "sms.code", "id": "x"}`, ""); code != 503 || out["error"] != "store unavailable" {
+					t.Errorf("step %d: allow: %d %v, want 503", i, code, out)
+				}
+			}
+			if code := s.stop(); code != cli.ExitOK {
+				t.Errorf("exit %d", code)
+			}
+			logs := s.stderr.String()
+			if n := strings.Count(logs, `"msg":"store unavailable at start; serving, unhealthy until it answers"`); n != 1 {
+				t.Errorf("%d start warnings, want 1:\n%s", n, logs)
+			}
+			if n := strings.Count(logs, `"msg":"store unavailable"`); n != 0 {
+				t.Errorf("%d more outage lines while down from the start, want 0:\n%s", n, logs)
+			}
+			if strings.Contains(logs+s.stdout.String(), "secret") {
+				t.Errorf("serve printed the store's password:\n%s", logs)
+			}
+		})
+	}
+}
+
+func TestServeMigrateNeedsTheStore(t *testing.T) {
+	t.Parallel()
+	code, out, stderr := run(t, "serve", "--migrate", "--store", "postgres://postgres@127.0.0.1:1/x")
+	if code != cli.ExitError || !strings.Contains(stderr, "serve --migrate: the store must answer at start") || strings.Contains(out, "serving") {
+		t.Errorf("serve --migrate with the store down: exit %d, stderr %q", code, stderr)
+	}
+}
+
+// With the store down, the circuit breaker opens after --breaker-failures
+// failed checks: later checks are answered without calling the store, the
+// log says so once, and /metrics shows it.
+func TestServeCircuitBreaker(t *testing.T) {
+	t.Parallel()
+	s := launch(t, "--store", "postgres://postgres@127.0.0.1:1/x", "--breaker-failures", "2", "--breaker-cooldown", "1h", "--store-timeout", "2s")
+	for i := range 6 {
+		if code, out, _ := request(t, "POST", s.base+"/v1/allow", `{"rule": "sms.code", "id": "x"}`, ""); code != 503 {
+			t.Fatalf("allow %d with the store down: %d %v, want 503", i, code, out)
+		}
+	}
+	_, out, _ := request(t, "GET", s.base+"/metrics", "", "")
+	text, _ := out["text"].(string)
+	for _, want := range []string{
+		"countlimit_breaker_state 1",
+		"countlimit_breaker_openings_total 1",
+		"countlimit_breaker_rejected_total 4",
+		"countlimit_store_failures_total 2",
+	} {
+		if !strings.Contains(text, want+"\n") {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+	if code := s.stop(); code != cli.ExitOK {
+		t.Errorf("exit %d", code)
+	}
+	if n := strings.Count(s.stderr.String(), "circuit breaker open"); n != 1 {
+		t.Errorf("%d breaker lines, want 1:\n%s", n, s.stderr.String())
+	}
+}
+
+func TestServeFailureFlags(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{
+		{"serve", "--store-timeout", "-1s"},
+		{"serve", "--breaker-failures", "-1"},
+		{"serve", "--breaker-cooldown", "0s"},
+	} {
+		var stdout, stderr strings.Builder
+		if code := cli.Run(context.Background(), args, &stdout, &stderr); code != cli.ExitError || !strings.Contains(stderr.String(), args[1]) {
+			t.Errorf("%v: exit %d, stderr %q; want a usage error naming %s", args, code, stderr.String(), args[1])
+		}
+	}
+}
