@@ -61,9 +61,11 @@ func TestMigrate(t *testing.T) {
 	}{
 		{[]string{"migrate", "status", "--store", url}, "00001_count_limit.sql"},
 		{[]string{"migrate", "status", "--store", url}, "00002_apply_locking.sql"},
-		{[]string{"migrate", "up", "--store", url}, "applied 00002_apply_locking.sql"},
+		{[]string{"migrate", "status", "--store", url}, "00003_support_indexes.sql"},
+		{[]string{"migrate", "up", "--store", url}, "applied 00003_support_indexes.sql"},
 		{[]string{"migrate", "up", "--store", url}, "nothing to apply"},
 		{[]string{"migrate", "status", "--store", url}, "applied 20"},
+		{[]string{"migrate", "down", "--store", url}, "rolled back 00003_support_indexes.sql"},
 		{[]string{"migrate", "down", "--store", url}, "rolled back 00002_apply_locking.sql"},
 		{[]string{"migrate", "status", "--store", url}, "pending"},
 		{[]string{"migrate", "down", "--store", url}, "rolled back 00001_count_limit.sql"},

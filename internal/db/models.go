@@ -36,18 +36,32 @@ type CountLimit struct {
 
 // count_limit as of the database clock, for people: what each id has used of its limit now, what remains, whether it is blocked and for how long.
 type CountLimitStatus struct {
-	UseType      string
-	UniqueID     string
-	WindowKind   string
-	Used         int64
-	LimitValue   int64
-	Remaining    int64
-	DeniedCount  int64
-	WindowBegin  pgtype.Timestamptz
-	WindowEnd    pgtype.Timestamptz
-	ResetsIn     pgtype.Interval
-	Blocked      bool
+	// What is limited, e.g. password.change.
+	UseType string
+	// Who or what is limited: user id, phone, IP, token.
+	UniqueID string
+	// window (rolling, fixed or calendar), sliding (an exact log of events) or lifetime (never resets).
+	WindowKind string
+	// Events counted in the current window as of now; 0 once the window has ended.
+	Used int64
+	// The limit the last check applied (each check carries its rule; this records it).
+	LimitValue int64
+	// limit_value - used, never below 0: how many more events the last applied limit allows now.
+	Remaining int64
+	// Denied checks since the row was created (not reset when a window rolls over).
+	DeniedCount int64
+	// When the current window began; for sliding windows, the oldest logged event.
+	WindowBegin pgtype.Timestamptz
+	// When the current window ends (exclusive); NULL for lifetime limits. For sliding windows, the newest event plus the window length.
+	WindowEnd pgtype.Timestamptz
+	// How long until the window ends and its count goes, while something is counted; NULL otherwise and for lifetime limits.
+	ResetsIn pgtype.Interval
+	// True while the id sits in the penalty box: every check is denied until blocked_until.
+	Blocked bool
+	// When the penalty ends, while it lasts; NULL when not blocked.
 	BlockedUntil pgtype.Timestamptz
-	BlockedFor   pgtype.Interval
-	UpdatedAt    pgtype.Timestamptz
+	// How long the penalty still lasts; NULL when not blocked.
+	BlockedFor pgtype.Interval
+	// When the row was last written (database clock).
+	UpdatedAt pgtype.Timestamptz
 }
