@@ -1,0 +1,135 @@
+package countlimit_test
+
+import (
+	"fmt"
+	"go/ast"
+	"go/importer"
+	"go/parser"
+	"go/token"
+	"go/types"
+	"io"
+	"os"
+	"os/exec"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+// snippetPrelude declares what the README's Go snippets use without
+// declaring it: the caller's ids, a pool, an SMS gateway. Imports a snippet
+// does not use are soft errors, ignored below, like unused variables.
+const snippetPrelude = `package snippet
+
+import (
+	"context"
+	"fmt"
+	"log"
+	"net/http"
+	"net/netip"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/countlimit/countlimit/countlimit"
+	"github.com/countlimit/countlimit/countlimit/httplimit"
+	"github.com/countlimit/countlimit/countlimit/memstore"
+	"github.com/countlimit/countlimit/countlimit/pgstore"
+	"github.com/countlimit/countlimit/countlimit/redisstore"
+)
+
+var (
+	ctx           = context.Background()
+	userID, phone string
+	code          string
+	gateway       interface{ Send(phone, code string) error }
+	pinRule       countlimit.Rule
+	pool          *pgxpool.Pool
+	limiter       *countlimit.Limiter
+	mux           *http.ServeMux
+)
+
+func snippet() error {
+`
+
+var goBlock = regexp.MustCompile("(?s)```go\n(.*?)```")
+
+// TestReadmeSnippetsCompile type-checks every Go block of the README as the
+// body of a function, so a snippet that would not compile when pasted
+// (a method that does not exist, a wrong argument) fails here.
+func TestReadmeSnippetsCompile(t *testing.T) {
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	exports := exportData(t)
+	blocks := goBlock.FindAllSubmatch(readme, -1)
+	if len(blocks) < 4 {
+		t.Fatalf("found %d Go blocks in README.md, want the quick start, middleware, PostgreSQL and Redis ones at least", len(blocks))
+	}
+	for i, b := range blocks {
+		body := string(b[1])
+		// A leading import block names packages the prelude imports.
+		if strings.HasPrefix(body, "import (") {
+			end := strings.Index(body, "\n)\n")
+			for _, line := range strings.Split(body[:end], "\n")[1:] {
+				if p := strings.TrimSpace(line); p != "" && !strings.Contains(snippetPrelude, p) {
+					t.Errorf("block %d imports %s, which the test's prelude lacks: add it there", i+1, p)
+				}
+			}
+			body = body[end+3:]
+		}
+		src := snippetPrelude + body + "\n\treturn nil\n}\n"
+		fset := token.NewFileSet()
+		f, err := parser.ParseFile(fset, "snippet.go", src, 0)
+		if err != nil {
+			t.Errorf("README Go block %d does not parse: %v\n%s", i+1, err, body)
+			continue
+		}
+		var hard []string
+		conf := types.Config{
+			Importer: importer.ForCompiler(fset, "gc", func(path string) (io.ReadCloser, error) {
+				file, ok := exports[path]
+				if !ok {
+					return nil, fmt.Errorf("no export data for %s", path)
+				}
+				return os.Open(file)
+			}),
+			Error: func(err error) {
+				if te, ok := err.(types.Error); !ok || !te.Soft {
+					hard = append(hard, err.Error())
+				}
+			},
+		}
+		_, _ = conf.Check("snippet", fset, []*ast.File{f}, nil)
+		if len(hard) > 0 {
+			t.Errorf("README Go block %d does not compile:\n  %s\n%s", i+1, strings.Join(hard, "\n  "), body)
+		}
+	}
+}
+
+// exportData compiles the prelude's imports and their dependencies and
+// returns where each package's export data is, by import path.
+func exportData(t *testing.T) map[string]string {
+	t.Helper()
+	fset := token.NewFileSet()
+	f, err := parser.ParseFile(fset, "prelude.go", snippetPrelude+"return nil\n}\n", parser.ImportsOnly)
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"list", "-export", "-deps", "-f", "{{.ImportPath}}={{.Export}}"}
+	for _, imp := range f.Imports {
+		args = append(args, strings.Trim(imp.Path.Value, `"`))
+	}
+	out, err := exec.Command("go", args...).Output()
+	if err != nil {
+		t.Fatalf("go %s: %v", strings.Join(args, " "), err)
+	}
+	m := map[string]string{}
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		if path, file, ok := strings.Cut(line, "="); ok && file != "" {
+			m[path] = file
+		}
+	}
+	return m
+}
