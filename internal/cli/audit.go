@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -14,8 +15,12 @@ import (
 	"github.com/countlimit/countlimit/countlimit/pgstore"
 )
 
-// openPostgres opens a --store that must be PostgreSQL.
-func openPostgres(ctx context.Context, verb, url string) (*opened, error) {
+// openPostgres opens the --store that must be PostgreSQL.
+func openPostgres(ctx context.Context, verb string, storeURL func() (string, error)) (*opened, error) {
+	url, err := storeURL()
+	if err != nil {
+		return nil, err
+	}
 	if !isPostgres(url) {
 		return nil, usageErrorf("%s: --store must be a postgres:// URL, got %q (Redis keys expire on their own; memory is per process)", verb, redactURL(url))
 	}
@@ -24,32 +29,51 @@ func openPostgres(ctx context.Context, verb, url string) (*opened, error) {
 
 func top(ctx context.Context, args []string, stdout io.Writer) error {
 	fs := newFlagSet("top")
-	storeURL := storeFlag(fs)
-	n := fs.Int("n", 20, "rows per table")
+	storeURL := storeFlag(fs, "", "postgres://...")
+	n := fs.Int("n", 20, "`N` rows per table")
+	asJSON := fs.Bool("json", false, "print the three tables as one JSON object")
 	if err := parse(fs, args); err != nil {
 		return err
+	}
+	if fs.NArg() > 0 {
+		return usageErrorf("top: unexpected argument %q", fs.Arg(0))
 	}
 	if *n < 1 {
 		return usageErrorf("top: -n must be at least 1, got %d", *n)
 	}
-	st, err := openPostgres(ctx, "top", *storeURL)
+	st, err := openPostgres(ctx, "top", storeURL)
 	if err != nil {
 		return err
 	}
 	defer st.close()
 	sections := []struct {
-		title string
-		fetch func(context.Context, int) ([]pgstore.Status, error)
+		title, key string
+		fetch      func(context.Context, int) ([]pgstore.Status, error)
 	}{
-		{"Nearest their limit", st.pg.NearestLimit},
-		{"Most denied", st.pg.MostDenied},
-		{"Blocked now", st.pg.Blocked},
+		{"Nearest their limit", "nearest_limit", st.pg.NearestLimit},
+		{"Most denied", "most_denied", st.pg.MostDenied},
+		{"Blocked now", "blocked", st.pg.Blocked},
 	}
+	all := make([][]pgstore.Status, len(sections))
 	for i, sec := range sections {
-		rows, err := sec.fetch(ctx, *n)
-		if err != nil {
+		if all[i], err = sec.fetch(ctx, *n); err != nil {
 			return fmt.Errorf("top: %w", err)
 		}
+	}
+	if *asJSON {
+		out := map[string][]topRow{}
+		for i, sec := range sections {
+			out[sec.key] = make([]topRow, len(all[i]))
+			for j, r := range all[i] {
+				out[sec.key][j] = newTopRow(r)
+			}
+		}
+		b, _ := json.MarshalIndent(out, "", "  ")
+		_, err := fmt.Fprintln(stdout, string(b))
+		return err
+	}
+	for i, sec := range sections {
+		rows := all[i]
 		if i > 0 {
 			fmt.Fprintln(stdout)
 		}
@@ -66,6 +90,42 @@ func top(ctx context.Context, args []string, stdout io.Writer) error {
 		tw.Flush()
 	}
 	return nil
+}
+
+// topRow is one counter in top --json: the columns of count_limit_status,
+// times in UTC, durations in seconds, null where a counter has none.
+type topRow struct {
+	UseType           string     `json:"use_type"`
+	UniqueID          string     `json:"unique_id"`
+	WindowKind        string     `json:"window_kind"`
+	Used              int64      `json:"used"`
+	Limit             int64      `json:"limit"`
+	Remaining         int64      `json:"remaining"`
+	Denied            int64      `json:"denied"`
+	WindowBegin       *time.Time `json:"window_begin"`
+	WindowEnd         *time.Time `json:"window_end"`
+	ResetsInSeconds   float64    `json:"resets_in_seconds"`
+	Blocked           bool       `json:"blocked"`
+	BlockedUntil      *time.Time `json:"blocked_until"`
+	BlockedForSeconds float64    `json:"blocked_for_seconds"`
+	UpdatedAt         *time.Time `json:"updated_at"`
+}
+
+func newTopRow(s pgstore.Status) topRow {
+	at := func(t time.Time) *time.Time {
+		if t.IsZero() {
+			return nil
+		}
+		t = t.UTC()
+		return &t
+	}
+	return topRow{
+		UseType: s.UseType, UniqueID: s.UniqueID, WindowKind: s.WindowKind,
+		Used: s.Used, Limit: s.Limit, Remaining: s.Remaining, Denied: s.Denied,
+		WindowBegin: at(s.WindowBegin), WindowEnd: at(s.WindowEnd), ResetsInSeconds: s.ResetsIn.Seconds(),
+		Blocked: s.Blocked, BlockedUntil: at(s.BlockedUntil), BlockedForSeconds: s.BlockedFor.Seconds(),
+		UpdatedAt: at(s.UpdatedAt),
+	}
 }
 
 // printable quotes s when it holds anything but printable characters, so an
@@ -86,15 +146,18 @@ func human(d time.Duration) string {
 
 func purge(ctx context.Context, args []string, stdout io.Writer) error {
 	fs := newFlagSet("purge")
-	storeURL := storeFlag(fs)
-	batch := fs.Int("batch", 1000, "rows per batch (each batch is one short statement)")
+	storeURL := storeFlag(fs, "", "postgres://...")
+	batch := fs.Int("batch", 1000, "`N` rows per batch (each batch is one short statement)")
 	if err := parse(fs, args); err != nil {
 		return err
+	}
+	if fs.NArg() > 0 {
+		return usageErrorf("purge: unexpected argument %q", fs.Arg(0))
 	}
 	if *batch < 1 || *batch > 1<<20 {
 		return usageErrorf("purge: --batch must be 1 to %d, got %d", 1<<20, *batch)
 	}
-	st, err := openPostgres(ctx, "purge", *storeURL)
+	st, err := openPostgres(ctx, "purge", storeURL)
 	if err != nil {
 		return err
 	}
@@ -106,7 +169,7 @@ func purge(ctx context.Context, args []string, stdout io.Writer) error {
 		n, err := st.pg.PurgeBatch(ctx, now, *batch)
 		total += n
 		if tty {
-			fmt.Fprintf(stdout, "\rpurged %d rows", total)
+			fmt.Fprintf(stdout, "\rpurged %s", plural(int(total), "row", "rows"))
 		}
 		if err != nil {
 			if tty {
@@ -121,7 +184,7 @@ func purge(ctx context.Context, args []string, stdout io.Writer) error {
 	if tty {
 		fmt.Fprint(stdout, "\r")
 	}
-	fmt.Fprintf(stdout, "purged %d expired rows\n", total)
+	fmt.Fprintf(stdout, "purged %s\n", plural(int(total), "expired row", "expired rows"))
 	return nil
 }
 

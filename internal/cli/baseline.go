@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"strconv"
 	"strings"
 	"time"
@@ -47,7 +46,7 @@ type baselineCell struct {
 // this process, at each number of callers, over many ids and on one hot id, each
 // on a pool of as many connections as callers, and prints both and their
 // ratio.
-func benchBaseline(ctx context.Context, url string, callers []int, d time.Duration, ids int, stdout io.Writer) error {
+func benchBaseline(ctx context.Context, url string, callers []int, d time.Duration, ids int, out *benchOutput) error {
 	if !isPostgres(url) {
 		return usageErrorf("bench --baseline: the baseline is PostgreSQL's hand-written upsert; --store must be postgres://..., got %q", redactURL(url))
 	}
@@ -80,16 +79,15 @@ func benchBaseline(ctx context.Context, url string, callers []int, d time.Durati
 		return err
 	}
 
-	names := make([]string, ids)
-	for i := range names {
-		names[i] = fmt.Sprintf("bench-%d", i)
-	}
+	names := benchIDs(ids)
 	hot := []string{"hot"}
 	rule := countlimit.Rule{UseType: useType, Limit: countlimit.MaxLimit, Window: countlimit.Fixed(time.Minute)}
+	out.report = benchReport{Mode: "bench --baseline", Store: redactURL(url), SynchronousCommit: sync, RunSeconds: d.Seconds(), Started: time.Now().UTC(),
+		Rules: []benchRule{{Name: "bench", Window: rule.Window.String(), Limit: rule.Limit}}}
 
-	fmt.Fprintf(stdout, "countlimit bench --baseline: %s, synchronous_commit=%s, %v per run, Allow of a fixed 1m window\n",
+	fmt.Fprintf(out.human, "countlimit bench --baseline: %s, synchronous_commit=%s, %v per cell, Allow of a fixed 1m window\n",
 		redactURL(url), sync, d)
-	fmt.Fprintf(stdout, "baseline: one INSERT ... ON CONFLICT DO UPDATE ... WHERE count < limit RETURNING on a 4-column table\n\n")
+	fmt.Fprintf(out.human, "baseline: one INSERT ... ON CONFLICT DO UPDATE ... WHERE count < limit RETURNING on a 4-column table\n\n")
 	// Every id is counted once first, untimed, so that both sides are
 	// measured on rows that exist, as in a service that has run a while.
 	warm := countlimit.New(pgstore.New(admin))
@@ -103,7 +101,8 @@ func benchBaseline(ctx context.Context, url string, callers []int, d time.Durati
 			return fmt.Errorf("bench: warming up: %w", err)
 		}
 	}
-	fmt.Fprintf(stdout, "%7s %6s %10s %10s %6s %11s %11s\n", "callers", "ids", "upsert/s", "Allow/s", "ratio", "upsert p99", "Allow p99")
+	const row = "%7s %6s %10s %10s %7s %11s %11s %11s %11s\n"
+	fmt.Fprintf(out.human, row, "callers", "ids", "upsert/s", "Allow/s", "ratio", "upsert p50", "Allow p50", "upsert p99", "Allow p99")
 	var cells []baselineCell
 	for _, c := range callers {
 		cells = append(cells, baselineCell{c, false}, baselineCell{c, true})
@@ -151,22 +150,25 @@ func benchBaseline(ctx context.Context, url string, callers []int, d time.Durati
 		}
 		for _, m := range []*measurement{base, ours} {
 			if m.errs > 0 {
-				return fmt.Errorf("bench: %d calls failed, the first: %w", m.errs, m.firstErr)
+				return fmt.Errorf("bench: %s failed, the first: %w", plural(m.errs, "call", "calls"), m.firstErr)
 			}
 		}
-		fmt.Fprintf(stdout, "%7d %6d %10.0f %10.0f %5.2f× %11v %11v\n", cell.callers, len(keys), base.rate(), ours.rate(),
-			ours.rate()/base.rate(), base.pct(.99).Round(10*time.Microsecond), ours.pct(.99).Round(10*time.Microsecond))
+		out.report.Runs = append(out.report.Runs, newBenchRun(base, cell.callers, len(keys), "upsert"), newBenchRun(ours, cell.callers, len(keys), "allow"))
+		fmt.Fprintf(out.human, row, strconv.Itoa(cell.callers), strconv.Itoa(len(keys)), fmt.Sprintf("%.0f", base.rate()), fmt.Sprintf("%.0f", ours.rate()),
+			fmt.Sprintf("%.2f×", ours.rate()/base.rate()), latency(base.pct(.5).Seconds()), latency(ours.pct(.5).Seconds()),
+			latency(base.pct(.99).Seconds()), latency(ours.pct(.99).Seconds()))
 	}
 	return nil
 }
 
-// parseCallers parses a list like "1,4,16,64".
-func parseCallers(s string) ([]int, error) {
+// parseCallers parses a list of numbers of callers like "1,4,16,64", given
+// to flag (--callers or --concurrency) of cmd.
+func parseCallers(cmd, flag, s string) ([]int, error) {
 	var out []int
 	for _, f := range strings.Split(s, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
 		if err != nil || n < 1 || n > 10000 {
-			return nil, usageErrorf("bench: --callers wants numbers from 1 to 10000 separated by commas, got %q", s)
+			return nil, usageErrorf("%s: %s wants numbers from 1 to 10000 separated by commas, got %q", cmd, flag, s)
 		}
 		out = append(out, n)
 	}

@@ -1,15 +1,17 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"flag"
 	"fmt"
 	"io"
+	"os"
 	"slices"
+	"strings"
 	"sync"
-	"text/tabwriter"
 	"time"
 
 	"github.com/countlimit/countlimit/countlimit"
@@ -19,90 +21,258 @@ import (
 // throughput and latency: the numbers the README records come from here and
 // from the testing.B benchmarks. With --baseline it compares Allow with the
 // hand-written SQL a user would otherwise write.
-func bench(ctx context.Context, args []string, stdout io.Writer) error {
+func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("bench")
-	storeURL := storeFlag(fs)
-	rulesPath := fs.String("rules", "", "YAML rule file for --rule (default: the built-in rules)")
-	ruleName := fs.String("rule", "", "check this rule (default: a fixed 1m window no call fills)")
-	tier := fs.String("tier", "", "the tier of --rule")
-	duration := fs.Duration("duration", 10*time.Second, "how long to run")
-	workers := fs.Int("concurrency", 16, "concurrent callers")
-	ids := fs.Int("ids", 1000, "distinct ids the calls spread over")
+	storeURL := storeFlag(fs, "", "memory, postgres://... or redis://...")
+	rulesPath := fs.String("rules", "", "the YAML rule `FILE` of --rule (default: the built-in example rules)")
+	ruleName := fs.String("rule", "", "check the rule or group `NAME` (a group with AllowAll; default: a fixed 1m window no call fills)")
+	tier := fs.String("tier", "", "the tier `T` of --rule whose limits apply")
+	duration := fs.Duration("duration", 10*time.Second, "how long each run lasts (default 10s; with --baseline each cell, default 5s)")
+	concurrency := fs.String("concurrency", "16", "concurrent callers, or a `LIST` like 1,4,16,64 for one run each")
+	ids := fs.Int("ids", 1000, "the calls spread over `N` distinct ids (default 1000; with --baseline 10000)")
 	baseline := fs.Bool("baseline", false, "PostgreSQL: compare Allow with a hand-written upsert, side by side")
-	callers := fs.String("callers", "1,4,16,64", "with --baseline: the numbers of concurrent callers to compare at")
+	callers := fs.String("callers", "1,4,16,64", "with --baseline: the `LIST` of numbers of concurrent callers to compare at")
+	asJSON := fs.Bool("json", false, "print the results as JSON (the table goes to stderr)")
+	asCSV := fs.Bool("csv", false, "print the results as CSV, one row per run and side (the table goes to stderr)")
+	plot := fs.String("plot", "", "also draw calls/s and p50/p99 latency against callers, as SVG, into `FILE.svg`")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
+	mode := "bench"
 	if *baseline {
-		cs, err := parseCallers(*callers)
-		if err != nil {
-			return err
-		}
-		if fs.NArg() > 0 {
-			return usageErrorf("bench: unexpected argument %q", fs.Arg(0))
-		}
+		mode = "bench --baseline"
+	}
+	switch {
+	case fs.NArg() > 0:
+		return usageErrorf("bench: unexpected argument %q", fs.Arg(0))
+	case *asJSON && *asCSV:
+		return usageErrorf("bench: --json and --csv both print to stdout; pick one")
+	case *plot != "" && !strings.HasSuffix(strings.ToLower(*plot), ".svg"):
+		return usageErrorf("bench: --plot writes SVG: name a FILE.svg, got %q", *plot)
+	case *baseline && isSet(fs, "concurrency"):
+		return usageErrorf("bench --baseline: give the numbers of callers with --callers, not --concurrency")
+	case !*baseline && isSet(fs, "callers"):
+		return usageErrorf("bench: --callers goes with --baseline; give a plain bench's callers with --concurrency")
+	case *baseline && (*ruleName != "" || *tier != "" || *rulesPath != ""):
+		return usageErrorf("bench --baseline: compares a fixed 1m window; it takes no --rule, --tier or --rules")
+	case *tier != "" && *ruleName == "":
+		return usageErrorf("bench: --tier goes with --rule")
+	case *duration <= 0:
+		return usageErrorf("%s: --duration must be positive, got %v", mode, *duration)
+	case *ids < 1:
+		return usageErrorf("%s: --ids must be at least 1, got %d", mode, *ids)
+	}
+	list, flagName := *concurrency, "--concurrency"
+	if *baseline {
+		list, flagName = *callers, "--callers"
 		if !isSet(fs, "ids") {
 			*ids = 10000
 		}
 		if !isSet(fs, "duration") {
 			*duration = 5 * time.Second
 		}
-		return benchBaseline(ctx, *storeURL, cs, *duration, *ids, stdout)
 	}
-	switch {
-	case fs.NArg() > 0:
-		return usageErrorf("bench: unexpected argument %q", fs.Arg(0))
-	case *duration <= 0:
-		return usageErrorf("bench: --duration must be positive, got %v", *duration)
-	case *workers < 1 || *workers > 10000:
-		return usageErrorf("bench: --concurrency must be 1 to 10000, got %d", *workers)
-	case *ids < 1:
-		return usageErrorf("bench: --ids must be at least 1, got %d", *ids)
+	cs, err := parseCallers(mode, flagName, list)
+	if err != nil {
+		return err
 	}
-	var b [4]byte
-	_, _ = rand.Read(b[:])
-	// A use type of its own, so a run never touches real counters.
-	rule := countlimit.Rule{UseType: countlimit.UseType("bench." + hex.EncodeToString(b[:])), Limit: 1 << 50, Window: countlimit.Fixed(time.Minute)}
-	if *ruleName != "" {
-		rf, err := loadRules(*rulesPath)
-		if err != nil {
+	url, err := storeURL()
+	if err != nil {
+		return err
+	}
+	out := benchOutput{stdout: stdout, json: *asJSON, csv: *asCSV}
+	out.human = stdout
+	if *asJSON || *asCSV {
+		out.human = stderr
+	}
+	if *plot != "" {
+		// Created now, so a bad path fails before a long run rather than after.
+		if out.plot, err = os.Create(*plot); err != nil {
+			return fmt.Errorf("bench: --plot: %w", err)
+		}
+		defer func() {
+			if out.plot != nil {
+				out.plot.Close()
+				os.Remove(*plot)
+			}
+		}()
+	}
+	if *baseline {
+		if err := benchBaseline(ctx, url, cs, *duration, *ids, &out); err != nil {
 			return err
 		}
+		return out.finish()
+	}
+	rf, err := loadRules(*rulesPath)
+	if err != nil {
+		return err
+	}
+	b := benchRules{names: []string{"bench"}, rules: []countlimit.Rule{{UseType: "bench", Limit: 1 << 50, Window: countlimit.Fixed(time.Minute)}}}
+	if *ruleName != "" {
 		rs, err := rf.Resolve(*ruleName, *tier)
 		if err != nil {
 			return fmt.Errorf("bench: %w", err)
 		}
-		if len(rs) != 1 {
-			return usageErrorf("bench: --rule %s is a group; name one rule", *ruleName)
-		}
-		rule = rs[0]
-		rule.UseType += countlimit.UseType("." + hex.EncodeToString(b[:]))
+		b = benchRules{name: *ruleName, tier: *tier, names: rf.Members(*ruleName), rules: rs}
 	}
-	st, err := openStore(ctx, *storeURL, false, nil)
+	st, err := openStore(ctx, url, false, nil)
 	if err != nil {
 		return err
 	}
 	defer st.close()
+	return benchStore(ctx, st, b, cs, *duration, *ids, &out)
+}
+
+// benchRules is what a plain bench checks: one rule, or a group's rules
+// (with AllowAll), and the names the rule file gives them.
+type benchRules struct {
+	name, tier string // --rule and --tier; "" for the default rule
+	names      []string
+	rules      []countlimit.Rule
+}
+
+// forRun returns the rules with use types of their own for one run,
+// "bench.<random>.<run>[.<use type>]", so that no run counts into a real
+// counter or into another run's.
+func (b benchRules) forRun(prefix string, run int) []countlimit.Rule {
+	out := slices.Clone(b.rules)
+	for i := range out {
+		ut := fmt.Sprintf("%s.%d", prefix, run)
+		if b.name != "" {
+			ut += "." + string(out[i].UseType)
+		}
+		out[i].UseType = countlimit.UseType(ut)
+	}
+	return out
+}
+
+// benchStore runs one plain bench per number of callers against st, then
+// deletes the counters it made.
+func benchStore(ctx context.Context, st *opened, b benchRules, callers []int, d time.Duration, ids int, out *benchOutput) error {
+	var rnd [4]byte
+	_, _ = rand.Read(rnd[:])
+	prefix := "bench." + hex.EncodeToString(rnd[:])
 	l := countlimit.New(st.store)
-	names := make([]string, *ids)
+	names := benchIDs(ids)
+	call := "allow"
+	if len(b.rules) > 1 {
+		call = "allow_all"
+	}
+	out.report = benchReport{Mode: "bench", Store: st.desc, Rule: b.name, Tier: b.tier, RunSeconds: d.Seconds(), Started: time.Now().UTC()}
+	for i, r := range b.rules {
+		out.report.Rules = append(out.report.Rules, benchRule{Name: b.names[i], Window: r.Window.String(), Limit: r.Limit, BlockSeconds: r.Block.Seconds()})
+	}
+	what := "rule " + b.describe()
+	fmt.Fprintf(out.human, "countlimit bench: store %s, %s, over %s, %v per run\n", st.desc, what, plural(ids, "id", "ids"), d)
+	out.header()
+	var used []countlimit.Rule
+	defer func() {
+		if err := cleanUp(ctx, st, l, used, names); err != nil {
+			fmt.Fprintf(out.human, "countlimit: bench: deleting its counters (use types %s.*): %v\n", prefix, err)
+		}
+	}()
+	var failed *measurement
+	for run, c := range callers {
+		rules := b.forRun(prefix, run)
+		used = append(used, rules...)
+		m := measure(ctx, c, d, names, func(ctx context.Context, id string) (bool, error) {
+			if len(rules) == 1 {
+				res, err := l.Allow(ctx, rules[0], id)
+				return res.Allowed, err
+			}
+			res, err := l.AllowAll(ctx, id, rules...)
+			return err == nil && res[0].Allowed, err
+		})
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		out.add(newBenchRun(m, c, ids, call))
+		if m.errs > 0 && failed == nil {
+			failed = m
+		}
+	}
+	if err := out.finish(); err != nil {
+		return err
+	}
+	if failed != nil {
+		return fmt.Errorf("bench: %s failed, the first: %w", plural(failed.errs, "call", "calls"), failed.firstErr)
+	}
+	return nil
+}
+
+// describe names what b checks, for the header line.
+func (b benchRules) describe() string {
+	if b.name == "" {
+		return fmt.Sprintf("bench (%v, a limit no call reaches)", b.rules[0].Window)
+	}
+	parts := make([]string, len(b.rules))
+	for i, r := range b.rules {
+		parts[i] = fmt.Sprintf("%s (%v, limit %d)", b.names[i], r.Window, r.Limit)
+		if r.Block > 0 {
+			parts[i] = strings.TrimSuffix(parts[i], ")") + fmt.Sprintf(", block %v)", r.Block)
+		}
+	}
+	s := strings.Join(parts, " AND ")
+	if len(b.rules) > 1 {
+		s = fmt.Sprintf("%s = %s, with AllowAll", b.name, s)
+	}
+	if b.tier != "" {
+		s += ", tier " + b.tier
+	}
+	return s
+}
+
+// cleanUp deletes the counters of rules for ids: with one statement on
+// PostgreSQL, with Reset on Redis (a Redis key with a lifetime or calendar
+// window would stay for long). A memory store goes with the process.
+func cleanUp(ctx context.Context, st *opened, l *countlimit.Limiter, rules []countlimit.Rule, ids []string) error {
+	if len(rules) == 0 || st.pool == nil && st.redis == nil {
+		return nil
+	}
+	// Clean up even when ctx was cancelled (Ctrl-C).
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer cancel()
+	if st.pool != nil {
+		uts := make([]string, len(rules))
+		for i, r := range rules {
+			uts[i] = string(r.UseType)
+		}
+		_, err := st.pool.Exec(ctx, "DELETE FROM count_limit WHERE use_type = ANY($1)", uts)
+		return err
+	}
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		first error
+	)
+	const workers = 16
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < len(ids); i += workers {
+				for _, r := range rules {
+					if err := l.Reset(ctx, r, ids[i]); err != nil {
+						mu.Lock()
+						first = cmp.Or(first, err)
+						mu.Unlock()
+						return
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return first
+}
+
+// benchIDs returns the n ids a bench spreads its calls over.
+func benchIDs(n int) []string {
+	names := make([]string, n)
 	for i := range names {
 		names[i] = fmt.Sprintf("bench-%d", i)
 	}
-	m := measure(ctx, *workers, *duration, names, func(ctx context.Context, id string) (bool, error) {
-		res, err := l.Allow(ctx, rule, id)
-		return res.Allowed, err
-	})
-	fmt.Fprintf(stdout, "countlimit bench: store %s, rule %s (%v, limit %d), %d callers over %d ids for %v\n",
-		st.desc, rule.UseType, rule.Window, rule.Limit, *workers, *ids, m.elapsed.Round(time.Millisecond))
-	tw := tabwriter.NewWriter(stdout, 2, 4, 2, ' ', 0)
-	fmt.Fprintf(tw, "calls\t%d\t(%d allowed, %d denied, %d errors)\n", m.calls(), m.allowed, m.denied, m.errs)
-	fmt.Fprintf(tw, "throughput\t%.0f calls/s\t\n", m.rate())
-	fmt.Fprintf(tw, "latency\tp50 %v\tp90 %v  p99 %v  max %v\n", m.pct(.5), m.pct(.9), m.pct(.99), m.pct(1))
-	tw.Flush()
-	if m.errs > 0 {
-		return fmt.Errorf("bench: %d calls failed, the first: %w", m.errs, m.firstErr)
-	}
-	return nil
+	return names
 }
 
 // measurement is what measure saw: every call's latency and its outcome.
@@ -143,21 +313,25 @@ func (m *measurement) pct(p float64) time.Duration {
 // run are not counted.
 func measure(ctx context.Context, workers int, d time.Duration, ids []string, call func(context.Context, string) (bool, error)) *measurement {
 	tallies := make([]measurement, workers)
-	runCtx, cancel := context.WithTimeout(ctx, d)
-	defer cancel()
 	start := time.Now()
+	end := start.Add(d)
+	runCtx, cancel := context.WithDeadline(ctx, end)
+	defer cancel()
+	// A store may derive its own deadline from the run's and fail on it a
+	// moment before runCtx's timer fires: the clock says when the run is over.
+	over := func() bool { return runCtx.Err() != nil || !time.Now().Before(end) }
 	var wg sync.WaitGroup
 	for w := range workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			t := &tallies[w]
-			for i := w; runCtx.Err() == nil; i += workers {
+			for i := w; !over(); i += workers {
 				t0 := time.Now()
 				allowed, err := call(runCtx, ids[i%len(ids)])
 				lat := time.Since(t0)
 				switch {
-				case err != nil && runCtx.Err() != nil:
+				case err != nil && over():
 					continue // cut short by the end of the run
 				case err != nil:
 					t.errs++

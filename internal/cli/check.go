@@ -22,23 +22,31 @@ func loadRules(path string) (*rulefile.File, error) {
 }
 
 // check runs allow, peek, refund or reset for one id and reports whether
-// the answer was a denial.
+// the answer was a denial: allow denied, or peek saying the next allow
+// would be. A refund or reset that is done is never one.
 func check(ctx context.Context, verb string, args []string, stdout io.Writer) (denied bool, err error) {
 	o, _ := ruleops.ParseOp(verb)
 	fs := newFlagSet(verb)
-	storeURL := storeFlag(fs)
-	rulesPath := fs.String("rules", "", "YAML rule file (default: the built-in rules)")
-	cost := fs.Int64("cost", 1, "the event's weight (allow), or how many to give back (refund)")
-	tier := fs.String("tier", "", "the tier whose limit applies")
+	storeURL := storeFlag(fs, "", "postgres://... or redis://...")
+	rulesPath := fs.String("rules", "", "YAML rule `FILE` (default: the built-in example rules)")
+	cost := fs.Int64("cost", 1, "allow: the event's weight `N`; refund: how many to give back")
+	tier := fs.String("tier", "", "the tier `T` whose limit applies")
 	asJSON := fs.Bool("json", false, "print the result as the HTTP API's JSON")
 	pos, err := parseMixed(fs, args)
 	if err != nil {
 		return false, err
 	}
 	if len(pos) != 2 {
-		return false, usageErrorf("%s: want RULE ID, got %d arguments", verb, len(pos))
+		return false, usageErrorf("%s: want RULE ID, got %s", verb, plural(len(pos), "argument", "arguments"))
 	}
 	name, id := pos[0], pos[1]
+	url, err := storeURL()
+	if err != nil {
+		return false, err
+	}
+	if url == "memory" {
+		return false, usageErrorf("%s: --store memory would forget the count when the command exits, so every run would start from zero; name postgres://... or redis://...", verb)
+	}
 	rf, err := loadRules(*rulesPath)
 	if err != nil {
 		return false, err
@@ -54,7 +62,7 @@ func check(ctx context.Context, verb string, args []string, stdout io.Writer) (d
 		}
 		return false, fmt.Errorf("%s: %w", verb, err)
 	}
-	st, err := openStore(ctx, *storeURL, false, nil)
+	st, err := openStore(ctx, url, false, nil)
 	if err != nil {
 		return false, err
 	}
@@ -75,17 +83,28 @@ func check(ctx context.Context, verb string, args []string, stdout io.Writer) (d
 	if *asJSON {
 		b, _ := json.MarshalIndent(resp, "", "  ")
 		fmt.Fprintln(stdout, string(b))
-		return !resp.Allowed, nil
+		return o != countlimit.OpRefund && !resp.Allowed, nil
 	}
-	verdict := "allowed"
-	if !resp.Allowed {
-		verdict = "denied"
-	}
-	fmt.Fprintf(stdout, "%s: %s for %s", verdict, name, id)
 	switch {
+	case o == countlimit.OpRefund:
+		fmt.Fprintf(stdout, "refunded %d: %s for %s", *cost, name, id)
+		if !resp.Allowed {
+			fmt.Fprint(stdout, "; the next allow would still be denied")
+		}
+	case o == countlimit.OpPeek && resp.Allowed:
+		fmt.Fprintf(stdout, "would be allowed: %s for %s", name, id)
+	case o == countlimit.OpPeek:
+		fmt.Fprintf(stdout, "would be denied: %s for %s", name, id)
+	case resp.Allowed:
+		fmt.Fprintf(stdout, "allowed: %s for %s", name, id)
+	default:
+		fmt.Fprintf(stdout, "denied: %s for %s", name, id)
+	}
+	switch {
+	case resp.Allowed:
 	case resp.RetryAfterSeconds < 0:
 		fmt.Fprint(stdout, " (no wait helps)")
-	case !resp.Allowed:
+	default:
 		fmt.Fprintf(stdout, " (retry in %v)", time.Duration(resp.RetryAfterSeconds*float64(time.Second)).Round(time.Millisecond))
 	}
 	fmt.Fprintln(stdout)
@@ -99,5 +118,5 @@ func check(ctx context.Context, verb string, args []string, stdout io.Writer) (d
 		}
 		fmt.Fprintln(stdout)
 	}
-	return !resp.Allowed, nil
+	return o != countlimit.OpRefund && !resp.Allowed, nil
 }

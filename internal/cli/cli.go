@@ -24,32 +24,30 @@ const (
 const usage = `countlimit: may this event happen once more for this key in this period?
 
 Usage:
-  countlimit serve [--addr 127.0.0.1:8080] [--store URL] [--rules FILE] [--migrate] [--log-level info]
-                   [--token-file FILE] [--insecure] [--metrics-addr ADDR]
-                   [--store-timeout 1s] [--breaker-failures 5] [--breaker-cooldown 1s]
-  countlimit allow|peek|refund|reset RULE ID [--cost N] [--tier T] [--store URL] [--rules FILE] [--json]
-  countlimit top [-n 20] --store postgres://...
-  countlimit purge [--batch 1000] --store postgres://...
+  countlimit serve [--addr 127.0.0.1:8080] [--store URL] [--rules FILE] [--migrate] [--token-file FILE] ...
+  countlimit allow|peek|refund|reset RULE ID --store URL [--tier T] [--cost N] [--rules FILE] [--json]
+  countlimit top --store postgres://... [-n 20] [--json]
+  countlimit purge --store postgres://... [--batch 1000]
   countlimit migrate up|down|status --store postgres://...
-  countlimit bench [--store URL] [--duration 10s] [--concurrency 16] [--ids 1000] [--rule NAME]
-  countlimit bench --baseline --store postgres://... [--duration 5s] [--callers 1,4,16,64] [--ids 10000]
+  countlimit bench --store URL [--duration 10s] [--concurrency 16|1,4,16,64] [--ids 1000]
+                   [--rule NAME [--tier T]] [--rules FILE] [--json|--csv] [--plot FILE.svg]
+  countlimit bench --baseline --store postgres://... [--callers 1,4,16,64] [--duration 5s]
+                   [--ids 10000] [--json|--csv] [--plot FILE.svg]
   countlimit rules check FILE
   countlimit rules default
-  countlimit help
+  countlimit version
+  countlimit help [COMMAND]
 
---store (default $COUNTLIMIT_STORE, else memory) is memory, postgres://... or redis://...
---addr defaults to $COUNTLIMIT_ADDR, else 127.0.0.1:8080 (use :8080 and a token in a container).
---rules is a YAML rule file; without it the built-in rules (the seed scenarios) apply.
-serve --token-file FILE (else $COUNTLIMIT_TOKEN; the file wins) sets a bearer token of at
-least 16 characters: every endpoint but /healthz then needs "Authorization: Bearer <token>".
-serve refuses an --addr beyond loopback (":8080", 0.0.0.0) without a token unless --insecure.
-serve --metrics-addr ADDR serves /metrics there, with no token, and not on --addr.
-serve starts even when the store does not answer (except with --migrate); /healthz says 503
-until it does. A store call that takes over --store-timeout fails (503); after
---breaker-failures failures in a row (0: never) checks answer 503 without calling the store
-for --breaker-cooldown, then one probes it.
-allow, peek, refund and reset exit 0 when allowed, 1 when denied, 2 on error;
-put -- before an ID that starts with "-".
+Run 'countlimit COMMAND -h' for what a command does and all of its flags.
+
+--store is postgres://..., redis://... or memory, and defaults to $COUNTLIMIT_STORE. serve
+falls back to memory (counters that live as long as the process); every other command needs
+a store named, and allow, peek, refund and reset refuse memory, which would forget each count
+when the command exits.
+--rules is a YAML rule file; without it the built-in example rules apply
+('countlimit rules default' prints them).
+allow exits 0 when allowed and 1 when denied, peek 0 or 1 as the next allow would; every
+command exits 2 on an error. Put -- before an ID that starts with "-".
 `
 
 // Run runs the command line args (without the program name) and returns the
@@ -60,17 +58,28 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return ExitError
 	}
 	var err error
-	switch args[0] {
-	case "help", "-h", "--help":
+	cmd := args[0]
+	switch cmd {
+	case "help", "-h", "-help", "--help":
+		if len(args) > 1 && cmd == "help" {
+			if _, ok := commands[args[1]]; ok {
+				return Run(ctx, []string{args[1], "-h"}, stdout, stderr)
+			}
+			err = usageErrorf("help: unknown command %q", args[1])
+			break
+		}
 		fmt.Fprint(stdout, usage)
 		return ExitOK
+	case "version", "-version", "--version":
+		cmd = "version"
+		err = version(args[1:], stdout)
 	case "migrate":
 		err = migrate(ctx, args[1:], stdout)
 	case "serve":
 		err = serve(ctx, args[1:], stdout, stderr)
 	case "allow", "peek", "refund", "reset":
 		var denied bool
-		denied, err = check(ctx, args[0], args[1:], stdout)
+		denied, err = check(ctx, cmd, args[1:], stdout)
 		if err == nil && denied {
 			return ExitDenied
 		}
@@ -79,17 +88,18 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case "purge":
 		err = purge(ctx, args[1:], stdout)
 	case "bench":
-		err = bench(ctx, args[1:], stdout)
+		err = bench(ctx, args[1:], stdout, stderr)
 	case "rules":
 		err = rules(args[1:], stdout)
 	default:
-		err = usageErrorf("unknown command %q", args[0])
+		err = usageErrorf("unknown command %q", cmd)
 	}
 	if err == nil {
 		return ExitOK
 	}
-	if errors.Is(err, flag.ErrHelp) {
-		fmt.Fprint(stdout, usage)
+	var he *helpRequest
+	if errors.As(err, &he) {
+		printHelp(stdout, he.fs)
 		return ExitOK
 	}
 	msg := err.Error()
@@ -98,13 +108,23 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintln(stderr, msg)
 	var ue *usageError
-	if errors.As(err, &ue) {
-		fmt.Fprint(stderr, "\n"+usage)
+	if errors.As(err, &ue) && !ue.noHint {
+		if _, ok := commands[cmd]; ok {
+			fmt.Fprintf(stderr, "run 'countlimit %s -h' for its %s\n", cmd, commands[cmd].hint())
+		} else {
+			fmt.Fprintln(stderr, "run 'countlimit help' for the commands")
+		}
 	}
 	return ExitError
 }
 
-type usageError struct{ msg string }
+// usageError is a command line the command cannot run: Run prints it with
+// a hint pointing at the command's help, unless noHint says the message
+// already tells what to do.
+type usageError struct {
+	msg    string
+	noHint bool
+}
 
 func (e *usageError) Error() string { return e.msg }
 
@@ -112,13 +132,27 @@ func usageErrorf(format string, args ...any) error {
 	return &usageError{msg: fmt.Sprintf(format, args...)}
 }
 
-// storeFlag adds --store to fs, defaulting to $COUNTLIMIT_STORE.
-func storeFlag(fs *flag.FlagSet) *string {
-	def := os.Getenv("COUNTLIMIT_STORE")
-	if def == "" {
-		def = "memory"
+// storeFlag adds --store to fs. The func it returns, called once fs is
+// parsed, gives the store's URL: --store, else $COUNTLIMIT_STORE, else
+// fallback. With no fallback ("") a store is required: neither set is a
+// usage error naming both, and want says what the command takes.
+func storeFlag(fs *flag.FlagSet, fallback, want string) func() (string, error) {
+	def := "$COUNTLIMIT_STORE"
+	if fallback != "" {
+		def += ", else " + fallback
 	}
-	return fs.String("store", def, "store: memory, postgres://... or redis://... (default $COUNTLIMIT_STORE, else memory)")
+	u := fs.String("store", "", "the store `URL`: "+want+" (default "+def+")")
+	return func() (string, error) {
+		switch {
+		case *u != "":
+			return *u, nil
+		case os.Getenv("COUNTLIMIT_STORE") != "":
+			return os.Getenv("COUNTLIMIT_STORE"), nil
+		case fallback != "":
+			return fallback, nil
+		}
+		return "", &usageError{noHint: true, msg: fmt.Sprintf("%s: no store: pass --store %s, or set $COUNTLIMIT_STORE", fs.Name(), want)}
+	}
 }
 
 func newFlagSet(name string) *flag.FlagSet {
@@ -131,7 +165,7 @@ func parse(fs *flag.FlagSet, args []string) error {
 	err := fs.Parse(args)
 	switch {
 	case errors.Is(err, flag.ErrHelp):
-		return err
+		return &helpRequest{fs}
 	case err != nil:
 		return usageErrorf("%s: %v", fs.Name(), err)
 	}

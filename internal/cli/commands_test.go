@@ -3,12 +3,19 @@ package cli_test
 import (
 	"bytes"
 	"context"
+	"encoding/csv"
 	"encoding/json"
+	"encoding/xml"
 	"fmt"
+	"io"
+	"maps"
+	"math"
 	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -115,6 +122,9 @@ func TestServeMemory(t *testing.T) {
 	if code != cli.ExitOK || !strings.Contains(out, "countlimit: stopped") {
 		t.Errorf("serve after shutdown: exit %d, %q", code, out)
 	}
+	if !strings.Contains(out, " (store memory; 8 rules and 1 group from the built-in example rules)\n") {
+		t.Errorf("serve does not say what it serves: %q", out)
+	}
 }
 
 func TestServeWithRulesFileAndPostgres(t *testing.T) {
@@ -133,8 +143,8 @@ func TestServeWithRulesFileAndPostgres(t *testing.T) {
 	if code, out := post(t, base+"/v1/allow", `{"rule": "sms.code", "id": "u1"}`); code != 400 || out["field"] != "rule" {
 		t.Errorf("a rule not in the file: %d %v", code, out)
 	}
-	if code, _ := stop(); code != cli.ExitOK {
-		t.Errorf("exit %d", code)
+	if code, out := stop(); code != cli.ExitOK || !strings.Contains(out, "; 1 rule and 0 groups from "+rules+")\n") {
+		t.Errorf("exit %d: %q", code, out)
 	}
 }
 
@@ -182,15 +192,21 @@ func TestCheckCommands(t *testing.T) {
 		{[]string{"allow", "sms.code", "p1", "--store", url}, cli.ExitOK, "allowed: sms.code for p1\n  sms.code: 1 of 2 used, 1 left, resets "},
 		{[]string{"allow", "--store", url, "sms.code", "p1"}, cli.ExitOK, "2 of 2 used, 0 left"},
 		{[]string{"allow", "sms.code", "p1", "--store", url}, cli.ExitDenied, "denied: sms.code for p1 (retry in 4m59."},
+		{[]string{"peek", "sms.code", "p1", "--store", url}, cli.ExitDenied, "would be denied: sms.code for p1 (retry in 4m59."},
 		{[]string{"peek", "sms.code", "p1", "--store", url}, cli.ExitDenied, "2 of 2 used"},
-		{[]string{"refund", "sms.code", "p1", "--cost", "2", "--store", url}, cli.ExitOK, "0 of 2 used, 2 left"},
+		{[]string{"refund", "sms.code", "p1", "--cost", "2", "--store", url}, cli.ExitOK, "refunded 2: sms.code for p1\n  sms.code: 0 of 2 used, 2 left"},
+		{[]string{"peek", "sms.code", "p1", "--store", url}, cli.ExitOK, "would be allowed: sms.code for p1\n"},
 		{[]string{"allow", "sms.code", "p1", "--cost", "3", "--store", url}, cli.ExitDenied, "(no wait helps)"},
 		{[]string{"allow", "post.create", "m1", "--tier", "gold", "--store", url, "--json"}, cli.ExitOK, `"limit": 8`},
 		{[]string{"allow", "conversation.create", "u1", "--store", url}, cli.ExitOK, "conversation.day: 1 of 50 used"},
 		{[]string{"reset", "sms.code", "p1", "--store", url}, cli.ExitOK, "reset sms.code for p1"},
 		{[]string{"reset", "post.create", "m1", "--store", url, "--json"}, cli.ExitOK, `{"reset": true}`},
 		{[]string{"peek", "sms.code", "p1", "--store", url}, cli.ExitOK, "0 of 2 used"},
-		{[]string{"allow", "sms.code", "p1", "--store", "memory"}, cli.ExitOK, "1 of 2 used"},
+		// A refund leaves a penalty in place: refunded, and still denied.
+		{[]string{"allow", "login", "10.0.0.1", "--cost", "5", "--store", url}, cli.ExitOK, "5 of 5 used"},
+		{[]string{"allow", "login", "10.0.0.1", "--store", url}, cli.ExitDenied, ", blocked until "},
+		{[]string{"refund", "login", "10.0.0.1", "--store", url}, cli.ExitOK, "refunded 1: login for 10.0.0.1; the next allow would still be denied (retry in 29m59."},
+		{[]string{"refund", "login", "10.0.0.1", "--store", url, "--json"}, cli.ExitOK, `"allowed": false`},
 	}
 	for i, s := range steps {
 		code, out, stderr := run(t, s.args...)
@@ -198,18 +214,28 @@ func TestCheckCommands(t *testing.T) {
 			t.Errorf("step %d: countlimit %v: exit %d, stdout %q, stderr %q; want exit %d and %q", i, s.args, code, out, stderr, s.code, s.want)
 		}
 	}
+	// $COUNTLIMIT_STORE names the store when --store does not.
+	t.Setenv("COUNTLIMIT_STORE", url)
+	if code, out, stderr := run(t, "allow", "sms.code", "env-1"); code != cli.ExitOK || !strings.Contains(out, "1 of 2 used") {
+		t.Errorf("allow with COUNTLIMIT_STORE: exit %d, %q %q", code, out, stderr)
+	}
+	if code, out, stderr := run(t, "allow", "sms.code", "env-1"); code != cli.ExitOK || !strings.Contains(out, "2 of 2 used") {
+		t.Errorf("allow again with COUNTLIMIT_STORE: exit %d, %q %q", code, out, stderr)
+	}
+	t.Setenv("COUNTLIMIT_STORE", "")
 	for _, tc := range []struct {
 		args []string
 		want string
 	}{
-		{[]string{"allow", "sms.code"}, "want RULE ID, got 1 arguments"},
-		{[]string{"allow", "nope", "x"}, `unknown rule "nope"; rules: sms.code, password.change`},
-		{[]string{"allow", "post.create", "x"}, "needs a tier"},
-		{[]string{"allow", "sms.code", "x", "--cost", "0"}, "--cost must be 1 to 2^53"},
-		{[]string{"allow", "sms.code", "", "--store", "memory"}, "invalid argument: id: is empty"},
-		{[]string{"allow", "conversation.create", "x", "--cost", "2"}, "a group counts one event"},
-		{[]string{"peek", "sms.code", "x", "--cost", "2"}, "peek takes no --cost"},
-		{[]string{"reset", "sms.code", "x", "--cost", "1"}, "reset takes no --cost"},
+		{[]string{"allow", "sms.code"}, "want RULE ID, got 1 argument\n"},
+		{[]string{"allow", "nope", "x", "--store", url}, `unknown rule "nope"; rules: sms.code, password.change`},
+		{[]string{"allow", "post.create", "x", "--store", url}, "needs a tier"},
+		{[]string{"allow", "sms.code", "x", "--cost", "0", "--store", url}, "--cost must be 1 to 2^53"},
+		{[]string{"allow", "sms.code", "", "--store", url}, "invalid argument: id: is empty"},
+		{[]string{"allow", "sms.code", "x", "--store", "memory"}, "--store memory would forget the count when the command exits"},
+		{[]string{"allow", "conversation.create", "x", "--cost", "2", "--store", url}, "a group counts one event"},
+		{[]string{"peek", "sms.code", "x", "--cost", "2", "--store", url}, "peek takes no --cost"},
+		{[]string{"reset", "sms.code", "x", "--cost", "1", "--store", url}, "reset takes no --cost"},
 		{[]string{"peek", "sms.code", "x", "--store", "postgres://u@127.0.0.1:1/db?connect_timeout=2"}, "--store postgres://u@127.0.0.1:1/db"},
 	} {
 		code, _, stderr := run(t, tc.args...)
@@ -260,6 +286,37 @@ func TestTopAndPurge(t *testing.T) {
 			t.Errorf("top output does not match %s:\n%s", want, out)
 		}
 	}
+	code, out, stderr = run(t, "top", "--store", url, "-n", "5", "--json")
+	if code != cli.ExitOK {
+		t.Fatalf("top --json: exit %d: %s", code, stderr)
+	}
+	var tables map[string][]struct {
+		UseType         string   `json:"use_type"`
+		UniqueID        string   `json:"unique_id"`
+		Used            int64    `json:"used"`
+		Limit           int64    `json:"limit"`
+		Denied          int64    `json:"denied"`
+		Blocked         bool     `json:"blocked"`
+		BlockedUntil    *string  `json:"blocked_until"`
+		BlockedFor      float64  `json:"blocked_for_seconds"`
+		ResetsInSeconds *float64 `json:"resets_in_seconds"`
+	}
+	if err := json.Unmarshal([]byte(out), &tables); err != nil {
+		t.Fatalf("top --json: %v\n%s", err, out)
+	}
+	if n := len(tables["nearest_limit"]); n != 3 {
+		t.Errorf("top --json: %d counters nearest their limit, want 3:\n%s", n, out)
+	}
+	for _, key := range []string{"most_denied", "blocked"} {
+		rows := tables[key]
+		if len(rows) != 1 || rows[0].UseType != "login" || rows[0].UniqueID != "10.9.9.9" || rows[0].Denied != 2 || rows[0].Used != 2 || rows[0].Limit != 2 {
+			t.Errorf("top --json: %s = %+v, want login 10.9.9.9 with 2 of 2 used and 2 denied", key, rows)
+			continue
+		}
+		if !rows[0].Blocked || rows[0].BlockedUntil == nil || rows[0].BlockedFor < 3500 || rows[0].BlockedFor > 3600 {
+			t.Errorf("top --json: %s[0] = %+v, want blocked for about an hour", key, rows[0])
+		}
+	}
 	code, out, stderr = run(t, "purge", "--store", url, "--batch", "7")
 	if code != cli.ExitOK || out != "purged 30 expired rows\n" {
 		t.Errorf("purge: exit %d, %q %q", code, out, stderr)
@@ -293,8 +350,13 @@ func TestRulesCommands(t *testing.T) {
 	}
 	os.WriteFile(good, []byte(def), 0o644)
 	os.WriteFile(bad, []byte("rules:\n  a:\n    window: fixed 1m\n    limit: 1\n    blok: 5m\n"), 0o644)
-	if code, out, _ := run(t, "rules", "check", good); code != cli.ExitOK || !strings.Contains(out, "8 rules, 1 groups: ok") {
+	if code, out, _ := run(t, "rules", "check", good); code != cli.ExitOK || !strings.Contains(out, "8 rules and 1 group: ok") {
 		t.Errorf("rules check good: %d %q", code, out)
+	}
+	one := filepath.Join(dir, "one.yaml")
+	os.WriteFile(one, []byte("rules:\n  a:\n    window: fixed 1m\n    limit: 1\n"), 0o644)
+	if code, out, _ := run(t, "rules", "check", one); code != cli.ExitOK || out != one+": 1 rule and 0 groups: ok\n" {
+		t.Errorf("rules check one: %d %q", code, out)
 	}
 	if code, _, stderr := run(t, "rules", "check", bad); code != cli.ExitError || !strings.Contains(stderr, "bad.yaml:5: rules.a.blok: unknown field") {
 		t.Errorf("rules check bad: %d %q", code, stderr)
@@ -306,35 +368,270 @@ func TestRulesCommands(t *testing.T) {
 	}
 }
 
+// benchRow matches a row of a plain bench's table: callers, ids, calls,
+// allowed, denied, errors, calls/s and four latencies.
+var benchRow = regexp.MustCompile(`(?m)^ +(\d+) +(\d+) +(\d+) +(\d+) +(\d+) +(\d+) +(\d+) +\S+ +\S+ +\S+ +\S+$`)
+
 func TestBench(t *testing.T) {
-	code, out, stderr := run(t, "bench", "--duration", "200ms", "--concurrency", "4", "--ids", "10")
-	if code != cli.ExitOK {
-		t.Fatalf("bench: exit %d, %s", code, stderr)
+	rules := filepath.Join(t.TempDir(), "rules.yaml")
+	os.WriteFile(rules, []byte(`rules:
+  three: {window: lifetime, limit: 3}
+  five: {window: lifetime, limit: 5}
+  plan: {window: lifetime, tiers: {free: 2, paid: 4}}
+groups:
+  both: {rules: [three, five]}
+`), 0o644)
+	for _, tc := range []struct {
+		args    []string
+		header  string
+		callers []string
+		allowed string // "" for every call
+		denied  bool
+	}{
+		{[]string{"--concurrency", "4", "--ids", "10"}, "rule bench (fixed 1m0s, a limit no call reaches), over 10 ids", []string{"4"}, "", false},
+		{[]string{"--concurrency", "1,3", "--ids", "10"}, "over 10 ids, 100ms per run", []string{"1", "3"}, "", false},
+		// A rule that fills: denials are counted, not errors.
+		{[]string{"--rule", "three", "--ids", "1"}, "rule three (lifetime, limit 3)", []string{"16"}, "3", true},
+		// A group, checked with AllowAll: the tighter rule decides.
+		{[]string{"--rule", "both", "--ids", "1"}, "rule both = three (lifetime, limit 3) AND five (lifetime, limit 5), with AllowAll", []string{"16"}, "3", true},
+		// Tiers, alone and in runs of their own: each run starts from zero.
+		{[]string{"--rule", "plan", "--tier", "paid", "--ids", "1"}, "rule plan (lifetime, limit 4), tier paid", []string{"16"}, "4", true},
+		{[]string{"--rule", "plan", "--tier", "free", "--ids", "1", "--concurrency", "2,2"}, "tier free", []string{"2", "2"}, "2", true},
+	} {
+		args := append([]string{"bench", "--store", "memory", "--duration", "100ms", "--rules", rules}, tc.args...)
+		code, out, stderr := run(t, args...)
+		if code != cli.ExitOK || !strings.Contains(out, tc.header) {
+			t.Errorf("countlimit %q: exit %d, stderr %q; want a header saying %q:\n%s", args, code, stderr, tc.header, out)
+			continue
+		}
+		rows := benchRow.FindAllStringSubmatch(out, -1)
+		if len(rows) != len(tc.callers) {
+			t.Errorf("countlimit %q: %d rows, want %d:\n%s", args, len(rows), len(tc.callers), out)
+			continue
+		}
+		for i, r := range rows {
+			calls, allowed, denied, errs := r[3], r[4], r[5], r[6]
+			switch {
+			case r[1] != tc.callers[i]:
+				t.Errorf("countlimit %q: row %d has %s callers, want %s:\n%s", args, i, r[1], tc.callers[i], out)
+			case calls == "0" || errs != "0" || (denied != "0") != tc.denied:
+				t.Errorf("countlimit %q: row %d: %s calls, %s denied, %s errors:\n%s", args, i, calls, denied, errs, out)
+			case tc.allowed == "" && allowed != calls, tc.allowed != "" && allowed != tc.allowed:
+				t.Errorf("countlimit %q: row %d: %s of %s calls allowed, want %q:\n%s", args, i, allowed, calls, tc.allowed, out)
+			}
+		}
 	}
-	m := regexp.MustCompile(`calls +(\d+) +\((\d+) allowed, 0 denied, 0 errors\)\nthroughput +\d+ calls/s`).FindStringSubmatch(out)
-	if m == nil || m[1] != m[2] || m[1] == "0" {
-		t.Errorf("bench output:\n%s", out)
-	}
-	// A rule that fills: denials are counted, not errors.
-	code, out, _ = run(t, "bench", "--duration", "100ms", "--rule", "article.pin", "--ids", "1")
-	if code != cli.ExitOK || !regexp.MustCompile(`\(1 allowed, [1-9]\d* denied, 0 errors\)`).MatchString(out) {
-		t.Errorf("bench --rule article.pin: exit %d\n%s", code, out)
+	// The built-in group, as the README shows it.
+	if code, out, stderr := run(t, "bench", "--store", "memory", "--duration", "50ms", "--rule", "conversation.create"); code != cli.ExitOK || !strings.Contains(out, "with AllowAll") {
+		t.Errorf("bench --rule conversation.create: exit %d, %q %q", code, out, stderr)
 	}
 	for _, tc := range []struct {
 		args []string
 		want string
 	}{
-		{[]string{"bench", "--duration", "0s"}, "--duration must be positive"},
-		{[]string{"bench", "--concurrency", "0"}, "--concurrency must be 1 to 10000"},
-		{[]string{"bench", "--ids", "0"}, "--ids must be at least 1"},
-		{[]string{"bench", "--rule", "conversation.create"}, "is a group"},
-		{[]string{"bench", "--rule", "post.create"}, "needs a tier"},
+		{[]string{"bench", "--store", "memory", "--duration", "0s"}, "--duration must be positive"},
+		{[]string{"bench", "--store", "memory", "--concurrency", "0"}, "--concurrency wants numbers from 1 to 10000"},
+		{[]string{"bench", "--store", "memory", "--concurrency", "4,x"}, "--concurrency wants numbers from 1 to 10000"},
+		{[]string{"bench", "--store", "memory", "--ids", "0"}, "--ids must be at least 1"},
+		{[]string{"bench", "--store", "memory", "--rule", "post.create"}, "needs a tier"},
+		{[]string{"bench", "--store", "memory", "--rule", "nope"}, `unknown rule "nope"`},
+		{[]string{"bench", "--store", "memory", "--tier", "gold"}, "--tier goes with --rule"},
+		{[]string{"bench", "--store", "memory", "--json", "--csv"}, "--json and --csv both print to stdout; pick one"},
+		{[]string{"bench", "--store", "memory", "--plot", "bench.png"}, `--plot writes SVG: name a FILE.svg, got "bench.png"`},
+		{[]string{"bench", "--store", "memory", "--plot", "/nonexistent/bench.svg"}, "--plot: open /nonexistent/bench.svg"},
+		{[]string{"bench", "--store", "memory", "--callers", "1,2"}, "--callers goes with --baseline"},
+		{[]string{"bench", "--baseline", "--store", "postgres://x", "--concurrency", "4"}, "not --concurrency"},
+		{[]string{"bench", "--baseline", "--store", "postgres://x", "--rule", "sms.code"}, "takes no --rule"},
 		{[]string{"bench", "--duration", "100ms", "--store", testbackend.FreshSchemaURL(t)}, "countlimit's schema is missing here"},
 	} {
 		code, _, stderr := run(t, tc.args...)
 		if code != cli.ExitError || !strings.Contains(stderr, tc.want) {
 			t.Errorf("countlimit %v: exit %d, stderr %q; want 2 and %q", tc.args, code, stderr, tc.want)
 		}
+	}
+}
+
+// benchJSON is what bench --json prints.
+type benchJSON struct {
+	Mode              string `json:"mode"`
+	Store             string `json:"store"`
+	SynchronousCommit string `json:"synchronous_commit"`
+	Rules             []struct {
+		Name   string `json:"name"`
+		Window string `json:"window"`
+		Limit  int64  `json:"limit"`
+	} `json:"rules"`
+	RunSeconds float64 `json:"run_seconds"`
+	Runs       []struct {
+		Callers        int     `json:"callers"`
+		IDs            int     `json:"ids"`
+		Call           string  `json:"call"`
+		Calls          int     `json:"calls"`
+		Allowed        int     `json:"allowed"`
+		Denied         int     `json:"denied"`
+		Errors         int     `json:"errors"`
+		ElapsedSeconds float64 `json:"elapsed_seconds"`
+		CallsPerSecond float64 `json:"calls_per_second"`
+		P50Seconds     float64 `json:"p50_seconds"`
+		P90Seconds     float64 `json:"p90_seconds"`
+		P99Seconds     float64 `json:"p99_seconds"`
+		MaxSeconds     float64 `json:"max_seconds"`
+	} `json:"runs"`
+}
+
+// parseBenchCSV parses bench --csv's output: the header, then one map per row.
+func parseBenchCSV(t *testing.T, out string) []map[string]string {
+	t.Helper()
+	recs, err := csv.NewReader(strings.NewReader(out)).ReadAll()
+	if err != nil {
+		t.Fatalf("bench --csv: %v\n%s", err, out)
+	}
+	want := "callers,ids,call,calls,allowed,denied,errors,elapsed_seconds,calls_per_second,p50_seconds,p90_seconds,p99_seconds,max_seconds"
+	if len(recs) == 0 || strings.Join(recs[0], ",") != want {
+		t.Fatalf("bench --csv header: %q, want %q", recs, want)
+	}
+	var rows []map[string]string
+	for _, rec := range recs[1:] {
+		row := map[string]string{}
+		for i, k := range recs[0] {
+			row[k] = rec[i]
+			if k != "call" {
+				if _, err := strconv.ParseFloat(rec[i], 64); err != nil {
+					t.Errorf("bench --csv: %s = %q is not a number", k, rec[i])
+				}
+			}
+		}
+		rows = append(rows, row)
+	}
+	return rows
+}
+
+// plotSeries reads an SVG from bench --plot: it must be well-formed XML, and
+// it returns, per series ("call ids value", as "allow 10 p99"), its number
+// of points, and the number of ratio labels.
+func plotSeries(t *testing.T, path string) (map[string]int, int) {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	series := map[string]int{}
+	var current string
+	ratios := 0
+	dec := xml.NewDecoder(f)
+	for {
+		tok, err := dec.Token()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatalf("%s is not well-formed XML: %v", path, err)
+		}
+		switch el := tok.(type) {
+		case xml.StartElement:
+			attr := map[string]string{}
+			for _, a := range el.Attr {
+				attr[a.Name.Local] = a.Value
+			}
+			switch {
+			case el.Name.Local == "svg" && el.Name.Space != "http://www.w3.org/2000/svg":
+				t.Errorf("%s: the root is not an SVG element: %v", path, el.Name)
+			case el.Name.Local == "g" && attr["class"] == "series":
+				current = attr["data-call"] + " " + attr["data-ids"] + " " + attr["data-value"]
+				series[current] += 0
+			case el.Name.Local == "circle" && current != "":
+				series[current]++
+			case el.Name.Local == "text" && attr["class"] == "ratio":
+				ratios++
+			}
+		case xml.EndElement:
+			if el.Name.Local == "g" {
+				current = ""
+			}
+		}
+	}
+	return series, ratios
+}
+
+func TestBenchOutputs(t *testing.T) {
+	dir := t.TempDir()
+	plot := filepath.Join(dir, "bench.svg")
+	code, out, stderr := run(t, "bench", "--store", "memory", "--duration", "50ms", "--concurrency", "1,2,4", "--ids", "7", "--json", "--plot", plot)
+	if code != cli.ExitOK {
+		t.Fatalf("bench --json: exit %d: %s", code, stderr)
+	}
+	var got benchJSON
+	if err := json.Unmarshal([]byte(out), &got); err != nil {
+		t.Fatalf("bench --json printed no JSON: %v\n%s", err, out)
+	}
+	if got.Mode != "bench" || got.Store != "memory" || got.RunSeconds != 0.05 || len(got.Rules) != 1 || got.Rules[0].Window != "fixed 1m0s" || len(got.Runs) != 3 {
+		t.Fatalf("bench --json: %+v", got)
+	}
+	for i, r := range got.Runs {
+		if r.Callers != []int{1, 2, 4}[i] || r.IDs != 7 || r.Call != "allow" || r.Calls == 0 || r.Calls != r.Allowed+r.Denied+r.Errors || r.Allowed != r.Calls {
+			t.Errorf("run %d: %+v", i, r)
+		}
+		if rate := float64(r.Calls) / r.ElapsedSeconds; math.Abs(rate-r.CallsPerSecond) > 1e-6*rate {
+			t.Errorf("run %d: %v calls/s, but %d calls in %vs", i, r.CallsPerSecond, r.Calls, r.ElapsedSeconds)
+		}
+		if !(0 < r.P50Seconds && r.P50Seconds <= r.P90Seconds && r.P90Seconds <= r.P99Seconds && r.P99Seconds <= r.MaxSeconds) {
+			t.Errorf("run %d: latencies not in order: %+v", i, r)
+		}
+	}
+	// The table still goes to people, on stderr.
+	if rows := benchRow.FindAllString(stderr, -1); len(rows) != 3 || !strings.Contains(stderr, "plot: "+plot) {
+		t.Errorf("bench --json: stderr holds %d rows, want 3:\n%s", len(rows), stderr)
+	}
+	series, ratios := plotSeries(t, plot)
+	want := map[string]int{"allow 7 calls/s": 3, "allow 7 p50": 3, "allow 7 p99": 3}
+	if !maps.Equal(series, want) || ratios != 0 {
+		t.Errorf("bench --plot: series %v and %d ratios, want %v and none", series, ratios, want)
+	}
+
+	code, out, stderr = run(t, "bench", "--store", "memory", "--duration", "50ms", "--concurrency", "2,3", "--rule", "conversation.create", "--csv")
+	if code != cli.ExitOK {
+		t.Fatalf("bench --csv: exit %d: %s", code, stderr)
+	}
+	rows := parseBenchCSV(t, out)
+	if len(rows) != 2 {
+		t.Fatalf("bench --csv: %d rows, want 2:\n%s", len(rows), out)
+	}
+	for i, r := range rows {
+		if r["callers"] != []string{"2", "3"}[i] || r["ids"] != "1000" || r["call"] != "allow_all" || r["calls"] == "0" || r["errors"] != "0" {
+			t.Errorf("bench --csv row %d: %v", i, r)
+		}
+	}
+}
+
+// TestBenchCleansUp: a bench counts under use types of its own and deletes
+// its counters at the end, so a live table or Redis keeps none of them.
+func TestBenchCleansUp(t *testing.T) {
+	url := testbackend.FreshSchemaURL(t)
+	if code, _, stderr := run(t, "migrate", "up", "--store", url); code != cli.ExitOK {
+		t.Fatalf("migrate up: exit %d, %s", code, stderr)
+	}
+	args := []string{"--duration", "100ms", "--ids", "5", "--concurrency", "1,2", "--rule", "article.pin"}
+	if code, _, stderr := run(t, append([]string{"bench", "--store", url}, args...)...); code != cli.ExitOK {
+		t.Fatalf("bench on PostgreSQL: exit %d, %s", code, stderr)
+	}
+	conn, err := pgx.Connect(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	var rows int
+	if err := conn.QueryRow(context.Background(), "SELECT count(*) FROM count_limit").Scan(&rows); err != nil || rows != 0 {
+		t.Errorf("after bench on PostgreSQL: %d rows left (err %v)", rows, err)
+	}
+
+	if code, _, stderr := run(t, append([]string{"bench", "--store", testbackend.RedisURL(t)}, args...)...); code != cli.ExitOK {
+		t.Fatalf("bench on Redis: exit %d, %s", code, stderr)
+	}
+	// article.pin is a calendar month: its keys would stay for weeks.
+	keys, _, err := testbackend.Redis(t).Scan(context.Background(), 0, "countlimit:bench.*", 100000).Result()
+	if err != nil || len(keys) != 0 {
+		t.Errorf("after bench on Redis: keys %q left (err %v)", keys, err)
 	}
 }
 
@@ -347,8 +644,8 @@ func TestBenchBaseline(t *testing.T) {
 	if code != cli.ExitOK {
 		t.Fatalf("bench --baseline: exit %d, %s", code, stderr)
 	}
-	// One line per cell: callers, ids, both rates, their ratio, both p99s.
-	cells := regexp.MustCompile(`(?m)^ +(\d+) +(\d+) +(\d+) +(\d+) +(\d+\.\d\d)× +\S+ +\S+$`).FindAllStringSubmatch(out, -1)
+	// One line per cell: callers, ids, both rates, their ratio, both p50s and p99s.
+	cells := regexp.MustCompile(`(?m)^ +(\d+) +(\d+) +(\d+) +(\d+) +(\d+\.\d\d)× +\S+ +\S+ +\S+ +\S+$`).FindAllStringSubmatch(out, -1)
 	want := [][2]string{{"1", "5"}, {"1", "1"}, {"3", "5"}, {"3", "1"}}
 	if len(cells) != len(want) {
 		t.Fatalf("bench --baseline printed %d cells, want %d:\n%s", len(cells), len(want), out)
@@ -373,6 +670,42 @@ func TestBenchBaseline(t *testing.T) {
 		(SELECT count(*) FROM count_limit)`).Scan(&tables, &rows)
 	if err != nil || tables != 0 || rows != 0 {
 		t.Errorf("after bench --baseline: %d baseline tables and %d count_limit rows left (err %v)", tables, rows, err)
+	}
+
+	// For machines: --csv holds every cell's two sides; --plot draws them.
+	plot := filepath.Join(t.TempDir(), "baseline.svg")
+	code, out, stderr = run(t, "bench", "--baseline", "--store", url, "--duration", "200ms", "--callers", "1,2", "--ids", "5", "--csv", "--plot", plot)
+	if code != cli.ExitOK {
+		t.Fatalf("bench --baseline --csv: exit %d, %s", code, stderr)
+	}
+	var got []string
+	wantSeries := map[string]int{}
+	for _, r := range parseBenchCSV(t, out) {
+		got = append(got, r["callers"]+" "+r["ids"]+" "+r["call"])
+		if r["errors"] != "0" {
+			t.Errorf("bench --baseline --csv: %v", r)
+		}
+		// A cell as short as this one may see no call end on a busy
+		// machine; a log scale has no place for its latency of 0.
+		series := r["call"] + " " + r["ids"] + " "
+		wantSeries[series+"calls/s"]++
+		for _, v := range []string{"p50", "p99"} {
+			wantSeries[series+v] += 0
+			if r[v+"_seconds"] != "0" {
+				wantSeries[series+v]++
+			}
+		}
+	}
+	wantRows := []string{"1 5 upsert", "1 5 allow", "1 1 upsert", "1 1 allow", "2 5 upsert", "2 5 allow", "2 1 upsert", "2 1 allow"}
+	if !slices.Equal(got, wantRows) {
+		t.Errorf("bench --baseline --csv rows: %q, want %q", got, wantRows)
+	}
+	if !strings.Contains(stderr, "upsert/s") {
+		t.Errorf("bench --baseline --csv: no table on stderr:\n%s", stderr)
+	}
+	series, ratios := plotSeries(t, plot)
+	if !maps.Equal(series, wantSeries) || ratios > 4 || len(wantSeries) != 12 {
+		t.Errorf("bench --baseline --plot: series %v and %d ratio labels, want %v and up to 4", series, ratios, wantSeries)
 	}
 
 	if code, _, stderr := run(t, "bench", "--baseline", "--store", "memory"); code != cli.ExitError || !strings.Contains(stderr, "--store must be postgres://") {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/pressly/goose/v3"
@@ -14,23 +15,28 @@ import (
 
 func migrate(ctx context.Context, args []string, stdout io.Writer) error {
 	fs := newFlagSet("migrate")
-	store := storeFlag(fs)
-	if len(args) == 0 {
-		return usageErrorf("migrate: want up, down or status")
-	}
-	dir := args[0]
-	if err := parse(fs, args[1:]); err != nil {
+	storeURL := storeFlag(fs, "", "postgres://...")
+	pos, err := parseMixed(fs, args)
+	if err != nil {
 		return err
 	}
-	if dir != "up" && dir != "down" && dir != "status" {
-		return usageErrorf("migrate: want up, down or status, got %q", dir)
+	if len(pos) != 1 || (pos[0] != "up" && pos[0] != "down" && pos[0] != "status") {
+		if len(pos) == 0 {
+			return usageErrorf("migrate: want up, down or status")
+		}
+		return usageErrorf("migrate: want up, down or status, got %q", strings.Join(pos, " "))
 	}
-	if !isPostgres(*store) {
-		return usageErrorf("migrate: --store must be a postgres:// URL (migrations are for PostgreSQL), got %q", redactURL(*store))
-	}
-	pool, err := pgxpool.New(ctx, *store)
+	dir := pos[0]
+	url, err := storeURL()
 	if err != nil {
-		return badStoreURL(*store, err)
+		return err
+	}
+	if !isPostgres(url) {
+		return usageErrorf("migrate: --store must be a postgres:// URL (migrations are for PostgreSQL), got %q", redactURL(url))
+	}
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		return badStoreURL(url, err)
 	}
 	defer pool.Close()
 	p, closeDB, err := pgstore.NewMigrationProvider(pool)

@@ -8,26 +8,30 @@ import (
 )
 
 func rules(args []string, stdout io.Writer) error {
-	if len(args) == 0 {
+	pos, err := parseMixed(newFlagSet("rules"), args)
+	if err != nil {
+		return err
+	}
+	if len(pos) == 0 {
 		return usageErrorf("rules: want check FILE or default")
 	}
-	switch args[0] {
+	switch pos[0] {
 	case "check":
-		if len(args) != 2 {
+		if len(pos) != 2 {
 			return usageErrorf("rules check: want one FILE")
 		}
-		f, err := rulefile.Load(args[1])
+		f, err := rulefile.Load(pos[1])
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(stdout, "%s: %d rules, %d groups: ok\n", args[1], len(f.Rules), len(f.Groups))
+		fmt.Fprintf(stdout, "%s: %s and %s: ok\n", pos[1], plural(len(f.Rules), "rule", "rules"), plural(len(f.Groups), "group", "groups"))
 		return nil
 	case "default":
-		if len(args) != 1 {
+		if len(pos) != 1 {
 			return usageErrorf("rules default: takes no arguments")
 		}
 		_, err := stdout.Write(rulefile.DefaultYAML())
 		return err
 	}
-	return usageErrorf("rules: want check FILE or default, got %q", args[0])
+	return usageErrorf("rules: want check FILE or default, got %q", pos[0])
 }

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/countlimit/countlimit/countlimit"
+	"github.com/countlimit/countlimit/internal/rulefile"
 	"github.com/countlimit/countlimit/internal/server"
 )
 
@@ -34,22 +35,26 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if def == "" {
 		def = DefaultAddr
 	}
-	addr := fs.String("addr", def, "listen address (default $COUNTLIMIT_ADDR, else "+DefaultAddr+")")
-	storeURL := storeFlag(fs)
-	rulesPath := fs.String("rules", "", "YAML rule file (default: the built-in rules)")
+	addr := fs.String("addr", def, "listen `ADDR` (default $COUNTLIMIT_ADDR, else "+DefaultAddr+")")
+	storeURL := storeFlag(fs, "memory", "postgres://..., redis://... or memory")
+	rulesPath := fs.String("rules", "", "YAML rule `FILE` (default: the built-in example rules)")
 	migrate := fs.Bool("migrate", false, "apply the PostgreSQL migrations at start")
-	level := fs.String("log-level", "info", "debug, info, warn or error")
-	tokenFile := fs.String("token-file", "", "file holding the bearer token the API requires (beats $COUNTLIMIT_TOKEN)")
+	level := fs.String("log-level", "info", "log `LEVEL`: debug, info, warn or error")
+	tokenFile := fs.String("token-file", "", "`FILE` holding the bearer token the API requires (beats $COUNTLIMIT_TOKEN)")
 	insecure := fs.Bool("insecure", false, "serve beyond loopback without a token")
-	metricsAddr := fs.String("metrics-addr", "", "serve /metrics on this address instead of --addr")
+	metricsAddr := fs.String("metrics-addr", "", "serve /metrics on this `ADDR`, with no token, instead of on --addr")
 	storeTimeout := fs.Duration("store-timeout", time.Second, "give up on a store call after this long (503); 0: only the request's 5s bound")
-	breakerFailures := fs.Int("breaker-failures", 5, "open the circuit breaker after this many store failures in a row; 0: no breaker")
+	breakerFailures := fs.Int("breaker-failures", 5, "open the circuit breaker after `N` store failures in a row; 0: no breaker")
 	breakerCoolDown := fs.Duration("breaker-cooldown", time.Second, "how long the open breaker answers 503 without calling the store before one probe")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return usageErrorf("serve: unexpected argument %q", fs.Arg(0))
+	}
+	url, err := storeURL()
+	if err != nil {
+		return err
 	}
 	switch {
 	case *storeTimeout < 0:
@@ -83,7 +88,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		openCtx, cancelOpen = context.WithTimeout(ctx, startTimeout)
 	}
 	var storeDown error
-	st, err := openStoreMaybeDown(openCtx, *storeURL, *migrate, log, &storeDown)
+	st, err := openStoreMaybeDown(openCtx, url, *migrate, log, &storeDown)
 	cancelOpen()
 	if err != nil {
 		return err
@@ -153,7 +158,12 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if token == "" && !isLoopback(*addr) {
 		log.Warn("serving beyond loopback with no token (--insecure): whoever reaches the address can reset and refund any id", "addr", ln.Addr().String())
 	}
-	fmt.Fprintf(stdout, "countlimit: serving http://%s (store %s, rules %s: %d)\n", ln.Addr(), st.desc, rf.Name, len(rf.Names()))
+	from := rf.Name
+	if from == rulefile.DefaultName {
+		from = "the built-in example rules"
+	}
+	fmt.Fprintf(stdout, "countlimit: serving http://%s (store %s; %s and %s from %s)\n", ln.Addr(), st.desc,
+		plural(len(rf.Rules), "rule", "rules"), plural(len(rf.Groups), "group", "groups"), from)
 	attrs := []any{"addr", ln.Addr().String(), "store", st.desc, "rules", rf.Name, "token", token != ""}
 	if metricsLn != nil {
 		attrs = append(attrs, "metrics_addr", metricsLn.Addr().String())

@@ -26,6 +26,8 @@ import (
 type opened struct {
 	store countlimit.Store
 	pg    *pgstore.Store // set for postgres:// stores
+	pool  *pgxpool.Pool  // set for postgres:// stores
+	redis *redis.Client  // set for redis:// stores
 	ping  func(context.Context) error
 	close func()
 	desc  string // the URL, password hidden
@@ -66,7 +68,7 @@ func openStoreMaybeDown(ctx context.Context, url string, migrate bool, log *slog
 		if err := pool.Ping(ctx); err != nil {
 			if tolerated(err) {
 				s := pgstore.New(pool)
-				return &opened{store: s, pg: s, ping: s.Ping, close: pool.Close, desc: desc}, nil
+				return &opened{store: s, pg: s, pool: pool, ping: s.Ping, close: pool.Close, desc: desc}, nil
 			}
 			pool.Close()
 			return nil, fmt.Errorf("--store %s: %w", desc, err)
@@ -82,7 +84,7 @@ func openStoreMaybeDown(ctx context.Context, url string, migrate bool, log *slog
 			pool.Close()
 			return nil, fmt.Errorf("--store %s: %w", desc, err)
 		}
-		return &opened{store: s, pg: s, ping: s.Ping, close: pool.Close, desc: desc}, nil
+		return &opened{store: s, pg: s, pool: pool, ping: s.Ping, close: pool.Close, desc: desc}, nil
 	case strings.HasPrefix(url, "redis://"), strings.HasPrefix(url, "rediss://"), strings.HasPrefix(url, "unix://"):
 		opts, err := redis.ParseURL(url)
 		if err != nil {
@@ -97,7 +99,7 @@ func openStoreMaybeDown(ctx context.Context, url string, migrate bool, log *slog
 			return nil, fmt.Errorf("--store %s: %w", desc, err)
 		}
 		ping := func(ctx context.Context) error { return c.Ping(ctx).Err() }
-		return &opened{store: redisstore.New(c), ping: ping, close: func() { c.Close() }, desc: desc}, nil
+		return &opened{store: redisstore.New(c), redis: c, ping: ping, close: func() { c.Close() }, desc: desc}, nil
 	}
 	return nil, usageErrorf("--store: want memory, postgres://... or redis://..., got %q", desc)
 }

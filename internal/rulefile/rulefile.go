@@ -61,7 +61,11 @@ var ErrUnknown = errors.New("unknown rule")
 // ErrTier is wrapped by Resolve when the tier is unknown or required.
 var ErrTier = errors.New("bad tier")
 
-// Default returns the built-in rules: the seed scenarios.
+// Default returns the built-in example rules, the file "countlimit rules
+// default" prints: SMS codes, password changes, article pins, API calls and
+// posts by tier, logins with a penalty box, and a group that limits new
+// conversations per hour AND per day. It panics if they do not parse, which
+// a test rules out.
 func Default() *File {
 	f, err := Parse(DefaultName, defaultYAML)
 	if err != nil {

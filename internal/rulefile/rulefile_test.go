@@ -12,7 +12,7 @@ import (
 	"github.com/countlimit/countlimit/internal/rulefile"
 )
 
-func TestDefaultHoldsTheSeedScenarios(t *testing.T) {
+func TestDefaultHoldsTheExampleRules(t *testing.T) {
 	f := rulefile.Default()
 	shanghai, _ := time.LoadLocation("Asia/Shanghai")
 	for _, tc := range []struct {

@@ -1,0 +1,174 @@
+package cli
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+)
+
+// command is what "countlimit CMD -h" says about a command besides its
+// flags: how it is called and what it does.
+type command struct {
+	usage    string // one or more lines, each a way to call it
+	about    string
+	flagless bool
+}
+
+// hint names what "countlimit CMD -h" shows, for the hint under a usage
+// error.
+func (c command) hint() string {
+	if c.flagless {
+		return "usage"
+	}
+	return "flags"
+}
+
+const checkAbout = `
+RULE is a rule or a group of the rule file (allow checks a group's rules
+all-or-nothing). The store must be postgres://... or redis://... (memory would forget the
+count when the command exits). Exit status: 0 %s 2 on an error.`
+
+// commands holds the help of every command, by name.
+var commands = map[string]command{
+	"serve": {
+		usage: "countlimit serve [flags]",
+		about: `Serves the HTTP API (POST /v1/allow, /v1/peek, /v1/refund, /v1/reset; GET
+/v1/rules, /healthz, /metrics) with the rules of --rules, or the built-in
+example rules. With neither --store nor $COUNTLIMIT_STORE the counters live
+in memory, as long as the process.
+
+--token-file FILE (else $COUNTLIMIT_TOKEN; the file wins) sets a bearer token
+of at least 16 characters: every endpoint but /healthz then needs
+"Authorization: Bearer <token>". serve refuses an --addr beyond loopback
+(":8080", 0.0.0.0) without a token unless --insecure. --metrics-addr serves
+/metrics there, with no token, and not on --addr.
+
+serve starts even when the store does not answer (except with --migrate);
+/healthz says 503 until it does. A store call that takes over
+--store-timeout fails (503); after --breaker-failures failures in a row
+(0: never) checks answer 503 without calling the store for
+--breaker-cooldown, then one probes it. SIGINT or SIGTERM drains and stops
+it; a second one stops it at once.`,
+	},
+	"allow": {
+		usage: "countlimit allow RULE ID --store URL [flags]",
+		about: "Counts one event (--cost N: N events) for ID under RULE, if it fits.\n" +
+			fmt.Sprintf(checkAbout, "when allowed, 1 when denied,"),
+	},
+	"peek": {
+		usage: "countlimit peek RULE ID --store URL [flags]",
+		about: "Shows ID's count under RULE and whether an allow would pass, counting nothing.\n" +
+			fmt.Sprintf(checkAbout, "when the next allow would pass, 1 when it would be denied,"),
+	},
+	"refund": {
+		usage: "countlimit refund RULE ID --store URL [flags]",
+		about: "Gives --cost events (default 1) back to ID's current window under RULE\n" +
+			"(the SMS was never sent), never going below 0; a penalty stays.\n" +
+			fmt.Sprintf(checkAbout, "once refunded,"),
+	},
+	"reset": {
+		usage: "countlimit reset RULE ID --store URL [flags]",
+		about: "Forgets ID's count and penalty under RULE (every rule of a group);\n" +
+			"it needs no tier.\n" +
+			fmt.Sprintf(checkAbout, "once forgotten,"),
+	},
+	"top": {
+		usage: "countlimit top --store postgres://... [flags]",
+		about: `Prints three tables from the count_limit_status view: the counters nearest
+their limit, the most denied, and the ids blocked now (PostgreSQL only:
+Redis keeps no index to rank by, memory lives in one process).`,
+	},
+	"purge": {
+		usage: "countlimit purge --store postgres://... [flags]",
+		about: `Deletes expired rows in batches, each one short statement with SKIP LOCKED,
+so it runs beside live traffic; on a terminal it shows its progress.
+PostgreSQL only: Redis keys expire on their own.`,
+	},
+	"migrate": {
+		usage: "countlimit migrate up|down|status --store postgres://...",
+		about: `Applies every pending migration (up), rolls the latest back (down), or lists
+them (status). The version table is countlimit_goose_version; concurrent
+runs wait for each other.`,
+	},
+	"bench": {
+		usage: `countlimit bench --store URL [flags]
+  countlimit bench --baseline --store postgres://... [flags]`,
+		about: `Runs concurrent Allow calls against a store and reports calls/s and latency.
+--rule checks a rule of the rule file (--tier T for a rule with tiers), or a
+group with AllowAll; by default it checks a fixed 1m window no call fills.
+--concurrency takes a list (1,4,16,64): one run per number of callers.
+Its counters have use types of their own ("bench.<random>..."), never yours,
+and are deleted at the end; --store memory measures the library alone.
+
+--baseline (PostgreSQL) runs a hand-written fixed-window upsert and Allow
+alternately, at each number of --callers, over --ids ids and on one hot id,
+each for half of --duration (default 5s) twice; it drops its table and
+deletes its rows at the end.
+
+--json or --csv print the results for machines (one record per run and
+side, latencies in seconds) while the table goes to stderr; --plot FILE.svg
+also draws throughput and p50/p99 latency against callers.`,
+	},
+	"rules": {
+		usage: `countlimit rules check FILE
+  countlimit rules default`,
+		about: `check validates a rule file: errors name the file, line and field.
+default prints the built-in example rules, a starting point for a file of
+your own.`,
+		flagless: true,
+	},
+	"version": {
+		usage: "countlimit version",
+		about: `Prints the module version, and the VCS revision the binary was built from
+(with "modified" when the checkout had changes).`,
+		flagless: true,
+	},
+}
+
+// helpRequest is what parse returns for -h: Run prints the command's help.
+type helpRequest struct{ fs *flag.FlagSet }
+
+func (h *helpRequest) Error() string { return "help requested" }
+
+// printHelp prints the help of the command fs parses: its usage, what it
+// does and its flags.
+func printHelp(w io.Writer, fs *flag.FlagSet) {
+	c := commands[fs.Name()]
+	fmt.Fprintf(w, "Usage:\n  %s\n\n%s\n", c.usage, c.about)
+	hasFlags := false
+	fs.VisitAll(func(*flag.Flag) { hasFlags = true })
+	if !hasFlags {
+		return
+	}
+	fmt.Fprint(w, "\nFlags:\n")
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fs.VisitAll(func(f *flag.Flag) {
+		arg, text := flag.UnquoteUsage(f)
+		name := "--" + f.Name
+		if len(f.Name) == 1 {
+			name = "-" + f.Name
+		}
+		if arg != "" {
+			name += " " + arg
+		}
+		switch f.DefValue {
+		case "", "0", "0s", "false":
+		default:
+			if !strings.Contains(text, "(default") {
+				text += " (default " + f.DefValue + ")"
+			}
+		}
+		fmt.Fprintf(tw, "  %s\t%s\n", name, text)
+	})
+	tw.Flush()
+}
+
+// plural returns "1 rule" or "n rules".
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return "1 " + one
+	}
+	return fmt.Sprintf("%d %s", n, many)
+}
