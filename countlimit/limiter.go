@@ -172,13 +172,14 @@ func (l *Limiter) AllowAll(ctx context.Context, id string, rules ...Rule) ([]Res
 	return out, nil
 }
 
-// CheckLimit is seed 003's model exactly: the window is [beginTime,
+// CheckLimit is the generic CheckLimit(useType, id, limit, duration,
+// beginTime) model many systems use for business limits: the window is [beginTime,
 // beginTime+duration), and a zero beginTime means now. If the stored window
 // is current and has counted limit events it returns false; otherwise it
 // counts the event (a stale window restarts at beginTime) and returns true.
 // Pass today's midnight as beginTime for a natural-day limit. It shares its
-// counter with Allow for the same useType and id. Unlike the seed, limit 0
-// allows nothing.
+// counter with Allow for the same useType and id. Limit 0 allows nothing
+// (some implementations of the model treat it as no limit).
 func (l *Limiter) CheckLimit(ctx context.Context, useType UseType, id string, limit int64, duration time.Duration, beginTime time.Time) (bool, error) {
 	if err := validateKey(useType, id); err != nil {
 		return false, wrap(OpAllow, useType, err)

@@ -52,8 +52,8 @@ type Window struct {
 }
 
 // Rolling returns a window of length d that begins at the first counted
-// event after the previous window ended (seed 003's model with beginTime =
-// now). Denied calls never start a window.
+// event after the previous window ended (the CheckLimit model with
+// beginTime = now). Denied calls never start a window.
 func Rolling(d time.Duration) Window { return Window{kind: kindRolling, d: d} }
 
 // Fixed returns windows of length d aligned to multiples of d since the Unix

@@ -37,12 +37,12 @@ func Run(t *testing.T, newStore func(t *testing.T) countlimit.Store) {
 		name string
 		fn   func(*testing.T, func(*testing.T) countlimit.Store)
 	}{
-		{"Seed003Rolling", testSeed003Rolling},
+		{"RollingThreePerTenSeconds", testRollingThreePerTenSeconds},
 		{"RollingStartsAtFirstCountedEvent", testRollingStartsAtFirstCountedEvent},
 		{"CheckLimit", testCheckLimit},
 		{"CheckLimitNaturalDay", testCheckLimitNaturalDay},
 		{"CalendarAndFixedBounds", testCalendarAndFixedBounds},
-		{"Seed001FixedVersusSliding", testSeed001FixedVersusSliding},
+		{"FixedVersusSlidingAtABoundary", testFixedVersusSlidingAtABoundary},
 		{"Sliding", testSliding},
 		{"AllowNWeighted", testAllowNWeighted},
 		{"AllowNSliding", testAllowNSliding},
@@ -260,11 +260,11 @@ func sec(n int) time.Duration { return time.Duration(n) * time.Second }
 // at returns t0 plus d.
 func at(d time.Duration) time.Time { return t0.Add(d) }
 
-// testSeed003Rolling is seed 003's scenario: 3 per 10 s rolling, one try a
+// testRollingThreePerTenSeconds: 3 per 10 s rolling, one try a
 // second for 25 s. Windows begin at the first counted event: 0, 10, 20.
-func testSeed003Rolling(t *testing.T, newStore func(*testing.T) countlimit.Store) {
+func testRollingThreePerTenSeconds(t *testing.T, newStore func(*testing.T) countlimit.Store) {
 	e := newEnv(t, newStore)
-	rule := countlimit.Rule{UseType: UseType(t, "seed003"), Limit: 3, Window: countlimit.Rolling(10 * time.Second)}
+	rule := countlimit.Rule{UseType: UseType(t, "rolling3per10s"), Limit: 3, Window: countlimit.Rolling(10 * time.Second)}
 	var steps []step
 	for s := 0; s < 25; s++ {
 		begin := s / 10 * 10
@@ -412,10 +412,10 @@ func testCalendarAndFixedBounds(t *testing.T, newStore func(*testing.T) countlim
 	}
 }
 
-// testSeed001FixedVersusSliding is seed 001's case: 14 events inside one
+// testFixedVersusSlidingAtABoundary: 14 events inside one
 // second. Fixed one-second windows admit all 14 (7 on each side of the
 // boundary); the sliding log admits exactly 10.
-func testSeed001FixedVersusSliding(t *testing.T, newStore func(*testing.T) countlimit.Store) {
+func testFixedVersusSlidingAtABoundary(t *testing.T, newStore func(*testing.T) countlimit.Store) {
 	times := make([]time.Time, 0, 14)
 	for i := 0; i < 7; i++ {
 		times = append(times, at(500*time.Millisecond+time.Duration(i)*50*time.Millisecond))
@@ -425,7 +425,7 @@ func testSeed001FixedVersusSliding(t *testing.T, newStore func(*testing.T) count
 	}
 	count := func(w countlimit.Window) (allowed []time.Time) {
 		e := newEnv(t, newStore)
-		rule := countlimit.Rule{UseType: UseType(t, "seed001"), Limit: 10, Window: w}
+		rule := countlimit.Rule{UseType: UseType(t, "fixedvssliding"), Limit: 10, Window: w}
 		for _, tm := range times {
 			e.clock.Set(tm)
 			r, err := e.l.Allow(e.ctx, rule, "session-1")
@@ -439,7 +439,7 @@ func testSeed001FixedVersusSliding(t *testing.T, newStore func(*testing.T) count
 		return allowed
 	}
 	if got := count(countlimit.Fixed(time.Second)); len(got) != 14 {
-		t.Errorf("Fixed(1s), limit 10: %d of 14 allowed in 0.8s, want all 14 (the flaw seed 001 shows)", len(got))
+		t.Errorf("Fixed(1s), limit 10: %d of 14 allowed in 0.8s, want all 14 (fixed windows' flaw at a boundary)", len(got))
 	}
 	got := count(countlimit.Sliding(time.Second))
 	if len(got) != 10 {
@@ -469,7 +469,7 @@ func testSliding(t *testing.T, newStore func(*testing.T) countlimit.Store) {
 		{at: at(sec(10)), want: ok(2, 2, at(sec(13)))},
 		{at: at(sec(12)), want: no(2, 2, at(sec(13)), sec(1))},
 		{at: at(sec(30)), op: peek, want: ok(2, 0, at(sec(30)))},
-		// Two events at one instant are two events (seed 004's bug).
+		// Two events at one instant are two events (a log keyed by time alone loses one).
 		{at: at(sec(40)), want: ok(2, 1, at(sec(50)))},
 		{at: at(sec(40)), want: ok(2, 2, at(sec(50)))},
 		{at: at(sec(40)), want: no(2, 2, at(sec(50)), sec(10))},
@@ -576,7 +576,7 @@ func testReset(t *testing.T, newStore func(*testing.T) countlimit.Store) {
 	e.run(rule, "user-2", []step{{at: at(sec(6)), op: peek, want: no(1, 1, end, 15*time.Hour-sec(6))}})
 }
 
-// testPenaltyOutlivesWindow is seed 002's penalty box: 2 per minute, then 5
+// testPenaltyOutlivesWindow is the penalty box: 2 per minute, then 5
 // minutes out, even though the minute window resets meanwhile.
 func testPenaltyOutlivesWindow(t *testing.T, newStore func(*testing.T) countlimit.Store) {
 	e := newEnv(t, newStore)
@@ -652,7 +652,7 @@ func testLifetime(t *testing.T, newStore func(*testing.T) countlimit.Store) {
 	})
 }
 
-// testAllowAllHourAndDay is seed 000's "10 per hour AND 15 per day": when one
+// testAllowAllHourAndDay is "10 per hour AND 15 per day": when one
 // rule denies, the other counts nothing.
 func testAllowAllHourAndDay(t *testing.T, newStore func(*testing.T) countlimit.Store) {
 	e := newEnv(t, newStore)
