@@ -16,8 +16,9 @@ import (
 )
 
 // snippetPrelude declares what the README's Go snippets use without
-// declaring it: the caller's ids, a pool, an SMS gateway. Imports a snippet
-// does not use are soft errors, ignored below, like unused variables.
+// declaring it: the caller's ids, a pool, an SMS gateway, a test's t.
+// Imports a snippet does not use are soft errors, ignored below, like
+// unused variables.
 const snippetPrelude = `package snippet
 
 import (
@@ -26,6 +27,7 @@ import (
 	"log"
 	"net/http"
 	"net/netip"
+	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -35,7 +37,9 @@ import (
 	"github.com/countlimit/countlimit/countlimit/httplimit"
 	"github.com/countlimit/countlimit/countlimit/memstore"
 	"github.com/countlimit/countlimit/countlimit/pgstore"
+	"github.com/countlimit/countlimit/countlimit/pgstore/pgstoretest"
 	"github.com/countlimit/countlimit/countlimit/redisstore"
+	"github.com/countlimit/countlimit/countlimit/redisstore/redisstoretest"
 )
 
 var (
@@ -47,6 +51,7 @@ var (
 	pool          *pgxpool.Pool
 	limiter       *countlimit.Limiter
 	mux           *http.ServeMux
+	t             *testing.T
 )
 
 func snippet() error {

@@ -1,9 +1,13 @@
-// Package testbackend finds PostgreSQL and Redis for tests, in one place:
+// Package testbackend gives the project's tests their stores and servers.
+// Finding PostgreSQL and Redis is internal/testenv's job, shared with the
+// public helpers pgstore/pgstoretest and redisstore/redisstoretest:
 //
 //  1. the URL in COUNTLIMIT_TEST_POSTGRES_URL / COUNTLIMIT_TEST_REDIS_URL;
-//  2. else a testcontainers-go container, where a Docker engine answers;
-//  3. else the test is skipped with a message saying so — or fails, when
-//     COUNTLIMIT_REQUIRE_BACKENDS=1 (as in CI).
+//  2. else a testcontainers-go container of COUNTLIMIT_TEST_POSTGRES_IMAGE /
+//     COUNTLIMIT_TEST_REDIS_IMAGE (default postgres:15-alpine,
+//     redis:7-alpine), where a Docker engine answers;
+//  3. else the test is skipped with a message saying what was tried — or
+//     fails, when COUNTLIMIT_REQUIRE_BACKENDS=1 (as in CI).
 //
 // Each test process works in a PostgreSQL schema of its own, so packages
 // tested in parallel never see each other's tables. Call Main from TestMain
@@ -12,166 +16,55 @@ package testbackend
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
-	"os"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/testcontainers/testcontainers-go"
-	tcpostgres "github.com/testcontainers/testcontainers-go/modules/postgres"
-	tcredis "github.com/testcontainers/testcontainers-go/modules/redis"
 
 	"github.com/countlimit/countlimit/countlimit/pgstore"
+	"github.com/countlimit/countlimit/internal/testenv"
+	"github.com/countlimit/countlimit/internal/testenv/pgschema"
 )
 
 // The environment variables the helpers read.
 const (
-	EnvPostgres = "COUNTLIMIT_TEST_POSTGRES_URL"
-	EnvRedis    = "COUNTLIMIT_TEST_REDIS_URL"
-	EnvRequire  = "COUNTLIMIT_REQUIRE_BACKENDS"
-)
-
-var (
-	mu       sync.Mutex
-	cleanups []func()
-
-	pgOnce  sync.Once
-	pgURL   string
-	pgErr   error
-	rdOnce  sync.Once
-	rdURL   string
-	rdErr   error
-	dkOnce  sync.Once
-	dkErr   error
-	shOnce  sync.Once
-	shared  string // the schema this process's tests share
-	shErr   error
-	sharedP *pgxpool.Pool
+	EnvPostgres = testenv.EnvPostgres
+	EnvRedis    = testenv.EnvRedis
+	EnvRequire  = testenv.EnvRequire
 )
 
 // Main runs the tests, removes what the helpers created, and exits.
-func Main(m *testing.M) {
-	code := m.Run()
-	Cleanup()
-	os.Exit(code)
-}
+func Main(m *testing.M) { testenv.Main(m) }
 
 // Cleanup removes schemas, pools and containers the helpers created, newest
 // first. Main calls it.
-func Cleanup() {
-	mu.Lock()
-	fs := cleanups
-	cleanups = nil
-	mu.Unlock()
-	for i := len(fs) - 1; i >= 0; i-- {
-		fs[i]()
-	}
-}
+func Cleanup() { testenv.Cleanup() }
 
-func atExit(f func()) {
-	mu.Lock()
-	defer mu.Unlock()
-	cleanups = append(cleanups, f)
-}
+func atExit(f func()) { testenv.AtExit(f) }
 
 // Required reports whether a missing backend must fail the test.
-func Required() bool { return os.Getenv(EnvRequire) == "1" }
+func Required() bool { return testenv.Required() }
 
 // Unavailable skips t, or fails it when backends are required.
 func Unavailable(t testing.TB, what string, why error) {
 	t.Helper()
-	if Required() {
-		t.Fatalf("%s is required (%s=1) but unavailable: %v", what, EnvRequire, why)
-	}
-	t.Skipf("skipping: %s unavailable: %v", what, why)
+	testenv.Unavailable(t, what, why)
 }
 
 // PostgresURL returns the URL of a PostgreSQL server, or skips t.
-func PostgresURL(t testing.TB) string {
-	t.Helper()
-	pgOnce.Do(func() { pgURL, pgErr = findPostgres() })
-	if pgErr != nil {
-		Unavailable(t, "PostgreSQL", pgErr)
-	}
-	return pgURL
-}
+func PostgresURL(t testing.TB) string { t.Helper(); return testenv.PostgresURL(t) }
 
 // RedisURL returns the URL of a Redis server, or skips t.
-func RedisURL(t testing.TB) string {
-	t.Helper()
-	rdOnce.Do(func() { rdURL, rdErr = findRedis() })
-	if rdErr != nil {
-		Unavailable(t, "Redis", rdErr)
-	}
-	return rdURL
-}
+func RedisURL(t testing.TB) string { t.Helper(); return testenv.RedisURL(t) }
 
-func findPostgres() (string, error) {
-	return fromEnvOrContainer(EnvPostgres, func(ctx context.Context) (string, error) {
-		c, err := tcpostgres.Run(ctx, "postgres:15-alpine", tcpostgres.WithDatabase("countlimit"), tcpostgres.BasicWaitStrategies())
-		if c != nil {
-			atExit(func() { _ = testcontainers.TerminateContainer(c) })
-		}
-		if err != nil {
-			return "", fmt.Errorf("testcontainers postgres: %w", err)
-		}
-		return c.ConnectionString(ctx, "sslmode=disable")
-	})
-}
-
-func findRedis() (string, error) {
-	return fromEnvOrContainer(EnvRedis, func(ctx context.Context) (string, error) {
-		c, err := tcredis.Run(ctx, "redis:7-alpine")
-		if c != nil {
-			atExit(func() { _ = testcontainers.TerminateContainer(c) })
-		}
-		if err != nil {
-			return "", fmt.Errorf("testcontainers redis: %w", err)
-		}
-		return c.ConnectionString(ctx)
-	})
-}
-
-// fromEnvOrContainer returns the URL in env, else starts a container where
-// a Docker engine answers.
-func fromEnvOrContainer(env string, start func(context.Context) (string, error)) (string, error) {
-	if u := os.Getenv(env); u != "" {
-		return u, nil
-	}
-	if err := docker(); err != nil {
-		return "", fmt.Errorf("%s is not set, and testcontainers found no Docker engine: %w", env, err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	return start(ctx)
-}
-
-// docker reports whether a Docker engine answers. testcontainers panics on
-// some hosts without one; that is an answer too.
-func docker() error {
-	dkOnce.Do(func() {
-		defer func() {
-			if r := recover(); r != nil {
-				dkErr = fmt.Errorf("%v", r)
-			}
-		}()
-		p, err := testcontainers.NewDockerProvider()
-		if err != nil {
-			dkErr = err
-			return
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		dkErr = p.Health(ctx)
-	})
-	return dkErr
-}
+var (
+	shOnce  sync.Once
+	shared  string // the schema this process's tests share
+	sharedP *pgxpool.Pool
+	shErr   error
+)
 
 // Postgres returns a pool on this process's own schema with countlimit's
 // migrations applied. The pool is shared by the process's tests; isolate
@@ -182,17 +75,18 @@ func Postgres(t testing.TB) *pgxpool.Pool {
 	shOnce.Do(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		shared = schemaName()
-		if shErr = createSchema(ctx, url, shared); shErr != nil {
+		if shared, shErr = schemaAtExit(ctx, url); shErr != nil {
 			return
 		}
-		if sharedP, shErr = poolOn(ctx, url, shared); shErr != nil {
+		if sharedP, shErr = poolAtExit(ctx, url, shared); shErr != nil {
 			return
 		}
-		shErr = pgstore.Migrate(ctx, sharedP)
+		if err := pgstore.Migrate(ctx, sharedP); err != nil {
+			shErr = fmt.Errorf("PostgreSQL at %s: migrate: %w", pgschema.Redact(url), err)
+		}
 	})
 	if shErr != nil {
-		t.Fatalf("PostgreSQL at %s: %v", redact(url), shErr)
+		t.Fatal(shErr)
 	}
 	return sharedP
 }
@@ -204,7 +98,7 @@ func PostgresPool(t testing.TB) *pgxpool.Pool {
 	Postgres(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	p, err := poolOn(ctx, PostgresURL(t), shared)
+	p, err := pgschema.Pool(ctx, PostgresURL(t), shared)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -212,18 +106,18 @@ func PostgresPool(t testing.TB) *pgxpool.Pool {
 	return p
 }
 
-// FreshSchema returns a pool on a new, empty schema (no migrations), dropped
-// when t ends.
+// FreshSchema returns a pool on a new, empty schema (no migrations). The
+// pool is closed when t ends, the schema dropped when the process ends.
 func FreshSchema(t testing.TB) *pgxpool.Pool {
 	t.Helper()
 	url := PostgresURL(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	name := schemaName()
-	if err := createSchema(ctx, url, name); err != nil {
-		t.Fatalf("PostgreSQL at %s: %v", redact(url), err)
+	name, err := schemaAtExit(ctx, url)
+	if err != nil {
+		t.Fatal(err)
 	}
-	p, err := poolOn(ctx, url, name)
+	p, err := pgschema.Pool(ctx, url, name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -239,80 +133,45 @@ func FreshSchemaURL(t testing.TB) string {
 	url := PostgresURL(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	name := schemaName()
-	if err := createSchema(ctx, url, name); err != nil {
-		t.Fatalf("PostgreSQL at %s: %v", redact(url), err)
-	}
-	sep := "?"
-	if strings.Contains(url, "?") {
-		sep = "&"
-	}
-	return url + sep + "search_path=" + name
-}
-
-// PoolConfig returns a pool config for url on the schema Postgres uses, for
-// tests that need their own settings (a tracer, say).
-func PoolConfig(t testing.TB) *pgxpool.Config {
-	t.Helper()
-	Postgres(t)
-	cfg, err := pgxpool.ParseConfig(PostgresURL(t))
+	name, err := schemaAtExit(ctx, url)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg.ConnConfig.RuntimeParams["search_path"] = shared
+	return pgschema.URL(url, name)
+}
+
+// PoolConfig returns a pool config on the schema Postgres uses, for tests
+// that need their own settings (a tracer, say).
+func PoolConfig(t testing.TB) *pgxpool.Config {
+	t.Helper()
+	Postgres(t)
+	cfg, err := pgschema.Config(PostgresURL(t), shared)
+	if err != nil {
+		t.Fatal(err)
+	}
 	return cfg
 }
 
-func schemaName() string {
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	return "countlimit_test_" + hex.EncodeToString(b[:])
-}
-
-// createSchema creates schema name and registers its removal at exit.
-func createSchema(ctx context.Context, url, name string) error {
-	conn, err := pgx.Connect(ctx, url)
+// schemaAtExit creates a schema, dropped when the process's tests end.
+func schemaAtExit(ctx context.Context, url string) (string, error) {
+	name, err := pgschema.Create(ctx, url)
 	if err != nil {
-		return err
-	}
-	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{name}.Sanitize()); err != nil {
-		return err
+		return "", err
 	}
 	atExit(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		if conn, err := pgx.Connect(ctx, url); err == nil {
-			_, _ = conn.Exec(ctx, "DROP SCHEMA "+pgx.Identifier{name}.Sanitize()+" CASCADE")
-			conn.Close(ctx)
-		}
+		_ = pgschema.Drop(ctx, url, name)
 	})
-	return nil
+	return name, nil
 }
 
-func poolOn(ctx context.Context, url, schema string) (*pgxpool.Pool, error) {
-	cfg, err := pgxpool.ParseConfig(url)
+// poolAtExit opens a pool on schema, closed when the process's tests end.
+func poolAtExit(ctx context.Context, url, schema string) (*pgxpool.Pool, error) {
+	p, err := pgschema.Pool(ctx, url, schema)
 	if err != nil {
-		return nil, err
-	}
-	cfg.ConnConfig.RuntimeParams["search_path"] = schema
-	p, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		return nil, err
-	}
-	if err := p.Ping(ctx); err != nil {
-		p.Close()
 		return nil, err
 	}
 	atExit(p.Close)
 	return p, nil
-}
-
-// redact hides a password in a URL for messages.
-func redact(url string) string {
-	cfg, err := pgx.ParseConfig(url)
-	if err != nil {
-		return "(unparsable URL)"
-	}
-	return fmt.Sprintf("%s:%d/%s", cfg.Host, cfg.Port, cfg.Database)
 }

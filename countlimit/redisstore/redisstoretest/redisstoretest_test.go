@@ -1,0 +1,115 @@
+package redisstoretest_test
+
+import (
+	"context"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/countlimit/countlimit/countlimit/redisstore/redisstoretest"
+	"github.com/countlimit/countlimit/internal/testenv"
+)
+
+// Clients in parallel get databases of their own, empty, flushed and
+// released when their tests end.
+func TestClient(t *testing.T) {
+	ctx := context.Background()
+	opts, err := redis.ParseURL(testenv.RedisURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts.DB = 0
+	admin := redis.NewClient(opts)
+	defer admin.Close()
+
+	var dbs []int
+	t.Run("use", func(t *testing.T) {
+		a, b := redisstoretest.Client(t), redisstoretest.Client(t)
+		for _, c := range []*redis.Client{a, b} {
+			db := c.Options().DB
+			if db == 0 || db == opts.DB {
+				t.Fatalf("Client on database %d, which is never handed out", db)
+			}
+			if n := c.DBSize(ctx).Val(); n != 0 {
+				t.Fatalf("database %d has %d keys, want none", db, n)
+			}
+			if err := c.Set(ctx, "k", "v", 0).Err(); err != nil {
+				t.Fatal(err)
+			}
+			dbs = append(dbs, db)
+		}
+		if dbs[0] == dbs[1] {
+			t.Fatalf("two Clients share database %d", dbs[0])
+		}
+		if n := admin.Exists(ctx, "redisstoretest:lease:"+strconv.Itoa(dbs[0])).Val(); n != 1 {
+			t.Errorf("no lease for database %d in database 0", dbs[0])
+		}
+	})
+	for _, db := range dbs {
+		if n := admin.Exists(ctx, "redisstoretest:lease:"+strconv.Itoa(db)).Val(); n != 0 {
+			t.Errorf("database %d is still leased after its test", db)
+		}
+		o := *opts
+		o.DB = db
+		c := redis.NewClient(&o)
+		if n := c.DBSize(ctx).Val(); n != 0 {
+			t.Errorf("database %d kept %d keys after its test", db, n)
+		}
+		c.Close()
+	}
+}
+
+// URL names a leased database.
+func TestURL(t *testing.T) {
+	opts, err := redis.ParseURL(redisstoretest.URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if opts.DB == 0 {
+		t.Fatalf("URL names database 0, which is never handed out")
+	}
+	c := redis.NewClient(opts)
+	defer c.Close()
+	if err := c.Ping(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// When every database is leased, Client waits for one to be released.
+func TestClientWaitsForAFreeDatabase(t *testing.T) {
+	ctx := context.Background()
+	opts, err := redis.ParseURL(testenv.RedisURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin := redis.NewClient(opts)
+	defer admin.Close()
+	n, err := strconv.Atoi(admin.ConfigGet(ctx, "databases").Val()["databases"])
+	if err != nil {
+		t.Fatalf("CONFIG GET databases: %v", err)
+	}
+	leasable := n - 1 // all but 0
+	if opts.DB != 0 {
+		leasable-- // and the URL's
+	}
+
+	held := map[int]bool{}
+	got := make(chan int, 1)
+	var waiter sync.WaitGroup
+	t.Run("holder", func(h *testing.T) {
+		for range leasable {
+			held[redisstoretest.Client(h).Options().DB] = true
+		}
+		waiter.Go(func() {
+			t.Run("waiter", func(w *testing.T) { got <- redisstoretest.Client(w).Options().DB })
+		})
+		time.Sleep(200 * time.Millisecond) // the waiter waits
+	})
+	waiter.Wait()
+	if db := <-got; !held[db] {
+		t.Errorf("got database %d, not one the holder released", db)
+	}
+}

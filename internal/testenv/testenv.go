@@ -1,0 +1,289 @@
+// Package testenv finds the PostgreSQL and Redis servers tests run on, in
+// one place for the project's own tests (internal/testbackend) and the
+// public helpers (pgstore/pgstoretest, redisstore/redisstoretest):
+//
+//  1. the URL in COUNTLIMIT_TEST_POSTGRES_URL / COUNTLIMIT_TEST_REDIS_URL;
+//  2. else a container started with testcontainers-go from
+//     COUNTLIMIT_TEST_POSTGRES_IMAGE / COUNTLIMIT_TEST_REDIS_IMAGE (default
+//     postgres:15-alpine, redis:7-alpine), where a Docker engine answers;
+//  3. else the test is skipped with a message naming both variables and
+//     what was tried — or fails, when COUNTLIMIT_REQUIRE_BACKENDS=1.
+//
+// A container is started once per test process, shared by its tests and
+// removed by Main. Where Ryuk's image (testcontainers' reaper) is present,
+// Ryuk also removes it should the process die first; where it is absent
+// (no registry to pull it from), Ryuk is disabled rather than failing every
+// start, and every container carries the Label so leftovers can be found.
+//
+// testenv imports no database driver, so the helpers built on it pull in
+// only the driver they need.
+package testenv
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/moby/moby/client"
+	"github.com/testcontainers/testcontainers-go"
+	tcpostgres "github.com/testcontainers/testcontainers-go/modules/postgres"
+	tcredis "github.com/testcontainers/testcontainers-go/modules/redis"
+)
+
+// The environment variables the helpers read.
+const (
+	EnvPostgres      = "COUNTLIMIT_TEST_POSTGRES_URL"
+	EnvRedis         = "COUNTLIMIT_TEST_REDIS_URL"
+	EnvPostgresImage = "COUNTLIMIT_TEST_POSTGRES_IMAGE"
+	EnvRedisImage    = "COUNTLIMIT_TEST_REDIS_IMAGE"
+	EnvRequire       = "COUNTLIMIT_REQUIRE_BACKENDS"
+)
+
+// The images started when the image variables are unset.
+const (
+	DefaultPostgresImage = "postgres:15-alpine"
+	DefaultRedisImage    = "redis:7-alpine"
+)
+
+// Label is set on every container the helpers start; its value is the
+// process id that started it: docker ps -a --filter label=org.countlimit.test
+const Label = "org.countlimit.test"
+
+var (
+	mu       sync.Mutex
+	cleanups []func()
+)
+
+// Main runs the tests, removes what the helpers created (schemas, pools,
+// containers), and exits with the tests' code.
+func Main(m *testing.M) {
+	code := m.Run()
+	Cleanup()
+	os.Exit(code)
+}
+
+// Cleanup runs the functions given to AtExit, newest first, and forgets
+// them. Main calls it.
+func Cleanup() {
+	mu.Lock()
+	fs := cleanups
+	cleanups = nil
+	mu.Unlock()
+	for i := len(fs) - 1; i >= 0; i-- {
+		fs[i]()
+	}
+}
+
+// AtExit registers f to run at Cleanup: for what outlives a single test.
+func AtExit(f func()) {
+	mu.Lock()
+	defer mu.Unlock()
+	cleanups = append(cleanups, f)
+}
+
+// Required reports whether a missing backend must fail the test.
+func Required() bool { return os.Getenv(EnvRequire) == "1" }
+
+// Unavailable skips t, or fails it when backends are required.
+func Unavailable(t testing.TB, what string, why error) {
+	t.Helper()
+	if Required() {
+		t.Fatalf("%s is required (%s=1) but unavailable: %v", what, EnvRequire, why)
+	}
+	t.Skipf("skipping: %s unavailable: %v", what, why)
+}
+
+// A server is found once per process, from its URL variable or a container.
+type server struct {
+	what         string // for messages: "PostgreSQL"
+	env          string // the URL variable
+	imageEnv     string
+	defaultImage string
+	start        func(ctx context.Context, image string) (string, error)
+
+	once sync.Once
+	url  string
+	err  error
+}
+
+func (s *server) find() (string, error) {
+	s.once.Do(func() { s.url, s.err = s.lookup() })
+	return s.url, s.err
+}
+
+func (s *server) lookup() (string, error) {
+	if u := os.Getenv(s.env); u != "" {
+		return u, nil
+	}
+	image := os.Getenv(s.imageEnv)
+	if image == "" {
+		image = s.defaultImage
+	}
+	if err := docker(); err != nil {
+		return "", fmt.Errorf("%s is not set, and no Docker engine answered to run %s (%s) with testcontainers: %w",
+			s.env, image, s.imageEnv, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	u, err := s.start(ctx, image)
+	if err != nil {
+		if present, known := imagePresent(image); known && !present {
+			return "", fmt.Errorf("%s is not set, and image %s (%s) is not in the Docker engine, whose pull of it failed: %w",
+				s.env, image, s.imageEnv, err)
+		}
+		hint := ""
+		if _, set := os.LookupEnv("TESTCONTAINERS_HOST_OVERRIDE"); !set && inAContainer() {
+			hint = " (these tests run in a container: if the Docker engine runs in it too, " +
+				"set TESTCONTAINERS_HOST_OVERRIDE=127.0.0.1 so testcontainers looks for the published ports there)"
+		}
+		return "", fmt.Errorf("%s is not set, and a container of %s (%s) did not start%s: %w",
+			s.env, image, s.imageEnv, hint, err)
+	}
+	return u, nil
+}
+
+var (
+	postgres = &server{
+		what: "PostgreSQL", env: EnvPostgres, imageEnv: EnvPostgresImage, defaultImage: DefaultPostgresImage,
+		start: func(ctx context.Context, image string) (string, error) {
+			c, err := tcpostgres.Run(ctx, image,
+				tcpostgres.WithDatabase("countlimit"),
+				tcpostgres.BasicWaitStrategies(),
+				labels())
+			if err := keep(c, err); err != nil {
+				return "", err
+			}
+			return c.ConnectionString(ctx, "sslmode=disable")
+		},
+	}
+	redis = &server{
+		what: "Redis", env: EnvRedis, imageEnv: EnvRedisImage, defaultImage: DefaultRedisImage,
+		start: func(ctx context.Context, image string) (string, error) {
+			c, err := tcredis.Run(ctx, image, labels())
+			if err := keep(c, err); err != nil {
+				return "", err
+			}
+			return c.ConnectionString(ctx)
+		},
+	}
+)
+
+// inAContainer reports what testcontainers looks at to decide that it runs
+// in a container, beside the engine rather than on its host.
+func inAContainer() bool {
+	_, err := os.Stat("/.dockerenv")
+	return err == nil
+}
+
+func labels() testcontainers.CustomizeRequestOption {
+	return testcontainers.WithLabels(map[string]string{Label: strconv.Itoa(os.Getpid())})
+}
+
+// keep registers the removal of c at Cleanup when it started (err is nil),
+// and removes what was created of it at once when it did not.
+func keep(c testcontainers.Container, err error) error {
+	remove := func() {
+		if err := testcontainers.TerminateContainer(c); err != nil {
+			fmt.Fprintf(os.Stderr, "testenv: %v\n", err)
+		}
+	}
+	if err != nil {
+		remove()
+		return err
+	}
+	AtExit(remove)
+	return nil
+}
+
+// PostgresURL returns the URL of a PostgreSQL server, or skips t.
+func PostgresURL(t testing.TB) string { t.Helper(); return postgres.need(t) }
+
+// RedisURL returns the URL of a Redis server, or skips t.
+func RedisURL(t testing.TB) string { t.Helper(); return redis.need(t) }
+
+// FindPostgres returns the URL of a PostgreSQL server, or why there is none.
+func FindPostgres() (string, error) { return postgres.find() }
+
+// FindRedis returns the URL of a Redis server, or why there is none.
+func FindRedis() (string, error) { return redis.find() }
+
+func (s *server) need(t testing.TB) string {
+	t.Helper()
+	u, err := s.find()
+	if err != nil {
+		Unavailable(t, s.what, err)
+	}
+	return u
+}
+
+var (
+	dockerOnce sync.Once
+	dockerErr  error
+)
+
+// docker reports whether a Docker engine answers testcontainers, having
+// first disabled Ryuk where its image is absent.
+func docker() error {
+	dockerOnce.Do(func() {
+		disableRyukWithoutImage()
+		// testcontainers panics on some hosts without an engine; that
+		// is an answer too.
+		defer func() {
+			if r := recover(); r != nil {
+				dockerErr = fmt.Errorf("%v", r)
+			}
+		}()
+		p, err := testcontainers.NewDockerProvider()
+		if err != nil {
+			dockerErr = err
+			return
+		}
+		defer p.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		dockerErr = p.Health(ctx)
+	})
+	return dockerErr
+}
+
+// disableRyukWithoutImage sets TESTCONTAINERS_RYUK_DISABLED=true when the
+// engine lacks Ryuk's image: with no registry to pull it from, every
+// container start would fail on it. testcontainers reads its configuration
+// once, at its first use, so this runs before anything else of it, with a
+// plain Docker client (DOCKER_HOST or the default socket). Where that finds
+// no engine, or the variable is set already, nothing changes.
+func disableRyukWithoutImage() {
+	if os.Getenv("TESTCONTAINERS_RYUK_DISABLED") != "" {
+		return
+	}
+	//lint:ignore SA1019 deprecated as an option, still the image Ryuk runs
+	image := testcontainers.ReaperDefaultImage
+	if prefix := os.Getenv("TESTCONTAINERS_HUB_IMAGE_NAME_PREFIX"); prefix != "" {
+		image = path.Join(prefix, image)
+	}
+	if present, known := imagePresent(image); known && !present {
+		os.Setenv("TESTCONTAINERS_RYUK_DISABLED", "true")
+	}
+}
+
+// imagePresent reports whether the Docker engine at DOCKER_HOST (or the
+// default socket) has image; known is false when no engine answered there.
+func imagePresent(image string) (present, known bool) {
+	c, err := client.New(client.FromEnv)
+	if err != nil {
+		return false, false
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := c.Ping(ctx, client.PingOptions{}); err != nil {
+		return false, false
+	}
+	_, err = c.ImageInspect(ctx, image)
+	return err == nil, true
+}
