@@ -71,4 +71,4 @@ func duration(iv pgtype.Interval) time.Duration {
 }
 
 // rows clamps a row count to what a query takes.
-func rows(n int) int32 { return int32(min(max(n, 0), 1<<20)) }
+func rows(n int) int32 { return int32(min(max(n, 0), MaxBatchSize)) }

@@ -239,16 +239,29 @@ func (s *Store) Ping(ctx context.Context) error {
 	return nil
 }
 
+// MaxBatchSize is the largest batch Purge deletes in one statement, and
+// the most rows an audit query returns.
+const MaxBatchSize = 1 << 20
+
 // Purge deletes rows whose window and penalty ended before now, in batches
 // of batchSize rows until none is left, and returns how many it deleted.
 // Each batch is one statement that skips rows live checks hold locked, so
 // Purge never waits on live traffic. Lifetime rows are never purged. On a
 // pgx.Tx all batches share the caller's transaction.
 func (s *Store) Purge(ctx context.Context, now time.Time, batchSize int) (int64, error) {
+	return s.PurgeEach(ctx, now, batchSize, nil)
+}
+
+// PurgeEach is Purge that calls progress, when not nil, with the total
+// deleted so far after every batch: for a progress line.
+func (s *Store) PurgeEach(ctx context.Context, now time.Time, batchSize int, progress func(total int64)) (int64, error) {
 	var total int64
 	for {
 		n, err := s.PurgeBatch(ctx, now, batchSize)
 		total += n
+		if progress != nil {
+			progress(total)
+		}
 		if err != nil || n < int64(batchSize) {
 			return total, err
 		}
@@ -258,8 +271,8 @@ func (s *Store) Purge(ctx context.Context, now time.Time, batchSize int) (int64,
 // PurgeBatch is one batch of Purge: it deletes at most batchSize expired rows
 // that no one holds locked.
 func (s *Store) PurgeBatch(ctx context.Context, now time.Time, batchSize int) (int64, error) {
-	if batchSize < 1 || batchSize > 1<<20 {
-		return 0, fmt.Errorf("pgstore: purge: %w: batchSize must be 1 to %d, got %d", countlimit.ErrInvalid, 1<<20, batchSize)
+	if batchSize < 1 || batchSize > MaxBatchSize {
+		return 0, fmt.Errorf("pgstore: purge: %w: batchSize must be 1 to %d, got %d", countlimit.ErrInvalid, MaxBatchSize, batchSize)
 	}
 	n, err := s.q.PurgeExpired(ctx, s.db, db.PurgeExpiredParams{Now: timestamptz(now), BatchSize: int32(batchSize)})
 	if err != nil {

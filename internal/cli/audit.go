@@ -154,8 +154,8 @@ func purge(ctx context.Context, args []string, stdout io.Writer) error {
 	if fs.NArg() > 0 {
 		return usageErrorf("purge: unexpected argument %q", fs.Arg(0))
 	}
-	if *batch < 1 || *batch > 1<<20 {
-		return usageErrorf("purge: --batch must be 1 to %d, got %d", 1<<20, *batch)
+	if *batch < 1 || *batch > pgstore.MaxBatchSize {
+		return usageErrorf("purge: --batch must be 1 to %d, got %d", pgstore.MaxBatchSize, *batch)
 	}
 	st, err := openPostgres(ctx, "purge", storeURL)
 	if err != nil {
@@ -163,26 +163,19 @@ func purge(ctx context.Context, args []string, stdout io.Writer) error {
 	}
 	defer st.close()
 	tty := isTerminal(stdout)
-	now := time.Now()
-	var total int64
-	for {
-		n, err := st.pg.PurgeBatch(ctx, now, *batch)
-		total += n
-		if tty {
-			fmt.Fprintf(stdout, "\rpurged %s", plural(int(total), "row", "rows"))
-		}
-		if err != nil {
-			if tty {
-				fmt.Fprintln(stdout)
-			}
-			return err
-		}
-		if n < int64(*batch) {
-			break
-		}
+	var progress func(int64)
+	if tty {
+		progress = func(total int64) { fmt.Fprintf(stdout, "\rpurged %s", plural(int(total), "row", "rows")) }
 	}
+	total, err := st.pg.PurgeEach(ctx, time.Now(), *batch, progress)
 	if tty {
 		fmt.Fprint(stdout, "\r")
+	}
+	if err != nil {
+		if tty {
+			fmt.Fprintln(stdout)
+		}
+		return err
 	}
 	fmt.Fprintf(stdout, "purged %s\n", plural(int(total), "expired row", "expired rows"))
 	return nil
