@@ -190,7 +190,7 @@ func TestMiddleware(t *testing.T) {
 }
 
 // TestPolicyWindow pins w for every kind of window; it is read from
-// Window.String, so this breaks if that format changes.
+// Window.Duration, so this breaks if what that reports changes.
 func TestPolicyWindow(t *testing.T) {
 	t.Parallel()
 	tests := []struct {

@@ -263,7 +263,7 @@ func TestTopAndPurge(t *testing.T) {
 	}
 	pin := countlimit.Rule{UseType: "article.pin", Limit: 5, Window: countlimit.Fixed(time.Hour)}
 	l.Allow(ctx, pin, "author-3")
-	// Expired rows, written with a clock an hour behind.
+	// Expired rows, written with a clock two hours behind.
 	past := countlimit.New(pgstore.New(pool), countlimit.WithClock(func() time.Time { return time.Now().Add(-2 * time.Hour) }))
 	for i := range 30 {
 		past.Allow(ctx, countlimit.Rule{UseType: "old", Limit: 1, Window: countlimit.Fixed(time.Minute)}, fmt.Sprint("id-", i))

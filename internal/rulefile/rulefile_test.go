@@ -98,7 +98,7 @@ func TestParseErrorsNameFileLineAndField(t *testing.T) {
 		{"NUL in use type", "rules:\n  a:\n    window: fixed 1m\n    limit: 1\n    use_type: \"x\\0y\"\n", "r.yaml:5: rules.a.use_type: UseType: holds a NUL byte"},
 		{"use type over 512 bytes", "rules:\n  " + strings.Repeat("n", 600) + ":\n    window: fixed 1m\n    limit: 1\n", "UseType: is 600 bytes"},
 		{"host time zone", "rules:\n  a:\n    window: calendar day Local\n    limit: 1\n", `r.yaml:3: rules.a.window: time zone "Local" depends on the host`},
-		{"merge key", "base: &b {window: fixed 1m}\nrules:\n  a:\n    <<: *b\n    limit: 1\n", "r.yaml:1: base: unknown field"},
+		{"anchor in an unknown top-level field", "base: &b {window: fixed 1m}\nrules:\n  a:\n    <<: *b\n    limit: 1\n", "r.yaml:1: base: unknown field"},
 		{"merge key in a rule", "rules:\n  a:\n    <<: {window: fixed 1m}\n    limit: 1\n", "r.yaml:3: rules.a.<<: merge keys are not supported"},
 		{"second document", "rules:\n  a: {window: fixed 1m, limit: 1}\n---\nrules: {}\n", ": a second YAML document: a rule file holds one"},
 		{"null rule name", "rules:\n  ~: {window: fixed 1m, limit: 1}\n", "r.yaml:2: rules.~: want a name"},

@@ -281,13 +281,21 @@ func (stuck) Do(ctx context.Context, _ []*countlimit.Request) error {
 
 func TestStuckStoreTimesOut(t *testing.T) {
 	srv := server.New(server.Config{Limiter: countlimit.New(stuck{}), Rules: rulefile.Default(), Logger: quiet, StoreTimeout: 100 * time.Millisecond})
-	ts := httptest.NewServer(srv)
+	// allowed gets a value each time an allow handler has returned.
+	allowed := make(chan struct{}, 2)
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		srv.ServeHTTP(w, r)
+		if r.URL.Path == "/v1/allow" {
+			allowed <- struct{}{}
+		}
+	}))
 	defer ts.Close()
 	a := api{t, ts.URL}
 	code, out := a.do("POST", "/v1/allow", `{"rule": "sms.code", "id": "x"}`)
 	if code != 503 || out["error"] != "store unavailable" {
 		t.Errorf("allow on a stuck store: %d %v, want 503 after the store timeout", code, out)
 	}
+	<-allowed
 	// A client that hangs up is not a store failure.
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	defer cancel()
@@ -295,7 +303,7 @@ func TestStuckStoreTimesOut(t *testing.T) {
 	if resp, err := http.DefaultClient.Do(req); err == nil {
 		resp.Body.Close()
 	}
-	time.Sleep(50 * time.Millisecond)
+	<-allowed // the hung-up request's handler is done, metrics and all
 	_, m := a.do("GET", "/metrics", "")
 	if !strings.Contains(m["text"].(string), `countlimit_store_errors_total{endpoint="allow"} 1`) ||
 		!strings.Contains(m["text"].(string), `countlimit_store_errors_total{endpoint="peek"} 0`) {
