@@ -74,6 +74,11 @@ for i = 1, cnt do
   c.hadlog = f[5] ~= false
   local x = tonumber(f[4])
   c.x, c.e = x, tonumber(f[3])
+  -- A hash that exists expires no sooner than the later of its e and x (the
+  -- write that last moved either set its TTL so; a sliding refund only
+  -- shortens e), and never when it has no e (a lifetime count).
+  c.oldat = c.e
+  if c.e ~= nil and x ~= nil and x > c.e then c.oldat = x end
   if x ~= nil and x > now then c.blocked = x end
   if c.span > 0 then
     if op == 'refund' then
@@ -123,39 +128,42 @@ if op == 'allow' then
         c.e = c.wend
       else
         c.used = c.used + n
-        redis.call('HSET', c.h, 'c', s(c.used), 'b', s(c.wbegin), 'l', s(c.limit))
         if c.hadlog then
           -- Counting with another kind of window drops the sliding log.
           redis.call('DEL', c.z)
           redis.call('HDEL', c.h, 's')
         end
         if c.wend == nil then
-          redis.call('HDEL', c.h, 'e')
+          redis.call('HSET', c.h, 'c', s(c.used), 'b', s(c.wbegin), 'l', s(c.limit))
+          if c.e ~= nil then redis.call('HDEL', c.h, 'e') end
         else
-          redis.call('HSET', c.h, 'e', s(c.wend))
+          redis.call('HSET', c.h, 'c', s(c.used), 'b', s(c.wbegin), 'e', s(c.wend), 'l', s(c.limit))
         end
         c.e = c.wend
       end
     elseif not c.fits then
+      local set = {'HSET', c.h, 'l', s(c.limit)}
       if not c.exists then
         -- An empty window (begin = end) that only a counted event opens.
-        redis.call('HSET', c.h, 'b', s(now), 'e', s(now), 'c', '0')
+        set[5], set[6], set[7], set[8], set[9], set[10] = 'b', s(now), 'e', s(now), 'c', '0'
         c.e = now
       end
-      redis.call('HINCRBY', c.h, 'd', 1)
-      redis.call('HSET', c.h, 'l', s(c.limit))
       if c.blocked == nil and c.block > 0 then
         c.blocked = now + c.block
         c.x = c.blocked
-        redis.call('HSET', c.h, 'x', s(c.blocked))
+        local k = #set
+        set[k + 1], set[k + 2] = 'x', s(c.blocked)
       end
+      redis.call(unpack(set))
+      redis.call('HINCRBY', c.h, 'd', 1)
     end
     if allok or not c.fits then
       -- The hash lives as long as its window and its penalty (c.e nil: a
-      -- lifetime count, kept for good).
+      -- lifetime count, kept for good). A count in a window whose end is
+      -- unchanged leaves its TTL as it is.
       local at = c.e
       if at ~= nil and c.x ~= nil and c.x > at then at = c.x end
-      expire(c.h, at)
+      if c.span > 0 or not c.exists or at ~= c.oldat then expire(c.h, at) end
     end
   end
 end

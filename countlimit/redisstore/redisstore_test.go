@@ -4,7 +4,7 @@ import (
 	"context"
 	_ "embed"
 	"errors"
-	"runtime"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -255,45 +255,98 @@ func TestUnreachable(t *testing.T) {
 var incrSrc string
 
 // BenchmarkAllowVersusBareScript compares Allow with a bare EVALSHA of a
-// minimal INCR+PEXPIRE script through the same client, at 16 concurrent
-// callers: the price of countlimit's semantics over the simplest counter.
+// minimal INCR+PEXPIRE script through the same client, at 1, 4, 16 and 64
+// concurrent callers over 256 ids: the price of countlimit's semantics over
+// the simplest counter, and what pipelining wins back. Each caller count
+// runs the bare script first, then Allow (fixed window), then Allow
+// (sliding window); the Allow rows report their throughput over the bare
+// script's as x-bare.
 func BenchmarkAllowVersusBareScript(b *testing.B) {
 	c := client(b)
 	ctx := context.Background()
 	l := countlimit.New(redisstore.New(c))
 	rule := countlimit.Rule{UseType: storetest.UseType(b, "bench"), Limit: 1 << 50, Window: countlimit.Fixed(time.Hour)}
+	sliding := rule
+	sliding.UseType += ".sliding"
+	sliding.Window = countlimit.Sliding(time.Second)
+	sliding.Limit = countlimit.MaxSlidingLimit
 	incr := redis.NewScript(incrSrc)
+	if err := incr.Load(ctx, c).Err(); err != nil {
+		b.Fatal(err)
+	}
+	bare := func(id string) error {
+		return incr.EvalSha(ctx, c, []string{"countlimit-bench:" + id}, 3600000).Err()
+	}
+	for _, callers := range []int{1, 4, 16, 64} {
+		var bareNs float64
+		b.Run(fmt.Sprintf("callers=%d/bare_INCR+PEXPIRE", callers), func(b *testing.B) {
+			bareNs = runCallers(b, callers, bare)
+		})
+		for _, r := range []struct {
+			name string
+			countlimit.Rule
+		}{{"Allow_fixed", rule}, {"Allow_sliding", sliding}} {
+			b.Run(fmt.Sprintf("callers=%d/%s", callers, r.name), func(b *testing.B) {
+				ns := runCallers(b, callers, func(id string) error { _, err := l.Allow(ctx, r.Rule, id); return err })
+				b.ReportMetric(bareNs/ns, "x-bare")
+			})
+		}
+	}
+}
+
+// BenchmarkPipelinesInFlight measures Allow with 1, 2, 4 and 8 pipelines in
+// flight at 1, 4, 16 and 64 callers: how WithMaxInFlight's default was
+// chosen.
+func BenchmarkPipelinesInFlight(b *testing.B) {
+	c := client(b)
+	ctx := context.Background()
+	rule := countlimit.Rule{UseType: storetest.UseType(b, "bench.inflight"), Limit: 1 << 50, Window: countlimit.Fixed(time.Hour)}
+	for _, callers := range []int{1, 4, 16, 64} {
+		for _, n := range []int{1, 2, 4, 8} {
+			l := countlimit.New(redisstore.New(c, redisstore.WithMaxInFlight(n)))
+			b.Run(fmt.Sprintf("callers=%d/inflight=%d", callers, n), func(b *testing.B) {
+				runCallers(b, callers, func(id string) error { _, err := l.Allow(ctx, rule, id); return err })
+			})
+		}
+	}
+}
+
+var benchIDs = func() []string {
 	ids := make([]string, 256)
 	for i := range ids {
 		ids[i] = "user-" + string(rune('a'+i%26)) + string(rune('a'+i/26))
 	}
-	run := func(b *testing.B, call func(id string) error) {
-		// RunParallel starts parallelism × GOMAXPROCS goroutines: 16 callers.
-		b.SetParallelism(max(1, 16/runtime.GOMAXPROCS(0)))
-		var next atomic.Int64
-		b.ResetTimer()
-		b.RunParallel(func(pb *testing.PB) {
-			for pb.Next() {
-				if err := call(ids[next.Add(1)%int64(len(ids))]); err != nil {
+	return ids
+}()
+
+// runCallers runs b.N calls of call from exactly callers goroutines, each
+// on the next of 256 ids, and returns the wall time per call in ns. It
+// reports calls/s.
+func runCallers(b *testing.B, callers int, call func(id string) error) float64 {
+	b.Helper()
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	b.ReportAllocs()
+	b.ResetTimer()
+	start := time.Now()
+	for range callers {
+		wg.Go(func() {
+			for {
+				i := next.Add(1)
+				if i > int64(b.N) {
+					return
+				}
+				if err := call(benchIDs[i%int64(len(benchIDs))]); err != nil {
 					b.Error(err)
 					return
 				}
 			}
 		})
 	}
-	b.Run("bare INCR+PEXPIRE", func(b *testing.B) {
-		run(b, func(id string) error {
-			return incr.Run(ctx, c, []string{"countlimit-bench:" + id}, 3600000).Err()
-		})
-	})
-	b.Run("countlimit Allow", func(b *testing.B) {
-		run(b, func(id string) error { _, err := l.Allow(ctx, rule, id); return err })
-	})
-	sliding := rule
-	sliding.UseType += ".sliding"
-	sliding.Window = countlimit.Sliding(time.Second)
-	sliding.Limit = countlimit.MaxSlidingLimit
-	b.Run("countlimit Allow sliding", func(b *testing.B) {
-		run(b, func(id string) error { _, err := l.Allow(ctx, sliding, id); return err })
-	})
+	wg.Wait()
+	elapsed := time.Since(start)
+	b.StopTimer()
+	ns := float64(elapsed.Nanoseconds()) / float64(b.N)
+	b.ReportMetric(1e9/ns, "calls/s")
+	return ns
 }

@@ -9,6 +9,12 @@
 // sent. A call whose context ends after its batch was sent stops waiting and
 // gets the context's error; the batch goes on for the others, and is
 // cancelled only when every call in it has stopped waiting.
+//
+// A batch is sent from a goroutine of the Batcher's, so that its callers can
+// stop waiting at any time. A Batcher set to SendAlone sends a call that
+// finds a free slot and no call waiting on its caller's goroutine instead,
+// with its caller's context: calls that come one at a time then cost no
+// hand-off between goroutines.
 package gather
 
 import (
@@ -17,6 +23,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/countlimit/countlimit/countlimit"
 )
@@ -43,6 +50,7 @@ type Call struct {
 	Err error
 
 	checks   [1]countlimit.Check
+	self     [1]*Call // the batch of a call sent alone
 	ctx      context.Context
 	state    atomic.Uint32
 	ready    chan struct{}
@@ -58,6 +66,17 @@ func (c *Call) Retry() { c.retry = true }
 
 // Retried reports whether Retry was called since the call was last sent.
 func (c *Call) Retried() bool { return c.retry }
+
+// Deadline returns the deadline of the caller's context, if it has one: for
+// a Send whose driver honours deadlines but not cancellation (go-redis),
+// which can then end a batch once its last caller's deadline has passed.
+// A Call made outside a Batcher has none.
+func (c *Call) Deadline() (time.Time, bool) {
+	if c.ctx == nil {
+		return time.Time{}, false
+	}
+	return c.ctx.Deadline()
+}
 
 // flight is one batch in flight. Its context is cancelled when every call
 // in it has stopped waiting.
@@ -78,6 +97,8 @@ type Batcher struct {
 	maxSize     int
 	maxInFlight int
 
+	alone bool // see SendAlone
+
 	mu       sync.Mutex
 	queue    []*Call
 	inFlight int
@@ -88,6 +109,15 @@ type Batcher struct {
 func New(send Send, maxSize, maxInFlight int) *Batcher {
 	return &Batcher{send: send, maxSize: max(1, maxSize), maxInFlight: max(1, maxInFlight)}
 }
+
+// SendAlone makes a call that finds a free slot and no call waiting run its
+// batch of one on its own goroutine, with its own context, instead of
+// handing it to a goroutine of the Batcher's: that hand-off is most of the
+// Batcher's cost when calls come one at a time. Such a caller stops waiting
+// only when Send returns, so use it with a Send that returns promptly once
+// its context ends. Calls that arrive meanwhile wait and leave together, as
+// ever. Call SendAlone before the first Do.
+func (b *Batcher) SendAlone() { b.alone = true }
 
 var callPool = sync.Pool{New: func() any { return &Call{ready: make(chan struct{}, 1)} }}
 
@@ -106,11 +136,23 @@ func (b *Batcher) Do(ctx context.Context, req *countlimit.Request) error {
 	c.state.Store(queued)
 
 	b.mu.Lock()
-	b.queue = append(b.queue, c)
 	lead := b.inFlight < b.maxInFlight
 	if lead {
 		b.inFlight++
+		if b.alone && len(b.queue) == 0 {
+			if err := ctx.Err(); err != nil {
+				b.inFlight--
+				b.mu.Unlock()
+				c.ctx = nil
+				callPool.Put(c)
+				return fmt.Errorf("%w: %w", ErrLeft, err)
+			}
+			c.state.Store(sent)
+			b.mu.Unlock()
+			return b.sendAlone(ctx, c, req)
+		}
 	}
+	b.queue = append(b.queue, c)
 	b.mu.Unlock()
 	if lead {
 		// In a goroutine of its own, so that this caller, like every
@@ -132,6 +174,44 @@ func (b *Batcher) Do(ctx context.Context, req *countlimit.Request) error {
 			return ctx.Err()
 		}
 		<-c.ready // delivered meanwhile
+	}
+	for i := range req.Checks {
+		req.Checks[i].State = c.Req.Checks[i].State
+	}
+	err := c.Err
+	c.Req, c.ctx, c.batch, c.Err = countlimit.Request{}, nil, nil, nil
+	callPool.Put(c)
+	return err
+}
+
+// sendAlone sends c, a batch of one, on its caller's goroutine (see
+// SendAlone), then passes its slot on.
+func (b *Batcher) sendAlone(ctx context.Context, c *Call, req *countlimit.Request) error {
+	c.self[0] = c
+	for {
+		b.send(ctx, c.self[:])
+		if !c.retry || c.Err != nil {
+			break
+		}
+		c.retry = false
+		c.attempts++
+		if c.attempts >= maxAttempts {
+			c.Err = fmt.Errorf("not done after %d attempts", c.attempts)
+			break
+		}
+		if err := ctx.Err(); err != nil {
+			c.Err = fmt.Errorf("%w: %w", ErrLeft, err) // undone, as one that left the queue
+			break
+		}
+	}
+	b.mu.Lock()
+	next := len(b.queue) > 0
+	if !next {
+		b.inFlight--
+	}
+	b.mu.Unlock()
+	if next {
+		go b.flush()
 	}
 	for i := range req.Checks {
 		req.Checks[i].State = c.Req.Checks[i].State

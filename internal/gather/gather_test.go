@@ -241,33 +241,104 @@ func TestAbandonedBatchIsCancelledOnlyWhenAllStopWaiting(t *testing.T) {
 }
 
 func TestRetry(t *testing.T) {
-	var mu sync.Mutex
-	sent := map[string]int{}
-	send := func(_ context.Context, calls []*gather.Call) {
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range calls {
-			sent[c.Req.ID]++
-			switch {
-			case c.Req.ID == "never":
-				c.Retry()
-			case c.Req.ID == "twice" && sent["twice"] == 1:
-				c.Retry()
-			default:
-				c.Req.Checks[0].State.Used = int64(sent[c.Req.ID])
+	for _, alone := range []bool{false, true} {
+		t.Run(fmt.Sprintf("SendAlone=%v", alone), func(t *testing.T) {
+			var mu sync.Mutex
+			sent := map[string]int{}
+			send := func(_ context.Context, calls []*gather.Call) {
+				mu.Lock()
+				defer mu.Unlock()
+				for _, c := range calls {
+					sent[c.Req.ID]++
+					switch {
+					case c.Req.ID == "never":
+						c.Retry()
+					case c.Req.ID == "twice" && sent["twice"] == 1:
+						c.Retry()
+					default:
+						c.Req.Checks[0].State.Used = int64(sent[c.Req.ID])
+					}
+				}
 			}
-		}
+			b := gather.New(send, 10, 1)
+			if alone {
+				b.SendAlone()
+			}
+			r := req("twice")
+			if err := b.Do(context.Background(), r); err != nil || r.Checks[0].State.Used != 2 {
+				t.Errorf("a call retried once: %v, state %+v; want success on its second sending", err, r.Checks[0].State)
+			}
+			if err := b.Do(context.Background(), req("never")); err == nil || !strings.Contains(err.Error(), "attempts") {
+				t.Errorf("a call retried every time: %v, want an error after a bounded number of attempts", err)
+			}
+			if n := sent["never"]; n < 2 || n > 16 {
+				t.Errorf("a call that always asks for a retry was sent %d times", n)
+			}
+		})
+	}
+}
+
+type ctxKey struct{}
+
+// TestSendAlone: a lone call is sent on its caller's goroutine with its
+// caller's context; calls that arrive meanwhile wait and leave together,
+// and the slot passes on to them.
+func TestSendAlone(t *testing.T) {
+	f := newFake()
+	f.gate = make(chan struct{})
+	var got []context.Context
+	var mu sync.Mutex
+	send := func(ctx context.Context, calls []*gather.Call) {
+		mu.Lock()
+		got = append(got, ctx)
+		mu.Unlock()
+		f.send(ctx, calls)
 	}
 	b := gather.New(send, 10, 1)
-	r := req("twice")
-	if err := b.Do(context.Background(), r); err != nil || r.Checks[0].State.Used != 2 {
-		t.Errorf("a call retried once: %v, state %+v; want success on its second sending", err, r.Checks[0].State)
+	b.SendAlone()
+	ctx, cancel := context.WithCancel(context.WithValue(context.Background(), ctxKey{}, "first"))
+	defer cancel()
+	first := make(chan error, 1)
+	go func() { first <- b.Do(ctx, req("first")) }()
+	if n := <-f.started; n != 1 {
+		t.Fatalf("first batch has %d calls, want 1", n)
 	}
-	if err := b.Do(context.Background(), req("never")); err == nil || !strings.Contains(err.Error(), "attempts") {
-		t.Errorf("a call retried every time: %v, want an error after a bounded number of attempts", err)
+	var wg sync.WaitGroup
+	for i := range 5 {
+		wg.Go(func() {
+			if err := b.Do(context.Background(), req(fmt.Sprint(i))); err != nil {
+				t.Error(err)
+			}
+		})
 	}
-	if n := sent["never"]; n < 2 || n > 16 {
-		t.Errorf("a call that always asks for a retry was sent %d times", n)
+	waitQueued(t, b, 5)
+	close(f.gate)
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	if len(f.batches) != 2 || len(f.batches[1]) != 5 {
+		t.Errorf("batches %v, want sizes 1, 5", f.batches)
+	}
+	if m := f.maxSeen.Load(); m != 1 {
+		t.Errorf("%d batches in flight at once, want at most 1", m)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if got[0] != ctx {
+		t.Errorf("the lone call was sent with context %v, want its caller's", got[0])
+	}
+	if got[1].Value(ctxKey{}) != nil {
+		t.Error("the next batch was sent with the first caller's context")
+	}
+
+	// A call whose context has ended is not sent.
+	cancel()
+	if err := b.Do(ctx, req("late")); !errors.Is(err, gather.ErrLeft) {
+		t.Errorf("a call with an ended context: %v, want ErrLeft", err)
+	}
+	if len(f.batches) != 2 {
+		t.Errorf("batches %v: a call with an ended context was sent", f.batches)
 	}
 }
 
@@ -276,6 +347,12 @@ func TestRetry(t *testing.T) {
 // exactly once and got its own state, and every call that left was never
 // sent.
 func TestManyCallers(t *testing.T) {
+	for _, alone := range []bool{false, true} {
+		t.Run(fmt.Sprintf("SendAlone=%v", alone), func(t *testing.T) { testManyCallers(t, alone) })
+	}
+}
+
+func testManyCallers(t *testing.T, alone bool) {
 	var mu sync.Mutex
 	sent := map[string]int{}
 	send := func(ctx context.Context, calls []*gather.Call) {
@@ -290,6 +367,9 @@ func TestManyCallers(t *testing.T) {
 		}
 	}
 	b := gather.New(send, 16, 2)
+	if alone {
+		b.SendAlone()
+	}
 	const workers, each = 64, 100
 	var wg sync.WaitGroup
 	outcomes := make([][]error, workers)
