@@ -53,24 +53,23 @@ func need(c *Check, now time.Time, n int64) (wait time.Duration, never bool) {
 	return max(wait, room.Sub(now)), false
 }
 
-func result(c *Check, now time.Time, retry time.Duration) Result {
+// setResult fills r from a check's state, field by field (see call.set).
+func setResult(r *Result, c *Check, now time.Time, retry time.Duration) {
 	s := &c.State
-	r := Result{
-		Allowed:      s.Allowed,
-		Limit:        c.Limit,
-		Used:         s.Used,
-		Remaining:    max(0, c.Limit-s.Used),
-		ResetAt:      s.End,
-		BlockedUntil: s.BlockedUntil,
-	}
+	r.Allowed = s.Allowed
+	r.Limit = c.Limit
+	r.Used = s.Used
+	r.Remaining = max(0, c.Limit-s.Used)
+	r.ResetAt = s.End
 	if c.Span > 0 {
 		r.ResetAt = now
 		if s.Used > 0 {
 			r.ResetAt = s.Begin.Add(c.Span)
 		}
 	}
-	if !r.Allowed {
+	r.RetryAfter = 0
+	if !s.Allowed {
 		r.RetryAfter = retry
 	}
-	return r
+	r.BlockedUntil = s.BlockedUntil
 }

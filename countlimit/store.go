@@ -21,7 +21,8 @@ import (
 // must not keep reqs after returning.
 //
 // The semantics of one Request, for each Check c (one per rule, all with
-// the same ID):
+// the same ID; no two Checks of a Request share a UseType, which the
+// Limiter ensures and stores may rely on):
 //
 //   - The stored window of (c.UseType, req.ID) is current when it is not
 //     empty (Begin < End, a zero End meaning it never ends) and Now < End.

@@ -6,8 +6,8 @@ func Sweep(s *Store) { s.sweep() }
 // Rebuilds reports how many shard maps sweeps have replaced with fresh ones.
 func Rebuilds(s *Store) int64 { return s.rebuilds.Load() }
 
-// Peak reports the sum of the shards' peaks: the counters their maps are
-// sized for.
+// Peak reports the sum of the shards' peaks: the ids their maps are sized
+// for.
 func Peak(s *Store) int {
 	n := 0
 	for i := range s.shards {
@@ -28,7 +28,7 @@ func OnPause(s *Store, f func()) { s.pause = f }
 
 // ShardLocked reports whether the lock of id's shard is held.
 func ShardLocked(s *Store, id string) bool {
-	sh := s.shard(id)
+	sh := s.shard(s.hash(id))
 	if sh.mu.TryLock() {
 		sh.mu.Unlock()
 		return false
@@ -39,7 +39,7 @@ func ShardLocked(s *Store, id string) bool {
 // MayHaveExpired reports whether id's shard may hold a counter that has
 // expired, as a full shard judges before it looks for one to drop.
 func MayHaveExpired(s *Store, id string) bool {
-	sh := s.shard(id)
+	sh := s.shard(s.hash(id))
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	return s.mono() >= sh.soonest
@@ -47,3 +47,6 @@ func MayHaveExpired(s *Store, id string) bool {
 
 // Looks reports how often full shards have looked for expired counters.
 func Looks(s *Store) int64 { return s.looks.Load() }
+
+// SameShard reports whether two ids' counters live in one shard.
+func SameShard(s *Store, a, b string) bool { return s.shard(s.hash(a)) == s.shard(s.hash(b)) }

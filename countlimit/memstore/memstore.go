@@ -18,9 +18,9 @@
 // sweeps a shard [SweepSlice] counters at a time, letting go of the shard's
 // lock between slices, so a check never waits for a whole shard to be
 // swept. Go maps never give memory back, so when a sweep leaves a shard
-// with a quarter or less of the most counters it has held, the janitor
-// moves them into a fresh map, again a slice at a time, and the old one is
-// freed.
+// with a quarter or less of the most ids it has held, the janitor moves
+// their counters into a fresh map, again a slice at a time, and the old one
+// is freed.
 package memstore
 
 import (
@@ -47,10 +47,11 @@ const (
 	// service, which keeps its counters here by default, cannot be made to
 	// exhaust its memory by a flood of new ids.
 	DefaultMaxEntries = 1 << 20
-	// SweepSlice is the most counters the janitor looks at, or moves into
-	// a fresh map, per hold of a shard's lock: a few hundred microseconds
-	// at most (each costs a cache miss or two), so that no check waits long
-	// behind a sweep. A call that finds its shard full looks at no more.
+	// SweepSlice is how many counters the janitor looks at, or moves into
+	// a fresh map, per hold of a shard's lock (finishing the id it is at,
+	// whose counters go together): a few hundred microseconds at most (each
+	// costs a cache miss or two), so that no check waits long behind a
+	// sweep. A call that finds its shard full looks at no more.
 	SweepSlice = 512
 )
 
@@ -92,11 +93,17 @@ type Store struct {
 
 type shard struct {
 	mu sync.Mutex
-	m  map[key]*entry
+	// m maps the hash of an id (Store.hash) to a chain of counters linked
+	// by entry.next: the id's, one per UseType, and any of another id with
+	// the same 64-bit hash. The hash that picked the shard is the key, so a
+	// check hashes its id once and no UseType.
+	m map[uint64]*entry
 	// old is a map a sweep is moving into m, a slice at a time, to give its
-	// buckets back; nil otherwise. A key is in one of the two, never both.
-	old map[key]*entry
-	// peak is the most counters m has held: what its buckets are sized for.
+	// buckets back; nil otherwise. A chain is in one of the two, never both.
+	old map[uint64]*entry
+	// n is how many counters m and old hold.
+	n int
+	// peak is the most chains m has held: what its buckets are sized for.
 	peak int
 	// No counter expires before soonest (in Store.mono's terms), or a full
 	// shard looked for expired ones in vain and waits until soonest to look
@@ -105,26 +112,96 @@ type shard struct {
 	// low is the soonest expiry set since the running sweep began, so the
 	// sweep's own lower bound misses no counter it did not see.
 	low int64
-	_   [16]byte // keep neighbouring shards' locks off one cache line
+	_   [8]byte // keep neighbouring shards' locks off one cache line
 }
 
-func (sh *shard) get(k key) *entry {
-	e := sh.m[k]
+// get returns the counter of (ut, id), whose hash is h, or nil.
+func (sh *shard) get(h uint64, ut countlimit.UseType, id string) *entry {
+	e := find(sh.m[h], ut, id)
 	if e == nil && sh.old != nil {
-		e = sh.old[k]
+		e = find(sh.old[h], ut, id)
 	}
 	return e
 }
 
-func (sh *shard) len() int { return len(sh.m) + len(sh.old) }
+func find(e *entry, ut countlimit.UseType, id string) *entry {
+	for ; e != nil && (e.useType != ut || e.id != id); e = e.next {
+	}
+	return e
+}
 
-type key struct {
-	useType countlimit.UseType
-	id      string
+// add puts a new counter, whose id hashes to h, at the head of its chain.
+func (sh *shard) add(h uint64, e *entry) {
+	m := sh.m
+	if _, ok := sh.old[h]; ok {
+		m = sh.old // a chain stays in the map it is in
+	}
+	e.next = m[h]
+	m[h] = e
+	sh.n++
+	sh.peak = max(sh.peak, len(sh.m))
+}
+
+// remove drops the counter of (ut, id), whose hash is h, if it is held.
+func (sh *shard) remove(h uint64, ut countlimit.UseType, id string) {
+	for _, m := range [...]map[uint64]*entry{sh.m, sh.old} {
+		head := m[h]
+		if head == nil {
+			continue
+		}
+		if head.useType == ut && head.id == id {
+			if head.next == nil {
+				delete(m, h)
+			} else {
+				m[h] = head.next
+			}
+			sh.n--
+			return
+		}
+		for p := head; p.next != nil; p = p.next {
+			if p.next.useType == ut && p.next.id == id {
+				p.next = p.next.next
+				sh.n--
+				return
+			}
+		}
+	}
+}
+
+// prune drops the expired counters of the chain of h in m, and moves what
+// is left to the map to when it is not nil. It returns how many counters
+// it looked at and the soonest expiry it kept.
+func (sh *shard) prune(m, to map[uint64]*entry, h uint64, mono int64) (seen int, low int64) {
+	low = forever
+	head := m[h]
+	kept, tail := head, &head
+	for e := head; e != nil; e = e.next {
+		seen++
+		if e.expires <= mono {
+			sh.n--
+			continue
+		}
+		*tail, tail = e, &e.next
+		low = min(low, e.expires)
+	}
+	*tail = nil
+	switch {
+	case head == nil:
+		delete(m, h)
+	case to != nil:
+		to[h] = head
+		delete(m, h)
+	case head != kept:
+		m[h] = head
+	}
+	return seen, low
 }
 
 // entry is one (use type, id) counter. Times are Unix microseconds.
 type entry struct {
+	useType countlimit.UseType
+	id      string
+	next    *entry // the next counter in the chain of the id's hash
 	count   int64
 	denied  int64
 	limit   int64
@@ -167,8 +244,8 @@ func WithJanitorInterval(d time.Duration) Option { return func(c *config) { c.in
 // ids that pile into one shard; the store as a whole takes about n.
 //
 // When a call would add a counter to a full shard, the shard first drops
-// counters whose window and penalty are over, looking at no more than
-// SweepSlice of them (the janitor's sweeps drop the rest); a shard that knows
+// counters whose window and penalty are over, looking at about SweepSlice
+// of them (the janitor's sweeps drop the rest); a shard that knows
 // none can have expired, or looked in vain in the last second, does not
 // look. If there is still no room, the call fails with an error that wraps both ErrFull and
 // countlimit.ErrUnavailable, so the caller's failure policy decides
@@ -209,7 +286,7 @@ func New(opts ...Option) *Store {
 			ErrFull, s.perShard, cfg.max, n)
 	}
 	for i := range s.shards {
-		s.shards[i].m = make(map[key]*entry)
+		s.shards[i].m = make(map[uint64]*entry)
 		s.shards[i].soonest = forever
 		s.shards[i].low = forever
 	}
@@ -241,7 +318,7 @@ func (s *Store) Len() int {
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
-		n += sh.len()
+		n += sh.n
 		sh.mu.Unlock()
 	}
 	return n
@@ -265,9 +342,11 @@ func (s *Store) Do(ctx context.Context, reqs []*countlimit.Request) error {
 	return nil
 }
 
-func (s *Store) shard(id string) *shard {
-	return &s.shards[maphash.String(s.seed, id)&s.mask]
-}
+// hash is the hash of an id: its low bits pick the shard, and the whole
+// is the key of the id's chain in the shard's map.
+func (s *Store) hash(id string) uint64 { return maphash.String(s.seed, id) }
+
+func (s *Store) shard(h uint64) *shard { return &s.shards[h&s.mask] }
 
 // mono is the time since the store started on the monotonic clock, the
 // scale of entry.expires.
@@ -281,99 +360,131 @@ type view struct {
 	blocked    bool
 }
 
-func look(e *entry, c *countlimit.Check, now int64) view {
-	fresh := view{begin: c.Begin.UnixMicro(), end: micros(c.End)}
-	if e == nil {
-		return fresh
-	}
-	blocked := e.blocked > now
-	if span := c.Span.Microseconds(); span > 0 {
-		v := view{blocked: blocked}
-		for v.live < len(e.events) && e.events[v.live] <= now-span {
-			v.live++
+// look sets v to the check's current window as e shows it at now. It
+// writes v in place, as write does: returned by value, views were copied
+// through the stack several times a check, about 20 ns of an Allow.
+func look(v *view, e *entry, c *countlimit.Check, now int64) {
+	*v = view{}
+	if e != nil {
+		v.blocked = e.blocked > now
+		if span := c.Span.Microseconds(); span > 0 {
+			for v.live < len(e.events) && e.events[v.live] <= now-span {
+				v.live++
+			}
+			if v.used = int64(len(e.events) - v.live); v.used > 0 {
+				v.begin, v.end = e.events[v.live], e.events[len(e.events)-1]+span
+			}
+			return
 		}
-		if v.used = int64(len(e.events) - v.live); v.used > 0 {
-			v.begin, v.end = e.events[v.live], e.events[len(e.events)-1]+span
+		if e.begin < e.end && now < e.end {
+			v.used, v.begin, v.end = e.count, e.begin, e.end
+			return
 		}
-		return v
 	}
-	if e.begin < e.end && now < e.end {
-		return view{used: e.count, begin: e.begin, end: e.end, blocked: blocked}
-	}
-	fresh.blocked = blocked
-	return fresh
+	v.begin, v.end = c.Begin.UnixMicro(), micros(c.End)
 }
 
-func (v view) fits(c *countlimit.Check, n int64) bool { return !v.blocked && n <= c.Limit-v.used }
+func (v *view) fits(c *countlimit.Check, n int64) bool { return !v.blocked && n <= c.Limit-v.used }
 
+// slot is one check of a request while apply works on it: its entry and
+// view, and what its State needs from the entry, read under the shard's
+// lock so the State is built after it is let go.
+type slot struct {
+	e       *entry
+	v       view
+	blocked int64 // the entry's penalty end; 0 for none
+	freeAt  int64 // a sliding denial's State.FreeAt, when free
+	free    bool
+}
+
+// inline is how many checks a request may have before apply's scratch
+// space leaves the stack.
+const inline = 2
+
+// apply carries out one request. The checks of a request have distinct
+// UseTypes (the Limiter makes sure), so each check's entry is looked up
+// once: the shard's lock is held for the lookups and the counter updates,
+// and the States are built after it is let go.
 func (s *Store) apply(r *countlimit.Request) error {
-	sh := s.shard(r.ID)
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	now := r.Now.UnixMicro()
-
+	h := s.hash(r.ID)
+	sh := s.shard(h)
 	if r.Op == countlimit.OpReset {
+		sh.mu.Lock()
 		for i := range r.Checks {
-			k := key{r.Checks[i].UseType, r.ID}
-			delete(sh.m, k)
-			if sh.old != nil {
-				delete(sh.old, k)
-			}
+			sh.remove(h, r.Checks[i].UseType, r.ID)
 		}
+		sh.mu.Unlock()
 		return nil
 	}
-	if r.Op == countlimit.OpRefund {
-		for i := range r.Checks {
-			c := &r.Checks[i]
-			if e := sh.get(key{c.UseType, r.ID}); e != nil {
-				s.refund(e, c, look(e, c, now), r.N, now)
-			}
-		}
-	}
-
+	now := r.Now.UnixMicro()
 	n := r.N
 	if r.Op != countlimit.OpAllow {
 		n = 1
 	}
+	var buf [inline]slot
+	slots := buf[:len(r.Checks):len(r.Checks)]
+	if len(r.Checks) > inline {
+		slots = make([]slot, len(r.Checks))
+	}
+
+	sh.mu.Lock()
 	ok := true
 	for i := range r.Checks {
-		c := &r.Checks[i]
-		ok = ok && look(sh.get(key{c.UseType, r.ID}), c, now).fits(c, n)
+		c, sl := &r.Checks[i], &slots[i]
+		sl.e = sh.get(h, c.UseType, r.ID)
+		if r.Op == countlimit.OpRefund && sl.e != nil {
+			look(&sl.v, sl.e, c, now)
+			s.refund(sl.e, c, &sl.v, r.N)
+		}
+		look(&sl.v, sl.e, c, now)
+		ok = ok && sl.v.fits(c, n)
 	}
 	room := true // for the counters this request adds
-	if r.Op == countlimit.OpAllow && s.perShard > 0 && sh.len()+len(r.Checks) > s.perShard {
+	if r.Op == countlimit.OpAllow && s.perShard > 0 && sh.n+len(r.Checks) > s.perShard {
 		need := 0
-		for i := range r.Checks {
-			if sh.get(key{r.Checks[i].UseType, r.ID}) == nil {
+		for i := range slots {
+			if slots[i].e == nil {
 				need++
 			}
 		}
-		room = sh.len()+need <= s.perShard || (ok && s.reclaim(sh, need))
+		room = sh.n+need <= s.perShard || (ok && s.reclaim(sh, need))
 		if !room && ok {
+			sh.mu.Unlock()
 			return s.errFull
+		}
+		for i := range r.Checks { // reclaim may have dropped an expired one
+			c, sl := &r.Checks[i], &slots[i]
+			sl.e = sh.get(h, c.UseType, r.ID)
+			look(&sl.v, sl.e, c, now)
 		}
 	}
 	for i := range r.Checks {
-		c := &r.Checks[i]
-		k := key{c.UseType, r.ID}
-		e := sh.get(k)
-		v := look(e, c, now)
-		if r.Op == countlimit.OpAllow && (ok || !v.fits(c, n)) && (e != nil || room) {
-			if e == nil {
-				e = &entry{begin: now, end: now} // an empty window until counted
-				sh.m[k] = e
-				sh.peak = max(sh.peak, len(sh.m))
+		c, sl := &r.Checks[i], &slots[i]
+		if r.Op == countlimit.OpAllow && (ok || !sl.v.fits(c, n)) && (sl.e != nil || room) {
+			if sl.e == nil {
+				sl.e = &entry{useType: c.UseType, id: r.ID, begin: now, end: now} // an empty window until counted
+				sh.add(h, sl.e)
 			}
-			v = s.write(sh, e, c, v, ok, n, now)
+			s.write(sh, sl.e, c, &sl.v, ok, n, now)
 		}
-		state(&c.State, e, c, v, ok, n, now)
+		if e := sl.e; e != nil {
+			sl.blocked = e.blocked
+			if c.Span > 0 && !ok && n <= c.Limit && sl.v.used+n > c.Limit {
+				sl.freeAt, sl.free = e.events[sl.v.live+int(sl.v.used+n-c.Limit)-1], true
+			}
+		}
+	}
+	sh.mu.Unlock()
+
+	for i := range r.Checks {
+		state(&r.Checks[i], &slots[i], ok, now)
 	}
 	return nil
 }
 
 // reclaim makes room for need more counters in a full shard by dropping
-// expired ones, looking at no more than SweepSlice, and reports whether they
-// fit now.
+// expired ones, looking at about SweepSlice, and reports whether they fit
+// now.
 func (s *Store) reclaim(sh *shard, need int) bool {
 	mono := s.mono()
 	if mono < sh.soonest {
@@ -381,54 +492,53 @@ func (s *Store) reclaim(sh *shard, need int) bool {
 	}
 	s.looks.Add(1)
 	seen, low := 0, int64(forever)
-	for _, m := range [...]map[key]*entry{sh.old, sh.m} {
-		for k, e := range m {
-			if seen == SweepSlice {
-				if sh.len()+need > s.perShard {
+	for _, m := range [...]map[uint64]*entry{sh.old, sh.m} {
+		for h := range m {
+			if seen >= SweepSlice {
+				if sh.n+need > s.perShard {
 					sh.soonest = mono + lookAgain
 					return false
 				}
 				return true
 			}
-			seen++
-			if e.expires <= mono {
-				delete(m, k)
-			} else {
-				low = min(low, e.expires)
-			}
+			k, l := sh.prune(m, nil, h, mono)
+			seen += k
+			low = min(low, l)
 		}
 	}
 	sh.soonest = low // it saw every counter
-	return sh.len()+need <= s.perShard
+	return sh.n+need <= s.perShard
 }
 
-// write counts n (allowed) or records the denial of an entry, and returns
-// the view after it.
-func (s *Store) write(sh *shard, e *entry, c *countlimit.Check, v view, allowed bool, n, now int64) view {
+// write counts n (allowed) or records the denial of an entry, and updates
+// its view v.
+func (s *Store) write(sh *shard, e *entry, c *countlimit.Check, v *view, allowed bool, n, now int64) {
+	deadline := max(e.end, e.blocked)
 	e.limit = c.Limit
-	if !allowed {
+	switch span := c.Span.Microseconds(); {
+	case !allowed:
 		e.denied++
 		if !v.blocked && c.Block > 0 {
 			e.blocked = now + c.Block.Microseconds()
 			v.blocked = true
 		}
-		s.touch(sh, e, now)
-		return v
-	}
-	if span := c.Span.Microseconds(); span > 0 {
+	case span > 0:
 		e.events = insertSorted(append(e.events[:0], e.events[v.live:]...), now, int(n))
 		e.count = int64(len(e.events))
 		e.begin, e.end = e.events[0], e.events[len(e.events)-1]+span
-	} else {
+		v.used, v.begin, v.end, v.live = e.count, e.begin, e.end, 0
+	default:
 		e.count = v.used + n
 		e.begin, e.end = v.begin, v.end
 		e.events = e.events[:0]
+		v.used += n
 	}
-	s.touch(sh, e, now)
-	return view{used: v.used + n, begin: e.begin, end: e.end, live: 0}
+	if e.expires == 0 || max(e.end, e.blocked) != deadline {
+		s.touch(sh, e, now)
+	}
 }
 
-func (s *Store) refund(e *entry, c *countlimit.Check, v view, n, now int64) {
+func (s *Store) refund(e *entry, c *countlimit.Check, v *view, n int64) {
 	if span := c.Span.Microseconds(); span > 0 {
 		keep := max(0, v.used-n)
 		e.events = append(e.events[:0], e.events[v.live:v.live+int(keep)]...)
@@ -461,7 +571,12 @@ func insertSorted(log []int64, t int64, n int) []int64 {
 	return log
 }
 
-// touch sets the janitor's deadline from the entry's window and penalty.
+// touch sets the janitor's deadline from the entry's window and penalty. A
+// write calls it only when it moved the end of either, or the entry is new
+// (expires 0): a check in a current window reads no clock but the
+// Limiter's, and the deadline set when the window opened counts the same
+// time down. A Limiter clock stepped against the monotonic one since then
+// is followed at the next write that moves the window or the penalty.
 func (s *Store) touch(sh *shard, e *entry, now int64) {
 	mono := s.mono()
 	ttl := max(e.end, e.blocked) - now // µs
@@ -474,19 +589,18 @@ func (s *Store) touch(sh *shard, e *entry, now int64) {
 	sh.low = min(sh.low, e.expires)
 }
 
-func state(st *countlimit.State, e *entry, c *countlimit.Check, v view, allowed bool, n, now int64) {
+// state writes c.State from its slot, after the lock is let go.
+func state(c *countlimit.Check, sl *slot, allowed bool, now int64) {
+	st, v := &c.State, &sl.v
 	*st = countlimit.State{Allowed: allowed, Used: v.used}
 	if c.Span == 0 || v.used > 0 {
 		st.Begin, st.End = time.UnixMicro(v.begin), timeOf(v.end)
 	}
-	if e == nil {
-		return
+	if sl.e != nil && sl.blocked > now {
+		st.BlockedUntil = time.UnixMicro(sl.blocked)
 	}
-	if e.blocked > now {
-		st.BlockedUntil = time.UnixMicro(e.blocked)
-	}
-	if c.Span > 0 && !allowed && n <= c.Limit && v.used+n > c.Limit {
-		st.FreeAt = time.UnixMicro(e.events[v.live+int(v.used+n-c.Limit)-1])
+	if sl.free {
+		st.FreeAt = time.UnixMicro(sl.freeAt)
 	}
 }
 
@@ -535,7 +649,7 @@ func (s *Store) sweepShard(sh *shard) {
 	low := s.drain(sh, sh.m, nil)
 	if sh.peak >= shrinkMin && len(sh.m) <= sh.peak/4 {
 		s.rebuilds.Add(1)
-		sh.old, sh.m = sh.m, make(map[key]*entry, len(sh.m))
+		sh.old, sh.m = sh.m, make(map[uint64]*entry, len(sh.m))
 		sh.peak = len(sh.old)
 		low = min(low, s.drain(sh, sh.old, sh.m))
 		sh.old = nil
@@ -543,29 +657,23 @@ func (s *Store) sweepShard(sh *shard) {
 	sh.soonest = min(low, sh.low)
 }
 
-// drain walks m, SweepSlice entries per hold of sh's lock, drops the
-// expired ones and, when to is not nil, moves the others into it. It
-// returns the soonest expiry it kept. sh is locked on entry and on return.
+// drain walks m, about SweepSlice counters per hold of sh's lock (a chain
+// is done whole), drops the expired ones and, when to is not nil, moves
+// the others into it. It returns the soonest expiry it kept. sh is locked
+// on entry and on return.
 //
 // The lock is let go only at the end of an iteration, so the next key and
-// entry are read under it and are never stale. A Go map may change between
-// the steps of a range loop: an entry deleted meanwhile is not produced,
-// and one added meanwhile may or may not be; checks add new keys to sh.m
-// only, so while m is sh.old, a key is always in exactly one of the two.
-func (s *Store) drain(sh *shard, m, to map[key]*entry) int64 {
+// chain are read under it and are never stale. A Go map may change between
+// the steps of a range loop: a key deleted meanwhile is not produced, and
+// one added meanwhile may or may not be; checks add new keys to sh.m only
+// (a new counter joins its chain where the chain is), so while m is
+// sh.old, a chain is always in exactly one of the two.
+func (s *Store) drain(sh *shard, m, to map[uint64]*entry) int64 {
 	mono, low, seen := s.mono(), int64(forever), 0
-	for k, e := range m {
-		switch {
-		case e.expires <= mono:
-			delete(m, k)
-		case to != nil:
-			to[k] = e
-			delete(m, k)
-			fallthrough
-		default:
-			low = min(low, e.expires)
-		}
-		if seen++; seen == SweepSlice {
+	for h := range m {
+		k, l := sh.prune(m, to, h, mono)
+		low = min(low, l)
+		if seen += k; seen >= SweepSlice {
 			seen = 0
 			sh.mu.Unlock()
 			if s.pause != nil {
