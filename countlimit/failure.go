@@ -189,7 +189,7 @@ func (l *Limiter) do(ctx context.Context, op Op, reqs []*Request) error {
 	if g == nil {
 		return Unavailable(l.store.Do(ctx, reqs))
 	}
-	now := l.now()
+	now := reqs[0].Now // the call's clock read; the breaker needs no other
 	err := ErrCircuitOpen
 	probe, ok := g.breaker.admit(now)
 	if ok {

@@ -63,14 +63,17 @@ type storeClock struct {
 	first      sync.Mutex // serialises the first read
 }
 
-// clockFor reads the clock for a call about to go to the store.
+// clockFor reads the clock for a call about to go to the store: once,
+// however many things need it.
 func (l *Limiter) clockFor(ctx context.Context) (time.Time, error) {
-	if l.sclock != nil {
-		if err := l.syncClock(ctx); err != nil && (l.guarded == nil || l.guarded.fallback == nil) {
+	t := l.now()
+	if sc := l.sclock; sc != nil {
+		if err := l.syncClock(ctx, t); err != nil && (l.guarded == nil || l.guarded.fallback == nil) {
 			return time.Time{}, err
 		}
+		t = t.Add(time.Duration(sc.offset.Load()))
 	}
-	return l.clock(), nil
+	return t.Truncate(time.Microsecond), nil
 }
 
 // clock reads the Limiter's clock, corrected to the store's when
@@ -83,9 +86,9 @@ func (l *Limiter) clock() time.Time {
 	return t.Truncate(time.Microsecond)
 }
 
-// syncClock makes sure the offset is known and not stale. Only the first read's
-// failure is returned.
-func (l *Limiter) syncClock(ctx context.Context) error {
+// syncClock makes sure the offset is known and not stale at local time
+// now. Only the first read's failure is returned.
+func (l *Limiter) syncClock(ctx context.Context, now time.Time) error {
 	sc := l.sclock
 	next := sc.next.Load()
 	switch {
@@ -96,7 +99,7 @@ func (l *Limiter) syncClock(ctx context.Context) error {
 			return nil
 		}
 		return l.readStoreClock(ctx)
-	case l.now().UnixNano() < next || !sc.refreshing.CompareAndSwap(false, true):
+	case now.UnixNano() < next || !sc.refreshing.CompareAndSwap(false, true):
 		return nil
 	}
 	defer sc.refreshing.Store(false)
