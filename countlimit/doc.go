@@ -34,7 +34,12 @@
 // per day) all-or-nothing; [Limiter.Refund] gives events back; a Rule's
 // Block puts an id in a penalty box after a denial; [Limiter.CheckLimit] is
 // the classic CheckLimit(useType, id, limit, duration, beginTime) model.
+// A [Concurrent] rule limits how many run at once instead: [Limiter.Acquire]
+// takes a slot, a [Lease], that its holder releases, and that frees itself
+// after a ttl if the holder crashes.
 //
-// Time: the Limiter's clock (see [WithClock]) is the only clock that
-// decides; stores never read their own. Times are kept to the microsecond.
+// Time: the Limiter's clock (see [WithClock]) decides; stores take "now"
+// from each call and never read their own while deciding. [WithStoreClock]
+// corrects the Limiter's clock by the store's, read now and then, so that
+// processes with skewed clocks agree. Times are kept to the microsecond.
 package countlimit

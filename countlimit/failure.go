@@ -113,7 +113,9 @@ func WithCircuitBreaker(cb CircuitBreaker) Option {
 // and are not copied back when the store returns. A fleet of n processes
 // each with a fallback may allow up to n times a rule's Limit during an
 // outage. Refund and Reset never fall back: they fail with ErrUnavailable,
-// so nothing an operator does is silently applied to one process only.
+// so nothing an operator does is silently applied to one process only; nor
+// do Acquire, a Lease's Release and Extend, and Peek of a Concurrent rule,
+// whose slots are the store's alone.
 // Without this option the Limiter fails closed: the call returns
 // ErrUnavailable. [Limiter.Stats] counts the calls the fallback answered.
 func WithFallback(fallback Store) Option {
@@ -190,9 +192,12 @@ func (l *Limiter) do(ctx context.Context, op Op, reqs []*Request) error {
 		return Unavailable(l.store.Do(ctx, reqs))
 	}
 	now := reqs[0].Now // the call's clock read; the breaker needs no other
-	err := ErrCircuitOpen
-	probe, ok := g.breaker.admit(now)
-	if ok {
+	var err error
+	if sc := l.sclock; sc != nil && !sc.synced() {
+		// Only a fallback gets here (clockFor fails the call otherwise):
+		// the store's time is unknown, so the store is not written.
+		err = errClockUnknown
+	} else if probe, ok := g.breaker.admit(now); ok {
 		err = g.call(ctx, l.store, reqs)
 		failed := err != nil && ctx.Err() == nil
 		if failed {
@@ -201,9 +206,11 @@ func (l *Limiter) do(ctx context.Context, op Op, reqs []*Request) error {
 		g.breaker.record(now, probe, err == nil, failed)
 	} else {
 		g.rejected.Add(1)
-		err = fmt.Errorf("%w (%d failures in a row; next probe in %v)", err, g.breaker.cfg.Failures, g.breaker.wait(now).Round(time.Millisecond))
+		err = fmt.Errorf("%w (%d failures in a row; next probe in %v)", ErrCircuitOpen, g.breaker.cfg.Failures, g.breaker.wait(now).Round(time.Millisecond))
 	}
-	if err == nil || g.fallback == nil || op == OpRefund || op == OpReset || ctx.Err() != nil {
+	// Only counting calls fall back: not Refund or Reset, nor anything of a
+	// Concurrent rule, whose slots are the store's alone.
+	if err == nil || g.fallback == nil || (op != OpAllow && op != OpPeek) || reqs[0].Checks[0].TTL > 0 || ctx.Err() != nil {
 		return err
 	}
 	if ferr := g.call(ctx, g.fallback, reqs); ferr != nil {

@@ -428,6 +428,20 @@ func TestStoreClockFirstReadFails(t *testing.T) {
 	if res, err := l.Allow(context.Background(), perMinute, "u1"); err != nil || !res.Allowed {
 		t.Fatalf("Allow with a fallback when the store's clock cannot be read = %+v, %v; want allowed on the local clock", res, err)
 	}
+	if cs.Len() != 0 || fallback.Len() != 1 {
+		t.Errorf("store holds %d counters, fallback %d; want the fallback alone to count while the store's clock is unknown", cs.Len(), fallback.Len())
+	}
+	// Until the next read is due, calls fail (or fall back) at once, without
+	// reading the clock again; then it is read again.
+	reads := cs.reads.Load()
+	if _, err := l.Allow(context.Background(), perMinute, "u2"); err != nil || cs.reads.Load() != reads {
+		t.Errorf("a second call within the second: %v, %d more clock reads; want the fallback's answer and none", err, cs.reads.Load()-reads)
+	}
+	cs.fail.Store(false)
+	local.advance(time.Second)
+	if _, err := l.Allow(context.Background(), perMinute, "u3"); err != nil || cs.reads.Load() != reads+1 || cs.Len() != 1 {
+		t.Errorf("a call a second later: %v, %d more clock reads, store holds %d; want one read and the store counting", err, cs.reads.Load()-reads, cs.Len())
+	}
 }
 
 func TestStoreClockNeedsAClock(t *testing.T) {

@@ -20,9 +20,10 @@ type Limiter struct {
 // Option configures a Limiter.
 type Option func(*Limiter)
 
-// WithClock sets the Limiter's clock (default time.Now). It is the only clock
-// that decides anything: stores take "now" from the Limiter, so two Limiters
-// sharing a store should share a clock too.
+// WithClock sets the Limiter's clock (default time.Now). It is the clock
+// that decides: stores take "now" from the Limiter, so two Limiters sharing
+// a store should share a clock too, or correct theirs by the store's with
+// [WithStoreClock].
 func WithClock(now func() time.Time) Option {
 	return func(l *Limiter) {
 		if now != nil {
@@ -71,6 +72,7 @@ func (c *call) set(op Op, id string, now time.Time, n int64) *Check {
 	c.req.ID = id
 	c.req.Now = now
 	c.req.N = n
+	c.req.Lease = ""
 	c.req.Checks = c.checks[:]
 	return &c.checks[0]
 }
@@ -79,7 +81,7 @@ func (c *call) set(op Op, id string, now time.Time, n int64) *Check {
 // counts it if so. It is AllowN(ctx, r, id, 1).
 func (l *Limiter) Allow(ctx context.Context, r Rule, id string) (Result, error) {
 	var res Result
-	err := l.one(ctx, &res, OpAllow, r, id, 1)
+	err := l.one(ctx, &res, OpAllow, r, id, 1, "")
 	return res, err
 }
 
@@ -87,14 +89,14 @@ func (l *Limiter) Allow(ctx context.Context, r Rule, id string) (Result, error) 
 // n > r.Limit is denied with RetryAfter -1; n < 1 is ErrInvalid.
 func (l *Limiter) AllowN(ctx context.Context, r Rule, id string, n int64) (Result, error) {
 	var res Result
-	err := l.one(ctx, &res, OpAllow, r, id, n)
+	err := l.one(ctx, &res, OpAllow, r, id, n, "")
 	return res, err
 }
 
 // Peek reports what Allow would answer now, counting nothing.
 func (l *Limiter) Peek(ctx context.Context, r Rule, id string) (Result, error) {
 	var res Result
-	err := l.one(ctx, &res, OpPeek, r, id, 1)
+	err := l.one(ctx, &res, OpPeek, r, id, 1, "")
 	return res, err
 }
 
@@ -103,7 +105,7 @@ func (l *Limiter) Peek(ctx context.Context, r Rule, id string) (Result, error) {
 // leaves a penalty in place.
 func (l *Limiter) Refund(ctx context.Context, r Rule, id string, n int64) (Result, error) {
 	var res Result
-	err := l.one(ctx, &res, OpRefund, r, id, n)
+	err := l.one(ctx, &res, OpRefund, r, id, n, "")
 	return res, err
 }
 
@@ -113,26 +115,41 @@ func (l *Limiter) Reset(ctx context.Context, r Rule, id string) error {
 	if err := validateKey(r.UseType, id); err != nil {
 		return wrap(OpReset, r.UseType, err)
 	}
+	_, err := l.keyOp(ctx, OpReset, r.UseType, id, "", 0)
+	return err
+}
+
+// keyOp carries out an operation on a key that takes no rule: Reset, or a
+// lease's Release or Extend (token and ttl are the lease's). It reports
+// the State's verdict.
+func (l *Limiter) keyOp(ctx context.Context, op Op, ut UseType, id, token string, ttl time.Duration) (bool, error) {
 	now, err := l.clockFor(ctx)
 	if err != nil {
-		return wrap(OpReset, r.UseType, err)
+		return false, wrap(op, ut, err)
 	}
 	c := callPool.Get().(*call)
 	defer callPool.Put(c)
-	ch := c.set(OpReset, id, now, 0)
-	*ch = Check{UseType: r.UseType}
-	if err := l.do(ctx, OpReset, c.reqs[:]); err != nil {
-		return wrap(OpReset, r.UseType, err)
+	ch := c.set(op, id, now, 1)
+	c.req.Lease = token
+	*ch = Check{UseType: ut, TTL: ttl}
+	if err := l.do(ctx, op, c.reqs[:]); err != nil {
+		return false, wrap(op, ut, err)
 	}
-	return nil
+	return ch.State.Allowed, nil
 }
 
 // one carries out a single-rule call and fills res. res is the caller's
 // (Allow's, inlined into its caller): a Result returned by value was copied
 // out right after it was written, which stalled the copy (4 ns an Allow).
-func (l *Limiter) one(ctx context.Context, res *Result, op Op, r Rule, id string, n int64) error {
+func (l *Limiter) one(ctx context.Context, res *Result, op Op, r Rule, id string, n int64, lease string) error {
 	if err := validate(&r, id, n); err != nil {
 		return wrap(op, r.UseType, err)
+	}
+	switch concurrent := r.Window.kind == kindConcurrent; {
+	case op == OpAcquire && !concurrent:
+		return wrap(op, r.UseType, invalidf("Rule.Window", "Acquire takes slots of a Concurrent window, got %s", r.Window))
+	case concurrent && op != OpAcquire && op != OpPeek:
+		return wrap(op, r.UseType, errCountsSlots("Rule.Window"))
 	}
 	now, err := l.clockFor(ctx)
 	if err != nil {
@@ -141,6 +158,7 @@ func (l *Limiter) one(ctx context.Context, res *Result, op Op, r Rule, id string
 	c := callPool.Get().(*call)
 	defer callPool.Put(c)
 	ch := c.set(op, id, now, n)
+	c.req.Lease = lease
 	setCheck(ch, &r, now)
 	if err := l.do(ctx, op, c.reqs[:]); err != nil {
 		return wrap(op, r.UseType, err)
@@ -169,6 +187,9 @@ func (l *Limiter) AllowAll(ctx context.Context, id string, rules ...Rule) ([]Res
 	for i, r := range rules {
 		if err := validate(&r, id, 1); err != nil {
 			return nil, wrap(OpAllow, r.UseType, err)
+		}
+		if r.Window.kind == kindConcurrent {
+			return nil, wrap(OpAllow, r.UseType, errCountsSlots(fmt.Sprintf("rules[%d].Window", i)))
 		}
 		for _, prev := range rules[:i] {
 			if prev.UseType == r.UseType {
@@ -252,9 +273,12 @@ func setCheck(c *Check, r *Rule, now time.Time) {
 	c.UseType = r.UseType
 	c.Limit = r.Limit
 	c.Begin, c.End = bounds(now, r.Window)
-	c.Span = 0
-	if r.Window.kind == kindSliding {
+	c.Span, c.TTL = 0, 0
+	switch r.Window.kind {
+	case kindSliding:
 		c.Span = truncMicro(r.Window.d)
+	case kindConcurrent:
+		c.TTL = truncMicro(r.Window.d)
 	}
 	c.Block = truncMicro(r.Block)
 	c.State = State{}

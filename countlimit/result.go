@@ -7,17 +7,21 @@ import "time"
 type Result struct {
 	Allowed bool
 	Limit   int64
-	// Used is what the current window has counted after this call.
+	// Used is what the current window has counted after this call; for a
+	// Concurrent window, the slots held.
 	Used int64
 	// Remaining is Limit - Used, never below 0.
 	Remaining int64
 	// ResetAt is when room comes back: the window's end, or for Sliding
 	// windows when the oldest counted event leaves (now when none is
-	// counted). Zero for Lifetime windows.
+	// counted), or for Concurrent windows when the earliest lease expires
+	// (now when none is held). Zero for Lifetime windows.
 	ResetAt time.Time
 	// RetryAfter is 0 when Allowed, else how long until the same call can
 	// succeed (the later of the penalty's end and room in every window), or
-	// -1 when no wait helps: a full Lifetime window, or n > Limit.
+	// -1 when no wait helps: a full Lifetime window, or n > Limit. For a
+	// Concurrent window it is the wait until the earliest lease expires; a
+	// Release may free a slot sooner.
 	RetryAfter time.Duration
 	// BlockedUntil is the end of the penalty while the id sits in it.
 	BlockedUntil time.Time
@@ -45,6 +49,12 @@ func need(c *Check, now time.Time, n int64) (wait time.Duration, never bool) {
 			return -1, true
 		}
 		room = s.FreeAt.Add(c.Span)
+	case c.TTL > 0:
+		if s.Begin.IsZero() {
+			return -1, true // Limit 0: no lease will ever expire
+		}
+		room = s.Begin // the earliest lease expires
+
 	case s.End.IsZero():
 		return -1, true
 	default:
@@ -61,10 +71,16 @@ func setResult(r *Result, c *Check, now time.Time, retry time.Duration) {
 	r.Used = s.Used
 	r.Remaining = max(0, c.Limit-s.Used)
 	r.ResetAt = s.End
-	if c.Span > 0 {
+	switch {
+	case c.Span > 0:
 		r.ResetAt = now
 		if s.Used > 0 {
 			r.ResetAt = s.Begin.Add(c.Span)
+		}
+	case c.TTL > 0:
+		r.ResetAt = now
+		if s.Used > 0 {
+			r.ResetAt = s.Begin
 		}
 	}
 	r.RetryAfter = 0

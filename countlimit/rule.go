@@ -22,6 +22,9 @@ const (
 	// MaxSlidingLimit is the largest Limit of a Sliding window, which keeps
 	// one timestamp per counted event. Use Fixed or Rolling for more.
 	MaxSlidingLimit = 10000
+	// MaxConcurrentLimit is the largest Limit of a Concurrent window, which
+	// keeps one lease per held slot.
+	MaxConcurrentLimit = 10000
 	// MaxDuration is the longest window, penalty or CheckLimit duration.
 	MaxDuration = 100 * 365 * 24 * time.Hour
 )
@@ -75,6 +78,9 @@ func validateLimits(r *Rule) error {
 	}
 	if r.Window.kind == kindSliding && r.Limit > MaxSlidingLimit {
 		return invalidf("Rule.Limit", "a Sliding window logs every event: at most %d, got %d (use Fixed or Rolling for more)", MaxSlidingLimit, r.Limit)
+	}
+	if r.Window.kind == kindConcurrent && r.Limit > MaxConcurrentLimit {
+		return invalidf("Rule.Limit", "a Concurrent window keeps a lease per slot: at most %d, got %d", MaxConcurrentLimit, r.Limit)
 	}
 	if r.Block < 0 || r.Block > MaxDuration {
 		return invalidf("Rule.Block", "must be 0 to 100 years, got %v", r.Block)

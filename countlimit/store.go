@@ -47,7 +47,35 @@ import (
 //   - OpRefund: each check's current window gives back N, never below 0 (a
 //     sliding check drops its N newest events); then Allowed is computed as
 //     for OpPeek.
-//   - OpReset: forgets every check's state, penalty included.
+//   - OpReset: forgets every check's state, penalty included: its count,
+//     its sliding log and its leases (below), whatever the check's kind.
+//
+// A Concurrent check (TTL > 0) keeps leases instead of a count: each lease
+// is a token (Request.Lease) with an expiry, and is live while Now is before
+// its expiry. Its Used is the number of live leases; expired ones may be
+// dropped by any write. Such a check is always the only check of its
+// Request, with N = 1, and comes only with these operations:
+//
+//   - OpAcquire: the check fits as for OpAllow (not blocked, Used + 1 <=
+//     Limit); if it does, it adds the lease with expiry Now + TTL and
+//     Allowed is true. Otherwise it counts the denial and sets the penalty as
+//     OpAllow does.
+//   - OpPeek: as for other checks, with Used the live leases.
+//   - OpRelease: removes the lease named Lease, live or expired; Allowed
+//     reports whether it was live. Nothing else changes.
+//   - OpExtend: if the lease named Lease is live, its expiry becomes Now +
+//     TTL and Allowed is true; otherwise nothing is written and Allowed is
+//     false.
+//
+// Neither OpRelease nor OpExtend counts a denial or looks at the penalty.
+// A key's leases and its count are kept apart: a Concurrent check neither
+// sees nor changes the count or window other kinds keep, and they neither
+// see nor change its leases (a rule that changes kind starts from nothing in
+// the new kind; leases left behind expire). The penalty and the denial tally
+// are shared.
+//
+// The State of a Concurrent check has Begin the earliest expiry of a live
+// lease and End the latest (both zero when none is live), after the request.
 type Store interface {
 	Do(ctx context.Context, reqs []*Request) error
 }
@@ -61,9 +89,13 @@ const (
 	OpPeek
 	OpRefund
 	OpReset
+	OpAcquire
+	OpRelease
+	OpExtend
 )
 
-// String returns the operation's name: "allow", "peek", "refund" or "reset".
+// String returns the operation's name: "allow", "peek", "refund", "reset",
+// "acquire", "release" or "extend".
 func (o Op) String() string {
 	switch o {
 	case OpAllow:
@@ -74,6 +106,12 @@ func (o Op) String() string {
 		return "refund"
 	case OpReset:
 		return "reset"
+	case OpAcquire:
+		return "acquire"
+	case OpRelease:
+		return "release"
+	case OpExtend:
+		return "extend"
 	}
 	return "op?"
 }
@@ -81,11 +119,28 @@ func (o Op) String() string {
 // Request is one atomic step for a Store: one id, one or more rules. All
 // times are truncated to microseconds.
 type Request struct {
-	Op     Op
-	ID     string
-	Now    time.Time
-	N      int64
+	Op  Op
+	ID  string
+	Now time.Time
+	N   int64
+	// Lease is the token of the lease an OpAcquire takes or an OpRelease or
+	// OpExtend names: 22 characters of the URL-safe base64 alphabet. Empty
+	// for every other operation.
+	Lease  string
 	Checks []Check
+}
+
+// OnLeases reports whether r works on the leases of a Concurrent check:
+// OpAcquire, OpRelease, OpExtend, or OpPeek of a Concurrent rule (which
+// comes alone). Every other request, OpReset included, is about counts.
+func (r *Request) OnLeases() bool {
+	switch r.Op {
+	case OpAcquire, OpRelease, OpExtend:
+		return true
+	case OpPeek:
+		return len(r.Checks) == 1 && r.Checks[0].TTL > 0
+	}
+	return false
 }
 
 // Check is one rule of a Request, in the explicit form a Store needs, and the
@@ -98,6 +153,9 @@ type Check struct {
 	Begin, End time.Time
 	// Span is the length of a Sliding window; zero for every other kind.
 	Span time.Duration
+	// TTL is the lease length of a Concurrent window; zero for every other
+	// kind. Begin and End are zero when Span or TTL is set.
+	TTL time.Duration
 	// Block is the penalty a denial sets; zero for none.
 	Block time.Duration
 
@@ -112,7 +170,9 @@ type State struct {
 	Used int64
 	// Begin and End bound the current window (End zero for lifetime). For
 	// sliding checks Begin is the oldest logged event and End the newest plus
-	// Span; both are zero when the log is empty.
+	// Span; both are zero when the log is empty. For concurrent checks they
+	// are the earliest and the latest expiry of a live lease, zero when none
+	// is live.
 	Begin, End time.Time
 	// BlockedUntil is the penalty's end when it is after Now, else zero.
 	BlockedUntil time.Time

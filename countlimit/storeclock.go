@@ -30,8 +30,10 @@ type StoreClock interface {
 // minute). The read that refreshes the offset is made by the one call that
 // finds it stale, adding one round trip to that call; the others meanwhile
 // use the previous offset. If the very first read fails, the call fails
-// with ErrUnavailable (or, with [WithFallback], is decided on the local
-// clock); a failed refresh keeps the previous offset.
+// with ErrUnavailable, as do the calls of the next second without another
+// read (with [WithFallback], Allow and Peek are decided by the fallback
+// store on the local clock: the store itself is never written on a clock it
+// has not confirmed); a failed refresh keeps the previous offset.
 //
 // Skew without this option: each process decides with its own clock. A
 // process whose clock runs ahead sees windows end early (a Fixed window
@@ -60,8 +62,16 @@ type storeClock struct {
 	offset     atomic.Int64 // nanoseconds to add to the Limiter's clock
 	next       atomic.Int64 // when to refresh, Unix nanoseconds of the Limiter's clock; 0: never synced
 	refreshing atomic.Bool
-	first      sync.Mutex // serialises the first read
+	first      sync.Mutex   // serialises the first read
+	retry      atomic.Int64 // after a failed first read: when to try again, Unix nanoseconds
 }
+
+// errClockUnknown is the error of a call made while the store's clock has
+// never been read: its first read failed, and the next is not due yet.
+var errClockUnknown = fmt.Errorf("%w: the store's clock is not known yet (its first read failed; the next is due within a second)", ErrUnavailable)
+
+// synced reports whether the store's clock has been read at least once.
+func (sc *storeClock) synced() bool { return sc.next.Load() != 0 }
 
 // clockFor reads the clock for a call about to go to the store: once,
 // however many things need it.
@@ -93,12 +103,24 @@ func (l *Limiter) syncClock(ctx context.Context, now time.Time) error {
 	next := sc.next.Load()
 	switch {
 	case next == 0:
+		// Callers that arrive while the first read fails do not each wait
+		// for one more read: they fail at once until the next is due.
+		if now.UnixNano() < sc.retry.Load() {
+			return errClockUnknown
+		}
 		sc.first.Lock()
 		defer sc.first.Unlock()
-		if sc.next.Load() != 0 {
+		switch {
+		case sc.synced():
 			return nil
+		case now.UnixNano() < sc.retry.Load():
+			return errClockUnknown
 		}
-		return l.readStoreClock(ctx)
+		err := l.readStoreClock(ctx)
+		if err != nil {
+			sc.retry.Store(l.now().Add(min(sc.resync, time.Second)).UnixNano())
+		}
+		return err
 	case now.UnixNano() < next || !sc.refreshing.CompareAndSwap(false, true):
 		return nil
 	}

@@ -39,6 +39,7 @@ const (
 	kindCalendar
 	kindSliding
 	kindLifetime
+	kindConcurrent
 )
 
 // Window says when counted events stop counting. Windows are small values,
@@ -75,6 +76,14 @@ func Sliding(d time.Duration) Window { return Window{kind: kindSliding, d: d} }
 // Lifetime returns a window that never ends: Limit events ever, until Reset.
 func Lifetime() Window { return Window{kind: kindLifetime} }
 
+// Concurrent returns a window of slots instead of events: Limit is how many
+// may be held at once, taken with [Limiter.Acquire] and given back with
+// [Lease.Release]. A slot held longer than ttl since it was taken or last
+// extended ([Lease.Extend]) frees itself, so a holder that crashes leaks
+// nothing for longer than ttl. Allow, AllowN, AllowAll and Refund refuse a
+// Concurrent rule; Peek and Reset take it.
+func Concurrent(ttl time.Duration) Window { return Window{kind: kindConcurrent, d: ttl} }
+
 // String describes the window, e.g. "fixed 1h0m0s" or "calendar day Asia/Shanghai".
 func (w Window) String() string {
 	switch w.kind {
@@ -84,6 +93,8 @@ func (w Window) String() string {
 		return "fixed " + w.d.String()
 	case kindSliding:
 		return "sliding " + w.d.String()
+	case kindConcurrent:
+		return "concurrent " + w.d.String()
 	case kindLifetime:
 		return "lifetime"
 	case kindCalendar:
@@ -95,20 +106,25 @@ func (w Window) String() string {
 	return "invalid window"
 }
 
-// Duration returns the length of a Rolling, Fixed or Sliding window, and 0
-// for Calendar windows (a day or a month has no single length) and Lifetime.
+// Duration returns the length of a Rolling, Fixed or Sliding window, the
+// lease ttl of a Concurrent one, and 0 for Calendar windows (a day or a
+// month has no single length) and Lifetime.
 func (w Window) Duration() time.Duration {
 	switch w.kind {
-	case kindRolling, kindFixed, kindSliding:
+	case kindRolling, kindFixed, kindSliding, kindConcurrent:
 		return w.d
 	}
 	return 0
 }
 
+// IsConcurrent reports whether w is a [Concurrent] window, whose rules take
+// slots with Acquire instead of counting events with Allow.
+func (w Window) IsConcurrent() bool { return w.kind == kindConcurrent }
+
 // validate reports why w cannot be used, naming the field.
 func (w Window) validate() error {
 	switch w.kind {
-	case kindRolling, kindFixed, kindSliding:
+	case kindRolling, kindFixed, kindSliding, kindConcurrent:
 		if w.d < time.Microsecond || w.d > MaxDuration {
 			return invalidf("Rule.Window", "%s duration must be 1µs to 100 years, got %v", w.kindName(), w.d)
 		}
@@ -121,7 +137,7 @@ func (w Window) validate() error {
 		}
 	case kindLifetime:
 	default:
-		return invalidf("Rule.Window", "zero Window; use Rolling, Fixed, Calendar, Sliding or Lifetime")
+		return invalidf("Rule.Window", "zero Window; use Rolling, Fixed, Calendar, Sliding, Lifetime or Concurrent")
 	}
 	return nil
 }
@@ -134,14 +150,16 @@ func (w Window) kindName() string {
 		return "fixed"
 	case kindSliding:
 		return "sliding"
+	case kindConcurrent:
+		return "concurrent"
 	}
 	return "window"
 }
 
 // bounds returns the window a counted event at now would open: [begin, end).
-// end is the zero Time for Lifetime windows. Sliding windows have no fixed
-// bounds; bounds returns [now-d, now+d) for them, which stores ignore.
-// now must already be truncated to microseconds and w must be valid.
+// end is the zero Time for Lifetime windows. Sliding and Concurrent windows
+// have no bounds: both are zero for them. now must already be truncated to
+// microseconds and w must be valid.
 func bounds(now time.Time, w Window) (begin, end time.Time) {
 	switch w.kind {
 	case kindRolling:
@@ -153,9 +171,8 @@ func bounds(now time.Time, w Window) (begin, end time.Time) {
 		return time.UnixMicro(b).UTC(), time.UnixMicro(b + d).UTC()
 	case kindCalendar:
 		return calendarBounds(now, w.unit, w.loc)
-	case kindSliding:
-		d := truncMicro(w.d)
-		return now.Add(-d), now.Add(d)
+	case kindSliding, kindConcurrent:
+		return time.Time{}, time.Time{}
 	}
 	return now, time.Time{}
 }

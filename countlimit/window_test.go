@@ -8,7 +8,9 @@ import (
 var fuzzZones = []string{"UTC", "Asia/Shanghai", "America/New_York", "Europe/Berlin", "Australia/Lord_Howe", "America/Santiago", "Asia/Kathmandu", "Pacific/Chatham"}
 
 func fuzzWindow(t *testing.T, kind, zone uint8, d int64) Window {
-	switch kind % 5 {
+	switch kind % 6 {
+	case 5:
+		return Concurrent(time.Duration(d))
 	case 0:
 		return Rolling(time.Duration(d))
 	case 1:
@@ -25,8 +27,8 @@ func fuzzWindow(t *testing.T, kind, zone uint8, d int64) Window {
 	return Calendar(Unit(1+int(d&3)), loc)
 }
 
-// FuzzBounds checks that every window contains now, and that Fixed and
-// Calendar windows tile time: no gaps, no overlaps, stable from any instant
+// FuzzBounds checks that every window with bounds contains now (Sliding and
+// Concurrent windows have none), and that Fixed and Calendar windows tile time: no gaps, no overlaps, stable from any instant
 // inside them.
 func FuzzBounds(f *testing.F) {
 	f.Add(time.Date(2026, 3, 8, 2, 30, 0, 0, time.UTC).UnixMicro(), uint8(4), uint8(2), int64(0))
@@ -38,6 +40,9 @@ func FuzzBounds(f *testing.F) {
 	f.Add(int64(-1), uint8(1), uint8(0), int64(7*24*time.Hour))
 	f.Add(int64(0), uint8(1), uint8(0), int64(time.Hour))
 	f.Add(int64(1700000000123456), uint8(0), uint8(0), int64(1500))
+	// Sliding and Concurrent windows have no bounds.
+	f.Add(int64(84), uint8(2), uint8(0), int64(604800000000030))
+	f.Add(int64(84), uint8(5), uint8(0), int64(time.Minute))
 	f.Fuzz(func(t *testing.T, us int64, kind, zone uint8, d int64) {
 		// Years 1900..2200: what a counter may meet.
 		const lo, hi = -2208988800 * 1e6, 7258118400 * 1e6
@@ -56,6 +61,12 @@ func FuzzBounds(f *testing.F) {
 		}
 		now := time.UnixMicro(us)
 		begin, end := bounds(now, w)
+		if w.kind == kindSliding || w.kind == kindConcurrent {
+			if !begin.IsZero() || !end.IsZero() {
+				t.Fatalf("%v at %v: bounds [%v, %v), want none", w, now, begin, end)
+			}
+			return
+		}
 		if begin.After(now) {
 			t.Fatalf("%v at %v: begin %v after now", w, now, begin)
 		}

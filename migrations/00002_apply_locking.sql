@@ -16,6 +16,18 @@
 -- Allow fail with a serialization error under READ COMMITTED.
 --
 -- Same signature and results as before; only the locking changed.
+--
+-- Twins: countlimit/redisstore/apply.lua and memstore's Store.apply
+-- (countlimit/memstore/memstore.go) make the same decision, each atomic in
+-- its own store, and queries/fast.sql again for one rule that is not
+-- sliding: change one, change them all. The contract is countlimit.Store's;
+-- storetest.Run, in each store's TestConformance, holds them to it, the
+-- corners in RollingStartsAtFirstCountedEvent and LateClockReadJoinsWindow
+-- (fresh or current window), Sliding, AllowNSliding and SlidingOutOfOrder
+-- (the log), Refund and RefundSliding, AllowAllHourAndDay, AllowAllBlock and
+-- ConcurrentAllowAllNoDeadlock (all or nothing), PenaltyOutlivesWindow,
+-- LimitChangedMidWindow and WindowKindChanged. A sliding check's p_begins
+-- is NULL and its p_lengths 0: its log is its window.
 
 -- +goose Up
 -- +goose StatementBegin

@@ -27,21 +27,47 @@ USING (
 ) d
 WHERE c.use_type = d.use_type AND c.unique_id = d.unique_id;
 
--- name: PurgeExpired :execrows
--- PurgeExpired deletes at most batch_size rows whose window and penalty are
--- over, skipping rows that live checks hold locked.
-WITH doomed AS (
+-- name: PurgeExpired :one
+-- PurgeExpired deletes at most batch_size expired leases and at most
+-- batch_size rows whose window, penalty and leases are over, skipping rows
+-- that live checks hold locked, and returns how many of both it deleted
+-- (a row whose leases this batch deletes goes in the next). A row's
+-- lease_until is read at its latest version, so a row whose key an Acquire
+-- or Extend has just written is kept.
+WITH leases AS (
+    SELECT l.use_type, l.unique_id, l.lease_token
+    FROM count_limit_lease l
+    WHERE l.expires_at <= @now::timestamptz
+    ORDER BY l.expires_at
+    LIMIT @batch_size::int
+    FOR UPDATE SKIP LOCKED
+), gone_leases AS (
+    DELETE FROM count_limit_lease l
+    USING leases d
+    WHERE l.use_type = d.use_type AND l.unique_id = d.unique_id AND l.lease_token = d.lease_token
+    RETURNING 1
+), doomed AS (
     SELECT c.use_type, c.unique_id
     FROM count_limit c
     WHERE c.end_time <= @now::timestamptz
       AND (c.blocked_until IS NULL OR c.blocked_until <= @now::timestamptz)
+      AND (c.lease_until IS NULL OR c.lease_until <= @now::timestamptz)
+      -- A row goes once its leases have: its cascade then waits for no
+      -- lease another purge (or an open Release) holds, so purges running
+      -- at once cannot deadlock. A lease taken since the snapshot raised
+      -- lease_until, which is checked again on the locked row.
+      AND NOT EXISTS (SELECT FROM count_limit_lease l
+          WHERE l.use_type = c.use_type AND l.unique_id = c.unique_id)
     ORDER BY c.end_time
     LIMIT @batch_size::int
     FOR UPDATE SKIP LOCKED
+), gone AS (
+    DELETE FROM count_limit c
+    USING doomed d
+    WHERE c.use_type = d.use_type AND c.unique_id = d.unique_id
+    RETURNING 1
 )
-DELETE FROM count_limit c
-USING doomed d
-WHERE c.use_type = d.use_type AND c.unique_id = d.unique_id;
+SELECT ((SELECT count(*) FROM gone_leases) + (SELECT count(*) FROM gone))::bigint AS deleted;
 
 -- name: StatusNearestLimit :many
 -- The ids nearest their limits now (a full scan of the view: an audit tool).

@@ -102,27 +102,13 @@ func Middleware(l *countlimit.Limiter, key KeyFunc, rules RuleFunc, opts ...Opti
 	if l == nil || key == nil || rules == nil {
 		panic("httplimit: Middleware called with a nil Limiter, KeyFunc or RuleFunc")
 	}
-	c := &config{
-		name:    func(r countlimit.Rule) string { return string(r.UseType) },
-		denied:  tooManyRequests,
-		onError: answerError,
-	}
-	for _, o := range opts {
-		o(c)
-	}
+	c := newConfig(opts)
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			rs := rules(r)
 			res, err := check(r.Context(), l, key(r), rs)
 			if err != nil {
-				if c.failOpen && errors.Is(err, countlimit.ErrUnavailable) {
-					if c.observe != nil {
-						c.observe(w, r, err)
-					}
-					next.ServeHTTP(w, r)
-					return
-				}
-				c.onError(w, r, err)
+				c.failed(w, r, err, next)
 				return
 			}
 			c.setHeaders(w.Header(), l.Now(), rs, res)
@@ -133,6 +119,31 @@ func Middleware(l *countlimit.Limiter, key KeyFunc, rules RuleFunc, opts ...Opti
 			next.ServeHTTP(w, r)
 		})
 	}
+}
+
+// failed answers a request whose check failed with err: through next
+// under FailOpen when the store failed, else with the error handler.
+func (c *config) failed(w http.ResponseWriter, r *http.Request, err error, next http.Handler) {
+	if c.failOpen && errors.Is(err, countlimit.ErrUnavailable) {
+		if c.observe != nil {
+			c.observe(w, r, err)
+		}
+		next.ServeHTTP(w, r)
+		return
+	}
+	c.onError(w, r, err)
+}
+
+func newConfig(opts []Option) *config {
+	c := &config{
+		name:    func(r countlimit.Rule) string { return string(r.UseType) },
+		denied:  tooManyRequests,
+		onError: answerError,
+	}
+	for _, o := range opts {
+		o(c)
+	}
+	return c
 }
 
 func check(ctx context.Context, l *countlimit.Limiter, id string, rules []countlimit.Rule) ([]countlimit.Result, error) {
@@ -210,9 +221,10 @@ func seconds(d time.Duration) int64 {
 }
 
 // windowSeconds returns the length of a Rolling, Fixed or Sliding window.
+// A Concurrent window has none: its quota is of requests in flight.
 func windowSeconds(w countlimit.Window) (int64, bool) {
 	d := w.Duration()
-	return seconds(d), d > 0
+	return seconds(d), d > 0 && !w.IsConcurrent()
 }
 
 // sfString quotes s as a Structured Field String (RFC 9651, section

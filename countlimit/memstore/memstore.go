@@ -8,11 +8,12 @@
 //
 // # Memory
 //
-// A counter costs about 200 bytes with its key (a Sliding window adds 8
-// bytes per logged event). The store holds at most [DefaultMaxEntries]
-// counters, about 200 MB, unless [WithMaxEntries] says otherwise; when it
-// is full, calls that would add a counter fail and the counters it holds go
-// on working (see WithMaxEntries for why it never evicts a live one).
+// A counter costs about 170 bytes with its key (a Sliding window adds 8
+// bytes per logged event, a Concurrent one about 40 bytes per held slot).
+// The store holds at most [DefaultMaxEntries] counters, about 175 MB,
+// unless [WithMaxEntries] says otherwise; when it is full, calls that would
+// add a counter fail and the counters it holds go on working (see
+// WithMaxEntries for why it never evicts a live one).
 //
 // The janitor drops a counter once its window and penalty are over. It
 // sweeps a shard [SweepSlice] counters at a time, letting go of the shard's
@@ -35,6 +36,7 @@ import (
 	"time"
 
 	"github.com/countlimit/countlimit/countlimit"
+	"github.com/countlimit/countlimit/internal/wire"
 )
 
 var _ countlimit.Store = (*Store)(nil)
@@ -43,7 +45,7 @@ const (
 	// DefaultJanitorInterval is how often the janitor sweeps expired state.
 	DefaultJanitorInterval = time.Minute
 	// DefaultMaxEntries is how many counters a Store holds unless
-	// WithMaxEntries says otherwise: about 200 MB, so that the countlimit
+	// WithMaxEntries says otherwise: about 175 MB, so that the countlimit
 	// service, which keeps its counters here by default, cannot be made to
 	// exhaust its memory by a flood of new ids.
 	DefaultMaxEntries = 1 << 20
@@ -203,12 +205,14 @@ type entry struct {
 	id      string
 	next    *entry // the next counter in the chain of the id's hash
 	count   int64
-	denied  int64
-	limit   int64
 	begin   int64
 	end     int64 // forever for lifetime windows
 	blocked int64 // 0 when never blocked
 	events  []int64
+	// leases are the slots held of a Concurrent check (lease.go), kept
+	// apart from the count; nil for every other kind, which so pays one
+	// pointer for them.
+	leases *leaseSet
 	// expires is when the janitor may drop the entry, in nanoseconds since
 	// Store.start on the monotonic clock: housekeeping follows a relative
 	// TTL, as Redis does, and never decides a check.
@@ -365,9 +369,10 @@ type view struct {
 // through the stack several times a check, about 20 ns of an Allow.
 func look(v *view, e *entry, c *countlimit.Check, now int64) {
 	*v = view{}
+	span := c.Span.Microseconds()
 	if e != nil {
 		v.blocked = e.blocked > now
-		if span := c.Span.Microseconds(); span > 0 {
+		if span > 0 {
 			for v.live < len(e.events) && e.events[v.live] <= now-span {
 				v.live++
 			}
@@ -381,7 +386,10 @@ func look(v *view, e *entry, c *countlimit.Check, now int64) {
 			return
 		}
 	}
-	v.begin, v.end = c.Begin.UnixMicro(), micros(c.End)
+	if span > 0 {
+		return // its log is a sliding check's window: c.Begin and c.End mean nothing
+	}
+	v.begin, v.end = c.Begin.UnixMicro(), wire.Micros(c.End, forever)
 }
 
 func (v *view) fits(c *countlimit.Check, n int64) bool { return !v.blocked && n <= c.Limit-v.used }
@@ -405,6 +413,17 @@ const inline = 2
 // UseTypes (the Limiter makes sure), so each check's entry is looked up
 // once: the shard's lock is held for the lookups and the counter updates,
 // and the States are built after it is let go.
+//
+// Twins: countlimit_apply (migrations/00002_apply_locking.sql) and
+// redisstore's apply.lua make the same decision, each atomic in its own
+// store, and queries/fast.sql again for one rule that is not sliding:
+// change one, change them all. The contract is countlimit.Store's;
+// storetest.Run, in each store's TestConformance, holds them to it, the
+// corners in RollingStartsAtFirstCountedEvent and LateClockReadJoinsWindow
+// (fresh or current window), Sliding, AllowNSliding and SlidingOutOfOrder
+// (the log), Refund and RefundSliding, AllowAllHourAndDay, AllowAllBlock and
+// ConcurrentAllowAllNoDeadlock (all or nothing), PenaltyOutlivesWindow,
+// LimitChangedMidWindow and WindowKindChanged.
 func (s *Store) apply(r *countlimit.Request) error {
 	h := s.hash(r.ID)
 	sh := s.shard(h)
@@ -415,6 +434,9 @@ func (s *Store) apply(r *countlimit.Request) error {
 		}
 		sh.mu.Unlock()
 		return nil
+	}
+	if r.OnLeases() {
+		return s.leaseOp(r, h, sh)
 	}
 	now := r.Now.UnixMicro()
 	n := r.N
@@ -514,10 +536,9 @@ func (s *Store) reclaim(sh *shard, need int) bool {
 // its view v.
 func (s *Store) write(sh *shard, e *entry, c *countlimit.Check, v *view, allowed bool, n, now int64) {
 	deadline := max(e.end, e.blocked)
-	e.limit = c.Limit
 	switch span := c.Span.Microseconds(); {
 	case !allowed:
-		e.denied++
+		// The denial tally is for the SQL audit: no one reads it here.
 		if !v.blocked && c.Block > 0 {
 			e.blocked = now + c.Block.Microseconds()
 			v.blocked = true
@@ -579,7 +600,7 @@ func insertSorted(log []int64, t int64, n int) []int64 {
 // is followed at the next write that moves the window or the penalty.
 func (s *Store) touch(sh *shard, e *entry, now int64) {
 	mono := s.mono()
-	ttl := max(e.end, e.blocked) - now // µs
+	ttl := max(e.end, e.blocked, e.leases.last()) - now // µs
 	if ttl >= (forever-mono)/int64(time.Microsecond) {
 		e.expires = forever // lifetime, or beyond what the clock can hold
 		return
@@ -594,7 +615,7 @@ func state(c *countlimit.Check, sl *slot, allowed bool, now int64) {
 	st, v := &c.State, &sl.v
 	*st = countlimit.State{Allowed: allowed, Used: v.used}
 	if c.Span == 0 || v.used > 0 {
-		st.Begin, st.End = time.UnixMicro(v.begin), timeOf(v.end)
+		st.Begin, st.End = time.UnixMicro(v.begin), wire.Time(v.end, forever)
 	}
 	if sl.e != nil && sl.blocked > now {
 		st.BlockedUntil = time.UnixMicro(sl.blocked)
@@ -602,20 +623,6 @@ func state(c *countlimit.Check, sl *slot, allowed bool, now int64) {
 	if sl.free {
 		st.FreeAt = time.UnixMicro(sl.freeAt)
 	}
-}
-
-func micros(t time.Time) int64 {
-	if t.IsZero() {
-		return forever
-	}
-	return t.UnixMicro()
-}
-
-func timeOf(us int64) time.Time {
-	if us == forever {
-		return time.Time{}
-	}
-	return time.UnixMicro(us)
 }
 
 func (s *Store) janitor(every time.Duration) {

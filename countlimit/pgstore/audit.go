@@ -15,7 +15,7 @@ import (
 type Status struct {
 	UseType      string
 	UniqueID     string
-	WindowKind   string // "window", "sliding" or "lifetime"
+	WindowKind   string // "window", "sliding", "lifetime" or "concurrent"
 	Used         int64
 	Limit        int64 // the limit last applied
 	Remaining    int64

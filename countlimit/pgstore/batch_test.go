@@ -31,10 +31,27 @@ func (r *recorder) Do(_ context.Context, reqs []*countlimit.Request) error {
 // TestBatchMatchesOneByOne sends random batches through one group-commit
 // statement and the same requests one by one to memstore: every call must
 // get the same state, as if the calls had run one after another in arrival
-// order. Batches repeat keys (so one row update decides several calls),
-// change limits and windows, read the clock late, cross window ends, weigh
-// calls and set penalties.
+// order. Batches change limits and windows, read the clock late, cross
+// window ends, weigh calls and set penalties. Over few keys they repeat
+// keys, so one row update decides several calls (AllowBatch); over many,
+// every call of a batch has a key of its own (AllowBatchDistinct).
 func TestBatchMatchesOneByOne(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		ids      int
+		distinct bool
+	}{
+		{"repeated keys", 4, false},
+		{"distinct keys", 24, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			matchOneByOne(t, tc.ids, tc.distinct)
+		})
+	}
+}
+
+func matchOneByOne(t *testing.T, nids int, distinct bool) {
 	pool := testbackend.Postgres(t)
 	pg := pgstore.New(pool)
 	mem := memstore.New(memstore.WithJanitorInterval(0))
@@ -45,34 +62,45 @@ func TestBatchMatchesOneByOne(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	uts := []countlimit.UseType{storetest.UseType(t, "a"), storetest.UseType(t, "b")}
-	ids := []string{"w", "x", "y", "z"}
+	type key struct {
+		ut countlimit.UseType
+		id string
+	}
+	var keys []key
+	for _, ut := range []countlimit.UseType{storetest.UseType(t, "a"), storetest.UseType(t, "b")} {
+		for i := range nids {
+			keys = append(keys, key{ut, string(rune('a' + i))})
+		}
+	}
 	windows := []countlimit.Window{
 		countlimit.Rolling(10 * time.Second), countlimit.Fixed(10 * time.Second), countlimit.Rolling(4 * time.Second),
 		countlimit.Calendar(countlimit.Day, shanghai), countlimit.Fixed(5 * time.Second), countlimit.Lifetime(),
 	}
 	base := time.Date(2026, 3, 1, 15, 59, 30, 0, time.UTC)
-	var calls, allowed, denied, blocked, repeated int
+	var calls, allowed, denied, blocked, repeated, inserted int
 	for batch := range 300 {
 		rec := &recorder{}
 		clock := storetest.NewClock(base)
 		l := countlimit.New(rec, countlimit.WithClock(clock.Now))
 		size := 1 + rng.IntN(24)
-		for range size {
+		rng.Shuffle(len(keys), func(i, j int) { keys[i], keys[j] = keys[j], keys[i] })
+		for i := range size {
 			clock.Set(base.Add(time.Duration(rng.IntN(6000)-3000) * time.Millisecond))
-			id := ids[rng.IntN(len(ids))]
-			ut := uts[rng.IntN(len(uts))]
+			k := keys[rng.IntN(len(keys))]
+			if distinct {
+				k = keys[i]
+			}
 			limit := int64(rng.IntN(9))
 			if rng.IntN(5) == 0 {
 				// Seed 003's model: a window of the caller's choosing,
 				// sometimes already over.
 				begin := base.Add(time.Duration(rng.IntN(40)-30) * time.Second)
-				if _, err := l.CheckLimit(ctx, ut, id, limit, 15*time.Second, begin); err != nil {
+				if _, err := l.CheckLimit(ctx, k.ut, k.id, limit, 15*time.Second, begin); err != nil {
 					t.Fatal(err)
 				}
 				continue
 			}
-			r := countlimit.Rule{UseType: ut, Limit: limit, Window: windows[rng.IntN(len(windows))]}
+			r := countlimit.Rule{UseType: k.ut, Limit: limit, Window: windows[rng.IntN(len(windows))]}
 			if rng.IntN(6) == 0 {
 				r.Block = 5 * time.Second
 			}
@@ -80,11 +108,19 @@ func TestBatchMatchesOneByOne(t *testing.T) {
 			if rng.IntN(4) == 0 {
 				n = 1 + int64(rng.IntN(3))
 			}
-			if _, err := l.AllowN(ctx, r, id, n); err != nil {
+			if _, err := l.AllowN(ctx, r, k.id, n); err != nil {
 				t.Fatal(err)
 			}
 		}
 		for _, r := range rec.reqs {
+			var rows int
+			if err := pool.QueryRow(ctx, `SELECT count(*) FROM count_limit WHERE use_type = $1 AND unique_id = $2`,
+				string(r.Checks[0].UseType), r.ID).Scan(&rows); err != nil {
+				t.Fatal(err)
+			}
+			if rows == 0 {
+				inserted++
+			}
 			if err := mem.Do(ctx, []*countlimit.Request{r}); err != nil {
 				t.Fatal(err)
 			}
@@ -121,22 +157,23 @@ func TestBatchMatchesOneByOne(t *testing.T) {
 		base = base.Add(time.Duration(rng.IntN(12000)) * time.Millisecond)
 		if batch%50 == 49 {
 			// Lifetime counters fill for good: start them afresh.
-			for _, id := range ids {
-				for _, ut := range uts {
-					if err := countlimit.New(mem).Reset(ctx, countlimit.Rule{UseType: ut}, id); err != nil {
-						t.Fatal(err)
-					}
-					if err := countlimit.New(pg).Reset(ctx, countlimit.Rule{UseType: ut}, id); err != nil {
-						t.Fatal(err)
-					}
+			for _, k := range keys {
+				if err := countlimit.New(mem).Reset(ctx, countlimit.Rule{UseType: k.ut}, k.id); err != nil {
+					t.Fatal(err)
+				}
+				if err := countlimit.New(pg).Reset(ctx, countlimit.Rule{UseType: k.ut}, k.id); err != nil {
+					t.Fatal(err)
 				}
 			}
 		}
 	}
-	t.Logf("%d calls in 300 batches agree: %d allowed, %d denied, %d blocked, %d decided after another call of their key in the batch",
-		calls, allowed, denied, blocked, repeated)
-	if allowed == 0 || denied == 0 || blocked == 0 || repeated < calls/2 {
-		t.Error("the random batches do not cover allowed, denied and blocked calls and repeated keys")
+	t.Logf("%d calls in 300 batches agree: %d allowed, %d denied, %d blocked, %d on a new row, %d decided after another call of their key in the batch",
+		calls, allowed, denied, blocked, inserted, repeated)
+	if allowed == 0 || denied == 0 || blocked == 0 || inserted == 0 {
+		t.Error("the random batches do not cover allowed, denied and blocked calls and new rows")
+	}
+	if distinct && repeated > 0 || !distinct && repeated < calls/2 {
+		t.Errorf("%d of %d calls repeat a key of their batch", repeated, calls)
 	}
 }
 

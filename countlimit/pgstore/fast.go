@@ -101,9 +101,11 @@ func state(allowed bool, used int64, begin, end, blocked pgtype.Timestamptz) cou
 	return countlimit.State{Allowed: allowed, Used: used, Begin: timeOf(begin), End: timeOf(end), BlockedUntil: timeOf(blocked)}
 }
 
-// sendBatch is the group commit: one AllowBatch statement for all calls (or
-// AllowOne for a batch of one). Calls whose row another transaction created
-// meanwhile are sent again.
+// sendBatch is the group commit: one statement for all calls. A batch of
+// one is AllowOne; a batch whose calls all have keys of their own (nearly
+// every batch over many ids) is AllowBatchDistinct; any other AllowBatch,
+// which decides the calls of a key one after another. Calls whose row
+// another transaction created meanwhile are sent again.
 func (s *Store) sendBatch(ctx context.Context, calls []*gather.Call) {
 	if len(calls) == 1 {
 		c := calls[0]
@@ -118,6 +120,14 @@ func (s *Store) sendBatch(ctx context.Context, calls []*gather.Call) {
 	slices.SortStableFunc(order, func(a, b int) int {
 		return compareKeys(firstKey(&calls[a].Req), firstKey(&calls[b].Req))
 	})
+	distinct := true
+	for j := 1; j < len(order) && distinct; j++ {
+		distinct = compareKeys(firstKey(&calls[order[j-1]].Req), firstKey(&calls[order[j]].Req)) != 0
+	}
+	if distinct {
+		s.sendDistinct(ctx, calls, order)
+		return
+	}
 	p := db.AllowBatchParams{
 		KeyOf:       make([]int32, len(calls)),
 		Seq:         make([]int32, len(calls)),
@@ -150,32 +160,77 @@ func (s *Store) sendBatch(ctx context.Context, calls []*gather.Call) {
 		p.PenaltyEnds[i] = penaltyEnd(r, c)
 	}
 	rows, err := s.q.AllowBatch(ctx, s.db, p)
-	if err == nil {
-		done := make([]bool, len(calls))
-		for _, row := range rows {
-			k, n := int(row.KeyOf), int(row.Seq)
-			j := -1
-			if k >= 1 && k <= len(first) {
-				j = first[k-1] + n - 1
-			}
-			if n < 1 || j < 0 || j >= len(order) || int(p.KeyOf[order[j]]) != k || done[order[j]] {
-				err = fmt.Errorf("pgstore: AllowBatch returned call (%d, %d), which it was not sent", k, n)
-				break
-			}
-			i := order[j]
-			done[i] = true
-			calls[i].Req.Checks[0].State = state(row.Allowed, row.Used, row.WindowBegin, row.WindowEnd, row.BlockedUntil)
+	done := make([]bool, len(calls))
+	for _, row := range rows {
+		k, n := int(row.KeyOf), int(row.Seq)
+		j := -1
+		if k >= 1 && k <= len(first) {
+			j = first[k-1] + n - 1
 		}
-		for i, c := range calls {
-			if err == nil && !done[i] {
-				c.Retry()
-			}
+		if n < 1 || j < 0 || j >= len(order) || int(p.KeyOf[order[j]]) != k || done[order[j]] {
+			err = fmt.Errorf("pgstore: AllowBatch returned call (%d, %d), which it was not sent", k, n)
+			break
 		}
+		i := order[j]
+		done[i] = true
+		calls[i].Req.Checks[0].State = state(row.Allowed, row.Used, row.WindowBegin, row.WindowEnd, row.BlockedUntil)
 	}
+	settle(calls, done, err)
+}
+
+// sendDistinct sends calls whose keys are all different, in lock order
+// (order), as one AllowBatchDistinct statement.
+func (s *Store) sendDistinct(ctx context.Context, calls []*gather.Call, order []int) {
+	p := db.AllowBatchDistinctParams{
+		UseTypes:    make([]string, len(order)),
+		UniqueIds:   make([]string, len(order)),
+		Nows:        make([]pgtype.Timestamptz, len(order)),
+		Ns:          make([]int64, len(order)),
+		Limits:      make([]int64, len(order)),
+		Begins:      make([]pgtype.Timestamptz, len(order)),
+		WindowEnds:  make([]pgtype.Timestamptz, len(order)),
+		PenaltyEnds: make([]pgtype.Timestamptz, len(order)),
+	}
+	for j, i := range order {
+		r := &calls[i].Req
+		c := &r.Checks[0]
+		p.UseTypes[j] = string(c.UseType)
+		p.UniqueIds[j] = r.ID
+		p.Nows[j] = timestamptz(r.Now)
+		p.Ns[j] = r.N
+		p.Limits[j] = c.Limit
+		p.Begins[j] = timestamptz(c.Begin)
+		p.WindowEnds[j] = nullTime(c.End)
+		p.PenaltyEnds[j] = penaltyEnd(r, c)
+	}
+	rows, err := s.q.AllowBatchDistinct(ctx, s.db, p)
+	done := make([]bool, len(calls))
+	for _, row := range rows {
+		j := int(row.KeyOf) - 1
+		if j < 0 || j >= len(order) || done[order[j]] {
+			err = fmt.Errorf("pgstore: AllowBatchDistinct returned call %d, which it was not sent", row.KeyOf)
+			break
+		}
+		i := order[j]
+		done[i] = true
+		calls[i].Req.Checks[0].State = state(row.Allowed, row.Used, row.WindowBegin, row.WindowEnd, row.BlockedUntil)
+	}
+	settle(calls, done, err)
+}
+
+// settle ends a batch's statement: if it failed (err), every call fails with
+// it; else the calls it did not apply (done false) are sent again.
+func settle(calls []*gather.Call, done []bool, err error) {
 	if err != nil {
 		err = interpretError(err)
 		for _, c := range calls {
 			c.Err = err
+		}
+		return
+	}
+	for i, c := range calls {
+		if !done[i] {
+			c.Retry()
 		}
 	}
 }

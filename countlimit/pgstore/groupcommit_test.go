@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -358,5 +359,75 @@ func TestSeveralRequestsAllOrNothing(t *testing.T) {
 	}
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM count_limit WHERE use_type = $1`, string(ut)).Scan(&n); err != nil || n != 2 {
 		t.Errorf("Do of two requests wrote %d rows (%v), want 2", n, err)
+	}
+}
+
+// TestBatchLeavesRowCreatedMeanwhile creates a row in a transaction of its
+// own while a group commit waits to insert the same key: the batch counts
+// its other calls, leaves that row as the transaction wrote it and asks for
+// the call to be sent again, which then counts on that row. Both batch
+// statements: calls with keys of their own, and a key repeated.
+func TestBatchLeavesRowCreatedMeanwhile(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		ids   []string
+		usedA int64 // "a"'s count once the batch committed
+	}{
+		{"distinct keys", []string{"a", "new"}, 2},
+		{"repeated keys", []string{"a", "new", "a"}, 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			pool := testbackend.PostgresPool(t) // a pool of its own: this test holds 3 connections at once
+			s := pgstore.New(pool)
+			rule := countlimit.Rule{UseType: storetest.UseType(t, "meanwhile"), Limit: 10, Window: countlimit.Fixed(time.Hour)}
+			ctx := context.Background()
+			if _, err := countlimit.New(s).Allow(ctx, rule, "a"); err != nil {
+				t.Fatal(err)
+			}
+			rec := &recorder{}
+			for _, id := range tc.ids {
+				if _, err := countlimit.New(rec).Allow(ctx, rule, id); err != nil {
+					t.Fatal(err)
+				}
+			}
+			tx, err := pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback(ctx)
+			b := &blocker{tx: tx}
+			if err := tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&b.pid); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := tx.Exec(ctx, `INSERT INTO count_limit (use_type, unique_id, already_count, begin_time, end_time, limit_value)
+				VALUES ($1, 'new', 5, now(), now() + interval '1 hour', 10)`, string(rule.UseType)); err != nil {
+				t.Fatal(err)
+			}
+
+			sent := make(chan error, 1)
+			go func() { sent <- s.AllowBatchForTest(ctx, rec.reqs) }()
+			b.waiter(t, pool)
+			if err := tx.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := <-sent; err == nil || !strings.Contains(err.Error(), "call 1 was left for a retry") {
+				t.Fatalf("batch over a row created meanwhile: %v, want call 1 left for a retry", err)
+			}
+			for _, c := range []struct {
+				id   string
+				used int64
+			}{{"a", tc.usedA}, {"new", 5}} {
+				if r, err := countlimit.New(s).Peek(ctx, rule, c.id); err != nil || r.Used != c.used {
+					t.Errorf("%s after the batch: Used %d, %v; want %d", c.id, r.Used, err, c.used)
+				}
+			}
+			// Sent again, it counts on the row the transaction created.
+			again := rec.reqs[1:2]
+			again[0].Checks[0].State = countlimit.State{}
+			if err := s.AllowBatchForTest(ctx, again); err != nil || again[0].Checks[0].State.Used != 6 {
+				t.Errorf("the call sent again: %+v, %v; want Used 6", again[0].Checks[0].State, err)
+			}
+		})
 	}
 }

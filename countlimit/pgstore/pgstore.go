@@ -15,6 +15,10 @@
 //	// ... write the pin in tx ...
 //	tx.Commit(ctx)
 //
+// Acquire, Lease.Release and Lease.Extend of a Concurrent rule are one
+// statement each too, never batched; leases are rows of count_limit_lease
+// (see queries/lease.sql).
+//
 // Apply the schema first with Migrate.
 //
 // # Group commit
@@ -60,6 +64,7 @@ import (
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/internal/db"
 	"github.com/countlimit/countlimit/internal/gather"
+	"github.com/countlimit/countlimit/internal/wire"
 )
 
 var _ countlimit.Store = (*Store)(nil)
@@ -134,6 +139,8 @@ func (s *Store) do(ctx context.Context, d DBTX, r *countlimit.Request, batch boo
 	switch {
 	case r.Op == countlimit.OpReset:
 		return s.reset(ctx, d, r)
+	case r.OnLeases(): // Reset is not: deleting a key's row deletes its leases
+		return s.lease(ctx, d, r)
 	case !fast(r):
 		return s.apply(ctx, d, r)
 	case r.Op == countlimit.OpPeek:
@@ -194,11 +201,10 @@ func (s *Store) apply(ctx context.Context, d DBTX, r *countlimit.Request) error 
 	}
 	for i := range r.Checks {
 		c := &r.Checks[i]
+		begin, length := wire.Window(c)
 		p.Limits[i] = c.Limit
-		p.Begins[i] = timestamptz(c.Begin)
-		if !c.End.IsZero() {
-			p.Lengths[i] = c.End.Sub(c.Begin).Microseconds()
-		}
+		p.Begins[i] = nullTime(begin) // NULL for a sliding check
+		p.Lengths[i] = length
 		p.Spans[i] = c.Span.Microseconds()
 		p.Blocks[i] = c.Block.Microseconds()
 	}
@@ -243,8 +249,9 @@ func (s *Store) Ping(ctx context.Context) error {
 // the most rows an audit query returns.
 const MaxBatchSize = 1 << 20
 
-// Purge deletes rows whose window and penalty ended before now, in batches
-// of batchSize rows until none is left, and returns how many it deleted.
+// Purge deletes rows whose window, penalty and leases ended before now, and
+// expired leases, in batches of batchSize rows until none is left, and
+// returns how many it deleted.
 // Each batch is one statement that skips rows live checks hold locked, so
 // Purge never waits on live traffic. Lifetime rows are never purged. On a
 // pgx.Tx all batches share the caller's transaction.

@@ -1,13 +1,22 @@
 -- countlimit: one atomic check of one id against one or more rules.
--- The Lua twin of countlimit_apply in migrations/00001_count_limit.sql; the
--- contract is countlimit.Store's, proven by storetest on both.
+-- Twins: countlimit_apply (migrations/00002_apply_locking.sql) and
+-- memstore's Store.apply make the same decision, each atomic in its own
+-- store, and queries/fast.sql again for one rule that is not sliding:
+-- change one, change them all. The contract is countlimit.Store's;
+-- storetest.Run, in each store's TestConformance, holds them to it, the
+-- corners in RollingStartsAtFirstCountedEvent and LateClockReadJoinsWindow
+-- (fresh or current window), Sliding, AllowNSliding and SlidingOutOfOrder
+-- (the log), Refund and RefundSliding, AllowAllHourAndDay, AllowAllBlock and
+-- ConcurrentAllowAllNoDeadlock (all or nothing), PenaltyOutlivesWindow,
+-- LimitChangedMidWindow and WindowKindChanged.
 --
 -- KEYS, per check i: KEYS[2i-1] the counter hash, KEYS[2i] the sliding log
 -- (a sorted set: member "<µs>:<seq>", score µs); then, for every op but
 -- peek, the reply key: a key unique to this call, in the id's slot.
 -- ARGV: op ('allow' | 'peek' | 'refund'), now (µs), n, reply TTL (ms), then
 -- per check: limit, begin (µs), length (µs; 0 = lifetime), span (µs; 0 =
--- not sliding), block (µs; 0 = none).
+-- not sliding), block (µs; 0 = none). A sliding check's begin and length
+-- are 0: its log is its window.
 -- Hash fields: c count, b window begin, e window end (absent = lifetime),
 -- l limit last applied, d denied tally, x blocked until, s log sequence.
 -- Returns per check: {used, begin, end, blocked_until, free_at}, NONE for

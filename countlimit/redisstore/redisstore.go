@@ -8,7 +8,9 @@
 //
 // Keys are "countlimit:<use_type>:{<id>}", a hash holding the count, the
 // window, the denial tally and the penalty; sliding windows add a sorted set
-// "countlimit:<use_type>:{<id>}:log" of the counted events. The hash tag
+// "countlimit:<use_type>:{<id>}:log" of the counted events, and Concurrent
+// windows a sorted set "countlimit:<use_type>:{<id>}:lease" of lease tokens
+// by expiry (see LeaseKey and lease.lua). The hash tag
 // {<id>} puts every counter of one id in one Cluster slot, so a multi-rule
 // check is one script on one node. In both parts the characters % : { } are
 // escaped as %25 %3A %7B %7D, so two different (use_type, id) pairs never
@@ -63,6 +65,12 @@
 // script), and a short-lived key of about 150 bytes per counted write: some
 // 3 MB of Redis memory per 1,000 counted writes a second.
 //
+// Lease operations keep no reply: the lease's token makes a repeat harmless.
+// A repeated Acquire finds its token and answers allowed without taking a
+// second slot, a repeated Extend sets the same expiry, and a repeated
+// Release frees nothing more (lease.lua's header names the one case a
+// repeat cannot tell apart: a short lease dropped before the repeat ran).
+//
 // A call that fails with countlimit.ErrUnavailable may or may not have
 // counted; calling again is a new event.
 //
@@ -91,6 +99,7 @@ import (
 
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/internal/gather"
+	"github.com/countlimit/countlimit/internal/wire"
 )
 
 var _ countlimit.Store = (*Store)(nil)
@@ -182,11 +191,37 @@ func New(client redis.UniversalClient, opts ...Option) *Store {
 
 // Key returns the Redis key of useType's counter for id.
 func Key(useType countlimit.UseType, id string) string {
-	return "countlimit:" + escape(string(useType)) + ":{" + escape(id) + "}"
+	k := LogKey(useType, id)
+	return k[:len(k)-len(logSuffix)]
 }
 
 // LogKey returns the key of the sliding log beside Key(useType, id).
-func LogKey(useType countlimit.UseType, id string) string { return Key(useType, id) + ":log" }
+func LogKey(useType countlimit.UseType, id string) string {
+	ut, eid := escape(string(useType)), escape(id)
+	var b strings.Builder
+	b.Grow(logKeyLen(ut, eid))
+	writeLogKey(&b, ut, eid)
+	return b.String()
+}
+
+// logSuffix ends a sliding log's key; the counter's key is the log's
+// without it, so appendKeys cuts both from one string.
+const logSuffix = ":log"
+
+// logKeyLen is the length of the log key writeLogKey writes.
+func logKeyLen(ut, id string) int {
+	return len("countlimit:") + len(ut) + len(":{}") + len(id) + len(logSuffix)
+}
+
+// writeLogKey writes the sliding log's key of an escaped use type and id:
+// the one place the key format is spelled.
+func writeLogKey(b *strings.Builder, ut, id string) {
+	b.WriteString("countlimit:")
+	b.WriteString(ut)
+	b.WriteString(":{")
+	b.WriteString(id)
+	b.WriteString("}" + logSuffix)
+}
 
 var escaper = strings.NewReplacer("%", "%25", ":", "%3A", "{", "%7B", "}", "%7D")
 
@@ -304,9 +339,13 @@ func (s *Store) exec(ctx context.Context, cmds []redis.Cmder) {
 	_, _ = p.Exec(ctx)
 }
 
-// command returns the EVALSHA of r's script: reset.lua for a reset, else
-// apply.lua (see it for KEYS and ARGV).
+// command returns the EVALSHA of r's script: lease.lua for leases (see
+// lease.go), reset.lua for a reset, else apply.lua (see it for KEYS and
+// ARGV).
 func command(ctx context.Context, r *countlimit.Request) redis.Cmder {
+	if r.OnLeases() {
+		return leaseCommand(ctx, r)
+	}
 	nkeys := 2 * len(r.Checks)
 	if r.Op != countlimit.OpPeek {
 		nkeys++
@@ -321,6 +360,7 @@ func command(ctx context.Context, r *countlimit.Request) redis.Cmder {
 	var cmd redis.Cmder
 	if r.Op == countlimit.OpReset {
 		args[1] = resetSHA
+		args = withLeaseKeys(args, r)
 		args = append(args, replyMS)
 		c := redis.NewIntCmd(ctx, args...)
 		c.SetFirstKeyPos(3)
@@ -330,11 +370,8 @@ func command(ctx context.Context, r *countlimit.Request) redis.Cmder {
 		args = append(args, opArg[r.Op], r.Now.UnixMicro(), r.N, replyMS)
 		for i := range r.Checks {
 			c := &r.Checks[i]
-			var length int64
-			if !c.End.IsZero() {
-				length = c.End.Sub(c.Begin).Microseconds()
-			}
-			args = append(args, c.Limit, c.Begin.UnixMicro(), length, c.Span.Microseconds(), c.Block.Microseconds())
+			begin, length := wire.Window(c)
+			args = append(args, c.Limit, wire.Micros(begin, 0), length, c.Span.Microseconds(), c.Block.Microseconds())
 		}
 		c := redis.NewIntSliceCmd(ctx, args...)
 		c.SetFirstKeyPos(3)
@@ -357,7 +394,7 @@ func appendKeys(args []any, r *countlimit.Request) []any {
 	}
 	n := 0
 	for i := range r.Checks {
-		n += len("countlimit:") + len(escape(string(r.Checks[i].UseType))) + len(":{}:log") + len(id)
+		n += logKeyLen(escape(string(r.Checks[i].UseType)), id)
 	}
 	if reply {
 		n += len("countlimit:{}:reply:") + len(id) + len(callPrefix) + len(tok)
@@ -365,11 +402,7 @@ func appendKeys(args []any, r *countlimit.Request) []any {
 	var b strings.Builder
 	b.Grow(n)
 	for i := range r.Checks {
-		b.WriteString("countlimit:")
-		b.WriteString(escape(string(r.Checks[i].UseType)))
-		b.WriteString(":{")
-		b.WriteString(id)
-		b.WriteString("}:log")
+		writeLogKey(&b, escape(string(r.Checks[i].UseType)), id)
 	}
 	if reply {
 		b.WriteString("countlimit:{")
@@ -381,9 +414,9 @@ func appendKeys(args []any, r *countlimit.Request) []any {
 	all := b.String()
 	at := 0
 	for i := range r.Checks {
-		logLen := len("countlimit:") + len(escape(string(r.Checks[i].UseType))) + len(":{}:log") + len(id)
+		logLen := logKeyLen(escape(string(r.Checks[i].UseType)), id)
 		log := all[at : at+logLen]
-		args = append(args, log[:len(log)-len(":log")], log)
+		args = append(args, log[:len(log)-len(logSuffix)], log)
 		at += logLen
 	}
 	if reply {
@@ -405,6 +438,9 @@ func withSource(ctx context.Context, cmd redis.Cmder) redis.Cmder {
 		out = c
 	} else {
 		args[1] = applySrc
+		if cmd.Args()[1] == leaseSHA {
+			args[1] = leaseSrc
+		}
 		c := redis.NewIntSliceCmd(ctx, args...)
 		c.SetFirstKeyPos(3)
 		out = c
@@ -431,10 +467,10 @@ func finish(r *countlimit.Request, cmd redis.Cmder) error {
 		r.Checks[i].State = countlimit.State{
 			Allowed:      allowed,
 			Used:         v[0],
-			Begin:        timeOf(v[1]),
-			End:          timeOf(v[2]),
-			BlockedUntil: timeOf(v[3]),
-			FreeAt:       timeOf(v[4]),
+			Begin:        wire.Time(v[1], none),
+			End:          wire.Time(v[2], none),
+			BlockedUntil: wire.Time(v[3], none),
+			FreeAt:       wire.Time(v[4], none),
 		}
 	}
 	return nil
@@ -442,10 +478,3 @@ func finish(r *countlimit.Request, cmd redis.Cmder) error {
 
 // none is apply.lua's NONE: no time.
 const none = -1 << 53
-
-func timeOf(us int64) time.Time {
-	if us == none {
-		return time.Time{}
-	}
-	return time.UnixMicro(us)
-}

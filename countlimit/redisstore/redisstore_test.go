@@ -16,6 +16,7 @@ import (
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/redisstore"
 	"github.com/countlimit/countlimit/countlimit/storetest"
+	"github.com/countlimit/countlimit/internal/redisurl"
 	"github.com/countlimit/countlimit/internal/testbackend"
 )
 
@@ -24,16 +25,15 @@ func TestMain(m *testing.M) { testbackend.Main(m) }
 // client returns a new client on the test Redis, closed when t ends.
 func client(t testing.TB) *redis.Client {
 	t.Helper()
-	opts, err := redis.ParseURL(testbackend.RedisURL(t))
+	c, err := redisurl.Open(testbackend.RedisURL(t))
 	if err != nil {
 		t.Fatalf("%s: %v", testbackend.EnvRedis, err)
 	}
-	c := redis.NewClient(opts)
 	t.Cleanup(func() { c.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := c.Ping(ctx).Err(); err != nil {
-		t.Fatalf("Redis at %s: %v", opts.Addr, err)
+		t.Fatalf("Redis at %s: %v", c.Options().Addr, err)
 	}
 	return c
 }

@@ -67,6 +67,7 @@ func Run(t *testing.T, newStore func(t *testing.T) countlimit.Store) {
 		{"HugeNumbers", testHugeNumbers},
 		{"ConcurrentRealClock", testConcurrentRealClock},
 	}
+	tests = append(tests, leaseTests...)
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

@@ -21,9 +21,9 @@ func loadRules(path string) (*rulefile.File, error) {
 	return rulefile.Load(path)
 }
 
-// check runs allow, peek, refund or reset for one id and reports whether
-// the answer was a denial: allow denied, or peek saying the next allow
-// would be. A refund or reset that is done is never one.
+// check runs allow, peek, refund, reset or acquire for one id and reports
+// whether the answer was a denial: allow or acquire denied, or peek saying
+// the next allow would be. A refund or reset that is done is never one.
 func check(ctx context.Context, verb string, args []string, stdout io.Writer) (denied bool, err error) {
 	o, _ := ruleops.ParseOp(verb)
 	fs := newFlagSet(verb)
@@ -67,7 +67,13 @@ func check(ctx context.Context, verb string, args []string, stdout io.Writer) (d
 		return false, err
 	}
 	defer st.close()
-	results, err := ruleops.Do(ctx, countlimit.New(st.store), o, rules, id, *cost)
+	var lease countlimit.Lease
+	var results []countlimit.Result
+	if o == countlimit.OpAcquire {
+		lease, results, err = ruleops.Acquire(ctx, countlimit.New(st.store), rules, id)
+	} else {
+		results, err = ruleops.Do(ctx, countlimit.New(st.store), o, rules, id, *cost)
+	}
 	if err != nil {
 		return false, err
 	}
@@ -80,6 +86,16 @@ func check(ctx context.Context, verb string, args []string, stdout io.Writer) (d
 		return false, nil
 	}
 	resp := ruleops.NewResponse(rf.Members(name), rules, results)
+	if o == countlimit.OpAcquire && *asJSON {
+		b, _ := json.MarshalIndent(ruleops.AcquireResponse{Response: resp, Lease: lease.String()}, "", "  ")
+		fmt.Fprintln(stdout, string(b))
+		return !resp.Allowed, nil
+	}
+	if o == countlimit.OpAcquire && resp.Allowed {
+		// The lease alone, for LEASE=$(countlimit acquire ...).
+		fmt.Fprintln(stdout, lease)
+		return false, nil
+	}
 	if *asJSON {
 		b, _ := json.MarshalIndent(resp, "", "  ")
 		fmt.Fprintln(stdout, string(b))
@@ -119,4 +135,60 @@ func check(ctx context.Context, verb string, args []string, stdout io.Writer) (d
 		fmt.Fprintln(stdout)
 	}
 	return o != countlimit.OpRefund && !resp.Allowed, nil
+}
+
+// leaseCmd runs release or extend of a lease string and reports whether the
+// lease was no longer held (extend only: a release of an expired lease is
+// done).
+func leaseCmd(ctx context.Context, verb string, args []string, stdout io.Writer) (notHeld bool, err error) {
+	o, _ := ruleops.ParseOp(verb)
+	fs := newFlagSet(verb)
+	storeURL := storeFlag(fs, "", "postgres://... or redis://...")
+	asJSON := fs.Bool("json", false, "print the result as the HTTP API's JSON")
+	pos, err := parseMixed(fs, args)
+	if err != nil {
+		return false, err
+	}
+	if len(pos) != 1 {
+		return false, usageErrorf("%s: want LEASE (the string acquire printed), got %s", verb, plural(len(pos), "argument", "arguments"))
+	}
+	url, err := storeURL()
+	if err != nil {
+		return false, err
+	}
+	if url == "memory" {
+		return false, usageErrorf("%s: --store memory holds no lease taken by another process; name postgres://... or redis://...", verb)
+	}
+	st, err := openStore(ctx, url, false, nil)
+	if err != nil {
+		return false, err
+	}
+	defer st.close()
+	ls, err := ruleops.ParseLease(countlimit.New(st.store), nil, pos[0], "", "")
+	if err != nil {
+		return false, fmt.Errorf("%s: %w", verb, err)
+	}
+	err = ruleops.DoLease(ctx, o, ls)
+	if errors.Is(err, countlimit.ErrLeaseExpired) {
+		if *asJSON {
+			fmt.Fprintln(stdout, `{"extended": false}`)
+		} else {
+			fmt.Fprintf(stdout, "not held: the lease of %s for %s expired or was released; its slot may be someone else's now\n", ls.UseType(), ls.ID())
+		}
+		return true, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	if *asJSON {
+		b, _ := json.MarshalIndent(ruleops.NewLeaseResponse(o, ls), "", "  ")
+		fmt.Fprintln(stdout, string(b))
+		return false, nil
+	}
+	if o == countlimit.OpExtend {
+		fmt.Fprintf(stdout, "extended: the lease of %s for %s is held for %v more\n", ls.UseType(), ls.ID(), ls.TTL())
+	} else {
+		fmt.Fprintf(stdout, "released: the lease of %s for %s\n", ls.UseType(), ls.ID())
+	}
+	return false, nil
 }

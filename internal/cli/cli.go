@@ -26,6 +26,8 @@ const usage = `countlimit: may this event happen once more for this key in this 
 Usage:
   countlimit serve [--addr 127.0.0.1:8080] [--store URL] [--rules FILE] [--migrate] [--token-file FILE] ...
   countlimit allow|peek|refund|reset RULE ID --store URL [--tier T] [--cost N] [--rules FILE] [--json]
+  countlimit acquire RULE ID --store URL [--tier T] [--rules FILE] [--json]
+  countlimit release|extend LEASE --store URL [--json]
   countlimit top --store postgres://... [-n 20] [--json]
   countlimit purge --store postgres://... [--batch 1000]
   countlimit migrate up|down|status --store postgres://...
@@ -42,12 +44,12 @@ Run 'countlimit COMMAND -h' for what a command does and all of its flags.
 
 --store is postgres://..., redis://... or memory, and defaults to $COUNTLIMIT_STORE. serve
 falls back to memory (counters that live as long as the process); every other command needs
-a store named, and allow, peek, refund and reset refuse memory, which would forget each count
-when the command exits.
+a store named, and allow, peek, refund, reset, acquire, release and extend refuse memory,
+which would forget each count when the command exits.
 --rules is a YAML rule file; without it the built-in example rules apply
 ('countlimit rules default' prints them).
-allow exits 0 when allowed and 1 when denied, peek 0 or 1 as the next allow would; every
-command exits 2 on an error. Put -- before an ID that starts with "-".
+allow and acquire exit 0 when allowed and 1 when denied, peek 0 or 1 as the next allow would,
+extend 1 when the lease is no longer held; every command exits 2 on an error. Put -- before an ID that starts with "-".
 `
 
 // Run runs the command line args (without the program name) and returns the
@@ -77,10 +79,16 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = migrate(ctx, args[1:], stdout)
 	case "serve":
 		err = serve(ctx, args[1:], stdout, stderr)
-	case "allow", "peek", "refund", "reset":
+	case "allow", "peek", "refund", "reset", "acquire":
 		var denied bool
 		denied, err = check(ctx, cmd, args[1:], stdout)
 		if err == nil && denied {
+			return ExitDenied
+		}
+	case "release", "extend":
+		var notHeld bool
+		notHeld, err = leaseCmd(ctx, cmd, args[1:], stdout)
+		if err == nil && notHeld {
 			return ExitDenied
 		}
 	case "top":

@@ -122,7 +122,7 @@ func TestServeMemory(t *testing.T) {
 	if code != cli.ExitOK || !strings.Contains(out, "countlimit: stopped") {
 		t.Errorf("serve after shutdown: exit %d, %q", code, out)
 	}
-	if !strings.Contains(out, " (store memory; 8 rules and 1 group from the built-in example rules)\n") {
+	if !strings.Contains(out, " (store memory; 9 rules and 1 group from the built-in example rules)\n") {
 		t.Errorf("serve does not say what it serves: %q", out)
 	}
 }
@@ -350,7 +350,7 @@ func TestRulesCommands(t *testing.T) {
 	}
 	os.WriteFile(good, []byte(def), 0o644)
 	os.WriteFile(bad, []byte("rules:\n  a:\n    window: fixed 1m\n    limit: 1\n    blok: 5m\n"), 0o644)
-	if code, out, _ := run(t, "rules", "check", good); code != cli.ExitOK || !strings.Contains(out, "8 rules and 1 group: ok") {
+	if code, out, _ := run(t, "rules", "check", good); code != cli.ExitOK || !strings.Contains(out, "9 rules and 1 group: ok") {
 		t.Errorf("rules check good: %d %q", code, out)
 	}
 	one := filepath.Join(dir, "one.yaml")

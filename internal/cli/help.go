@@ -34,9 +34,9 @@ count when the command exits). Exit status: 0 %s 2 on an error.`
 var commands = map[string]command{
 	"serve": {
 		usage: "countlimit serve [flags]",
-		about: `Serves the HTTP API (POST /v1/allow, /v1/peek, /v1/refund, /v1/reset; GET
-/v1/rules, /healthz, /metrics) with the rules of --rules, or the built-in
-example rules. With neither --store nor $COUNTLIMIT_STORE the counters live
+		about: `Serves the HTTP API (POST /v1/allow, /v1/peek, /v1/refund, /v1/reset,
+/v1/acquire, /v1/release, /v1/extend; GET /v1/rules, /healthz, /metrics) with
+the rules of --rules, or the built-in example rules. With neither --store nor $COUNTLIMIT_STORE the counters live
 in memory, as long as the process.
 
 --token-file FILE (else $COUNTLIMIT_TOKEN; the file wins) sets a bearer token
@@ -73,6 +73,31 @@ it; a second one stops it at once.`,
 		about: "Forgets ID's count and penalty under RULE (every rule of a group);\n" +
 			"it needs no tier.\n" +
 			fmt.Sprintf(checkAbout, "once forgotten,"),
+	},
+	"acquire": {
+		usage: "countlimit acquire RULE ID --store URL [flags]",
+		about: `Takes a slot of RULE, a rule with a concurrent window, for ID if one is free,
+and prints the lease: the string release and extend take. A lease not
+released frees itself when the rule's ttl has passed since it was taken or
+last extended. When denied it prints the slots held and when the earliest
+lease expires.
+The store must be postgres://... or redis://... (memory would forget the
+lease when the command exits). Exit status: 0 when allowed, 1 when denied,
+2 on an error.`,
+	},
+	"release": {
+		usage: "countlimit release LEASE --store URL [flags]",
+		about: `Gives back the slot of LEASE, the string acquire printed. Releasing a lease
+that was already released, or that expired, is not an error and frees
+nothing else; a malformed or edited lease is. Exit status: 0 once released,
+2 on an error.`,
+	},
+	"extend": {
+		usage: "countlimit extend LEASE --store URL [flags]",
+		about: `Keeps the slot of LEASE, the string acquire printed, for the rule's ttl from
+now. A lease that expired (its slot may be someone else's now) or was
+released is not held: extend says so and exits 1; acquire a new one.
+Exit status: 0 when extended, 1 when not held, 2 on an error.`,
 	},
 	"top": {
 		usage: "countlimit top --store postgres://... [flags]",

@@ -20,6 +20,7 @@ import (
 	"github.com/countlimit/countlimit/countlimit/memstore"
 	"github.com/countlimit/countlimit/countlimit/pgstore"
 	"github.com/countlimit/countlimit/countlimit/redisstore"
+	"github.com/countlimit/countlimit/internal/redisurl"
 )
 
 // opened is a store the command opened, and how to check and close it.
@@ -86,14 +87,12 @@ func openStoreMaybeDown(ctx context.Context, url string, migrate bool, log *slog
 		}
 		return &opened{store: s, pg: s, pool: pool, ping: s.Ping, close: pool.Close, desc: desc}, nil
 	case strings.HasPrefix(url, "redis://"), strings.HasPrefix(url, "rediss://"), strings.HasPrefix(url, "unix://"):
-		opts, err := redis.ParseURL(url)
+		c, err := redisurl.Open(url, failFast)
 		if err != nil {
 			return nil, badStoreURL(url, err)
 		}
-		failFast(opts)
 		redisLogOnce.Do(func() { redis.SetLogger(&redisLog{}) })
 		redisLogTo.Store(log)
-		c := redis.NewClient(opts)
 		if err := c.Ping(ctx).Err(); err != nil && !tolerated(err) {
 			c.Close()
 			return nil, fmt.Errorf("--store %s: %w", desc, err)
@@ -111,7 +110,6 @@ func openStoreMaybeDown(ctx context.Context, url string, migrate bool, log *slog
 // package doc), so a connection dropped mid-call costs no error and no
 // double count. The URL's max_retries and dial_timeout win.
 func failFast(o *redis.Options) {
-	o.ContextTimeoutEnabled = true
 	if o.MaxRetries == 0 {
 		o.MaxRetries = 1
 	}

@@ -90,19 +90,41 @@ func (q *Queries) Apply(ctx context.Context, db DBTX, arg ApplyParams) ([]ApplyR
 	return items, nil
 }
 
-const purgeExpired = `-- name: PurgeExpired :execrows
-WITH doomed AS (
+const purgeExpired = `-- name: PurgeExpired :one
+WITH leases AS (
+    SELECT l.use_type, l.unique_id, l.lease_token
+    FROM count_limit_lease l
+    WHERE l.expires_at <= $1::timestamptz
+    ORDER BY l.expires_at
+    LIMIT $2::int
+    FOR UPDATE SKIP LOCKED
+), gone_leases AS (
+    DELETE FROM count_limit_lease l
+    USING leases d
+    WHERE l.use_type = d.use_type AND l.unique_id = d.unique_id AND l.lease_token = d.lease_token
+    RETURNING 1
+), doomed AS (
     SELECT c.use_type, c.unique_id
     FROM count_limit c
     WHERE c.end_time <= $1::timestamptz
       AND (c.blocked_until IS NULL OR c.blocked_until <= $1::timestamptz)
+      AND (c.lease_until IS NULL OR c.lease_until <= $1::timestamptz)
+      -- A row goes once its leases have: its cascade then waits for no
+      -- lease another purge (or an open Release) holds, so purges running
+      -- at once cannot deadlock. A lease taken since the snapshot raised
+      -- lease_until, which is checked again on the locked row.
+      AND NOT EXISTS (SELECT FROM count_limit_lease l
+          WHERE l.use_type = c.use_type AND l.unique_id = c.unique_id)
     ORDER BY c.end_time
     LIMIT $2::int
     FOR UPDATE SKIP LOCKED
+), gone AS (
+    DELETE FROM count_limit c
+    USING doomed d
+    WHERE c.use_type = d.use_type AND c.unique_id = d.unique_id
+    RETURNING 1
 )
-DELETE FROM count_limit c
-USING doomed d
-WHERE c.use_type = d.use_type AND c.unique_id = d.unique_id
+SELECT ((SELECT count(*) FROM gone_leases) + (SELECT count(*) FROM gone))::bigint AS deleted
 `
 
 type PurgeExpiredParams struct {
@@ -110,14 +132,17 @@ type PurgeExpiredParams struct {
 	BatchSize int32
 }
 
-// PurgeExpired deletes at most batch_size rows whose window and penalty are
-// over, skipping rows that live checks hold locked.
+// PurgeExpired deletes at most batch_size expired leases and at most
+// batch_size rows whose window, penalty and leases are over, skipping rows
+// that live checks hold locked, and returns how many of both it deleted
+// (a row whose leases this batch deletes goes in the next). A row's
+// lease_until is read at its latest version, so a row whose key an Acquire
+// or Extend has just written is kept.
 func (q *Queries) PurgeExpired(ctx context.Context, db DBTX, arg PurgeExpiredParams) (int64, error) {
-	result, err := db.Exec(ctx, purgeExpired, arg.Now, arg.BatchSize)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
+	row := db.QueryRow(ctx, purgeExpired, arg.Now, arg.BatchSize)
+	var deleted int64
+	err := row.Scan(&deleted)
+	return deleted, err
 }
 
 const reset = `-- name: Reset :exec

@@ -176,6 +176,141 @@ func (q *Queries) AllowBatch(ctx context.Context, db DBTX, arg AllowBatchParams)
 	return items, nil
 }
 
+const allowBatchDistinct = `-- name: AllowBatchDistinct :many
+WITH calls AS MATERIALIZED (
+    SELECT c.ord::int AS k, c.use_type, c.unique_id, c.now, c.n, c.lim, c.b, c.e, c.pe
+    FROM ROWS FROM (unnest(CASE WHEN random() >= 0 THEN $1::text[] END), unnest($2::text[]),
+        unnest($3::timestamptz[]), unnest($4::bigint[]), unnest($5::bigint[]),
+        unnest($6::timestamptz[]), unnest($7::timestamptz[]), unnest($8::timestamptz[]))
+        WITH ORDINALITY AS c(use_type, unique_id, now, n, lim, b, e, pe, ord)
+), locked AS MATERIALIZED (
+    -- Phase 1.
+    SELECT c.k, r.already_count, r.begin_time, r.end_time, r.blocked_until
+    FROM calls c
+    JOIN count_limit r ON r.use_type = c.use_type AND r.unique_id = c.unique_id
+    ORDER BY c.k
+    FOR NO KEY UPDATE OF r
+), decided AS MATERIALIZED (
+    -- Each call applied to its row as locked (or absent): AllowBatch's
+    -- fold step 1, from its step 0.
+    SELECT c.k, c.use_type, c.unique_id, c.lim, l.k IS NOT NULL AS existed,
+        CASE WHEN d.fits THEN d.used + c.n ELSE coalesce(l.already_count, 0) END AS cnt,
+        CASE WHEN d.fits AND NOT d.cur THEN c.b WHEN l.k IS NOT NULL THEN l.begin_time ELSE c.now END AS wb,
+        CASE WHEN d.fits AND NOT d.cur THEN c.e WHEN l.k IS NOT NULL THEN l.end_time ELSE c.now END AS we,
+        CASE WHEN d.fits OR d.blocked OR c.pe IS NULL THEN l.blocked_until ELSE c.pe END AS bu,
+        d.fits AS allowed,
+        CASE WHEN d.fits THEN d.used + c.n ELSE d.used END AS used,
+        CASE WHEN d.cur THEN l.begin_time ELSE c.b END AS ob,
+        CASE WHEN d.cur THEN l.end_time ELSE c.e END AS oe,
+        CASE WHEN d.blocked THEN l.blocked_until WHEN d.fits THEN NULL ELSE c.pe END AS obu
+    FROM calls c
+    LEFT JOIN locked l ON l.k = c.k
+    CROSS JOIN LATERAL (SELECT s.cur, s.blocked, u.used, NOT s.blocked AND c.n <= c.lim - u.used AS fits
+        FROM (SELECT
+            coalesce(l.begin_time < coalesce(l.end_time, 'infinity') AND coalesce(l.end_time > c.now, true), false) AS cur,
+            coalesce(l.blocked_until > c.now, false) AS blocked) s
+        CROSS JOIN LATERAL (SELECT CASE WHEN s.cur THEN l.already_count ELSE 0 END AS used) u) d
+), inserted AS (
+    -- Phase 2: the count(*) makes every lock of phase 1 be taken first.
+    INSERT INTO count_limit (use_type, unique_id, already_count, begin_time, end_time, limit_value, denied_count, blocked_until)
+    SELECT d.use_type, d.unique_id, d.cnt, d.wb, d.we, d.lim, CASE WHEN d.allowed THEN 0 ELSE 1 END, d.bu
+    FROM decided d
+    WHERE NOT d.existed AND (SELECT count(*) FROM locked) >= 0
+    ORDER BY d.k
+    ON CONFLICT DO NOTHING
+    RETURNING use_type, unique_id
+), updated AS (
+    -- Phase 3: the count(*) makes every insert happen first.
+    UPDATE count_limit r SET
+        already_count = d.cnt,
+        begin_time    = d.wb,
+        end_time      = d.we,
+        limit_value   = d.lim,
+        denied_count  = r.denied_count + CASE WHEN d.allowed THEN 0 ELSE 1 END,
+        blocked_until = d.bu,
+        events        = CASE WHEN d.allowed THEN NULL ELSE r.events END,
+        updated_at    = now()
+    FROM decided d
+    WHERE d.existed AND r.use_type = d.use_type AND r.unique_id = d.unique_id
+      AND (SELECT count(*) FROM inserted) >= 0
+    RETURNING d.k
+), applied AS (
+    SELECT u.k FROM updated u
+    UNION ALL
+    SELECT d.k FROM inserted i JOIN decided d ON d.use_type = i.use_type AND d.unique_id = i.unique_id
+)
+SELECT d.k::int AS key_of, d.allowed::boolean AS allowed, d.used::bigint AS used,
+    d.ob::timestamptz AS window_begin, d.oe::timestamptz AS window_end, d.obu::timestamptz AS blocked_until
+FROM decided d
+JOIN applied a ON a.k = d.k
+`
+
+type AllowBatchDistinctParams struct {
+	UseTypes    []string
+	UniqueIds   []string
+	Nows        []pgtype.Timestamptz
+	Ns          []int64
+	Limits      []int64
+	Begins      []pgtype.Timestamptz
+	WindowEnds  []pgtype.Timestamptz
+	PenaltyEnds []pgtype.Timestamptz
+}
+
+type AllowBatchDistinctRow struct {
+	KeyOf        int32
+	Allowed      bool
+	Used         int64
+	WindowBegin  pgtype.Timestamptz
+	WindowEnd    pgtype.Timestamptz
+	BlockedUntil pgtype.Timestamptz
+}
+
+// AllowBatchDistinct is AllowBatch for a batch whose calls all have keys of
+// their own, the common case over many ids. No call then waits on another's
+// outcome, so each is decided from its row as locked, as AllowOne decides,
+// without AllowBatch's recursive fold: a smaller plan and less work per
+// call. Calls are given sorted by key, one per key; a call is named by its
+// 1-based position (key_of). The statement returns one row per call it
+// applied; a call whose key a concurrent transaction created after the
+// statement began is left alone and not returned: send it again.
+//
+// The CASE WHEN random() >= 0 is AllowBatch's: it keeps the generic plan.
+func (q *Queries) AllowBatchDistinct(ctx context.Context, db DBTX, arg AllowBatchDistinctParams) ([]AllowBatchDistinctRow, error) {
+	rows, err := db.Query(ctx, allowBatchDistinct,
+		arg.UseTypes,
+		arg.UniqueIds,
+		arg.Nows,
+		arg.Ns,
+		arg.Limits,
+		arg.Begins,
+		arg.WindowEnds,
+		arg.PenaltyEnds,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []AllowBatchDistinctRow
+	for rows.Next() {
+		var i AllowBatchDistinctRow
+		if err := rows.Scan(
+			&i.KeyOf,
+			&i.Allowed,
+			&i.Used,
+			&i.WindowBegin,
+			&i.WindowEnd,
+			&i.BlockedUntil,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const allowOne = `-- name: AllowOne :one
 
 WITH y AS (

@@ -8,7 +8,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
-// countlimit counters: one row per (use_type, unique_id). Written by countlimit's statements and countlimit_apply; safe to read, and to delete rows from (that resets them).
+// countlimit counters: one row per (use_type, unique_id). Written by countlimit's statements and functions; safe to read, and to delete rows from (that resets them, leases included). Leases of concurrency limits are in count_limit_lease.
 type CountLimit struct {
 	// What is limited, e.g. password.change (countlimit.UseType).
 	UseType string
@@ -32,29 +32,45 @@ type CountLimit struct {
 	CreatedAt pgtype.Timestamptz
 	// When the row was last written (database clock).
 	UpdatedAt pgtype.Timestamptz
+	// Concurrency limits only: no lease of this key (count_limit_lease) expires after this. Raised by every Acquire that takes a slot and every Extend; set to the time of a denied Acquire when no lease was ever taken. Purges keep the row until then. NULL for keys never acquired.
+	LeaseUntil pgtype.Timestamptz
 }
 
-// count_limit as of the database clock, for people: what each id has used of its limit now, what remains, whether it is blocked and for how long.
+// countlimit leases: one row per slot held of a concurrency limit (countlimit.Concurrent) by (use_type, unique_id); a slot is held while expires_at is in the future. Written only by countlimit's statements, under the lock of the key's count_limit row; safe to read. Expired rows are purged with their key, or by countlimit purge.
+type CountLimitLease struct {
+	// What is limited, e.g. report.export (countlimit.UseType).
+	UseType string
+	// Who or what is limited: user id, API key, tenant.
+	UniqueID string
+	// The lease's random name (22 base64url characters). Whoever knows it can release or extend the slot: treat it as a secret.
+	LeaseToken string
+	// When the slot frees itself unless extended: taken_at (or the last Extend) plus the rule's ttl, on the caller's clock.
+	ExpiresAt pgtype.Timestamptz
+	// When the slot was taken (Acquire), on the caller's clock; Extend does not change it.
+	TakenAt pgtype.Timestamptz
+}
+
+// count_limit as of the database clock, for people: what each id has used of its limit now (for concurrency limits, the slots it holds), what remains, whether it is blocked and for how long.
 type CountLimitStatus struct {
 	// What is limited, e.g. password.change.
 	UseType string
 	// Who or what is limited: user id, phone, IP, token.
 	UniqueID string
-	// window (rolling, fixed or calendar), sliding (an exact log of events) or lifetime (never resets).
+	// window (rolling, fixed or calendar), sliding (an exact log of events), lifetime (never resets) or concurrent (slots held at once, as leases in count_limit_lease).
 	WindowKind string
-	// Events counted in the current window as of now; 0 once the window has ended.
+	// Events counted in the current window as of now; 0 once the window has ended. For concurrent limits, the leases live now (slots held).
 	Used int64
 	// The limit the last check applied (each check carries its rule; this records it).
 	LimitValue int64
-	// limit_value - used, never below 0: how many more events the last applied limit allows now.
+	// limit_value - used, never below 0: how many more events (for concurrent limits, slots) the last applied limit allows now.
 	Remaining int64
 	// Denied checks since the row was created (not reset when a window rolls over).
 	DeniedCount int64
-	// When the current window began; for sliding windows, the oldest logged event.
+	// When the current window began; for sliding windows, the oldest logged event; for concurrent limits, when the oldest live lease was taken (NULL when none is held).
 	WindowBegin pgtype.Timestamptz
-	// When the current window ends (exclusive); NULL for lifetime limits. For sliding windows, the newest event plus the window length.
+	// When the current window ends (exclusive); NULL for lifetime limits. For sliding windows, the newest event plus the window length; for concurrent limits, when the last live lease expires unless extended or released (NULL when none is held).
 	WindowEnd pgtype.Timestamptz
-	// How long until the window ends and its count goes, while something is counted; NULL otherwise and for lifetime limits.
+	// How long until the window ends and its count goes, while something is counted; NULL otherwise and for lifetime limits. For concurrent limits, until the last live lease expires.
 	ResetsIn pgtype.Interval
 	// True while the id sits in the penalty box: every check is denied until blocked_until.
 	Blocked bool

@@ -39,7 +39,8 @@ type Rule struct {
 	Block time.Duration
 }
 
-// Group is a named set of rules checked all-or-nothing.
+// Group is a named set of rules checked all-or-nothing. It holds no rule
+// with a concurrent window: Parse refuses one.
 type Group struct {
 	Name        string
 	Description string
@@ -63,8 +64,8 @@ var ErrTier = errors.New("bad tier")
 
 // Default returns the built-in example rules, the file "countlimit rules
 // default" prints: SMS codes, password changes, article pins, API calls and
-// posts by tier, logins with a penalty box, and a group that limits new
-// conversations per hour AND per day. It panics if they do not parse, which
+// posts by tier, logins with a penalty box, exports running at once, and a
+// group that limits new conversations per hour AND per day. It panics if they do not parse, which
 // a test rules out.
 func Default() *File {
 	f, err := Parse(DefaultName, defaultYAML)
@@ -146,6 +147,9 @@ func Parse(name string, data []byte) (*File, error) {
 			r, ok := f.Rules[rn]
 			if !ok {
 				return nil, fmt.Errorf("%s:%d: groups.%s.rules: unknown rule %q", name, g.line, n, rn)
+			}
+			if r.Window.IsConcurrent() {
+				return nil, fmt.Errorf("%s:%d: groups.%s.rules: %s has a concurrent window: a group counts events all-or-nothing, while a concurrent rule holds slots, taken one rule at a time with acquire", name, g.line, n, rn)
 			}
 			if other, dup := seen[r.UseType]; dup {
 				return nil, fmt.Errorf("%s:%d: groups.%s.rules: %s and %s share use type %q", name, g.line, n, other, rn, r.UseType)
@@ -428,7 +432,9 @@ func (p *parser) limit(n *yaml.Node, field string) (int64, error) {
 }
 
 // ParseWindow parses "rolling 5m", "fixed 1h", "sliding 30s",
-// "calendar day|week|month|year [Time/Zone]" (default UTC) or "lifetime".
+// "calendar day|week|month|year [Time/Zone]" (default UTC), "lifetime", or
+// "concurrent 10m": at most limit held at once, each slot a lease that frees
+// itself 10m after it was taken or last extended.
 func ParseWindow(s string) (countlimit.Window, error) {
 	f := strings.Fields(s)
 	if len(f) == 0 {
@@ -454,6 +460,9 @@ func ParseWindow(s string) (countlimit.Window, error) {
 	case "sliding":
 		d, err := dur()
 		return countlimit.Sliding(d), err
+	case "concurrent":
+		d, err := dur()
+		return countlimit.Concurrent(d), err
 	case "lifetime":
 		if len(f) != 1 {
 			return countlimit.Window{}, errors.New("lifetime takes nothing after it")
@@ -480,7 +489,7 @@ func ParseWindow(s string) (countlimit.Window, error) {
 		}
 		return countlimit.Calendar(u, loc), nil
 	}
-	return countlimit.Window{}, fmt.Errorf("unknown window kind %q: want rolling, fixed, sliding, calendar or lifetime", f[0])
+	return countlimit.Window{}, fmt.Errorf("unknown window kind %q: want rolling, fixed, sliding, calendar, lifetime or concurrent", f[0])
 }
 
 // ParseDuration is time.ParseDuration that also takes whole days: "7d".

@@ -29,6 +29,7 @@ func TestDefaultHoldsTheExampleRules(t *testing.T) {
 		{"post.create", "silver", []countlimit.Rule{{UseType: "post.create", Limit: 5, Window: countlimit.Fixed(time.Hour)}}},
 		{"post.create", "gold", []countlimit.Rule{{UseType: "post.create", Limit: 8, Window: countlimit.Fixed(time.Hour)}}},
 		{"login", "", []countlimit.Rule{{UseType: "login", Limit: 5, Window: countlimit.Rolling(15 * time.Minute), Block: 30 * time.Minute}}},
+		{"export.running", "", []countlimit.Rule{{UseType: "export.running", Limit: 3, Window: countlimit.Concurrent(10 * time.Minute)}}},
 		{"conversation.create", "", []countlimit.Rule{
 			{UseType: "conversation.hour", Limit: 10, Window: countlimit.Fixed(time.Hour)},
 			{UseType: "conversation.day", Limit: 50, Window: countlimit.Calendar(countlimit.Day, shanghai)},
@@ -50,7 +51,7 @@ func TestDefaultHoldsTheExampleRules(t *testing.T) {
 			}
 		}
 	}
-	if got := strings.Join(f.Names(), " "); got != "sms.code password.change article.pin api post.create login conversation.hour conversation.day conversation.create" {
+	if got := strings.Join(f.Names(), " "); got != "sms.code password.change article.pin api post.create login export.running conversation.hour conversation.day conversation.create" {
 		t.Errorf("Names() = %s", got)
 	}
 }
@@ -83,7 +84,14 @@ func TestParseErrorsNameFileLineAndField(t *testing.T) {
 		{"bad duration value", "rules:\n  a:\n    window: fixed 5x\n    limit: 1\n", `r.yaml:3: rules.a.window: bad duration "5x"`},
 		{"unknown zone", "rules:\n  a:\n    window: calendar day Asia/Shangai\n    limit: 1\n", `r.yaml:3: rules.a.window: unknown time zone "Asia/Shangai"`},
 		{"unknown unit", "rules:\n  a:\n    window: calendar fortnight\n    limit: 1\n", `r.yaml:3: rules.a.window: unknown calendar unit "fortnight"`},
-		{"unknown kind", "rules:\n  a:\n    window: leaky 1m\n    limit: 1\n", `r.yaml:3: rules.a.window: unknown window kind "leaky"`},
+		{"unknown kind", "rules:\n  a:\n    window: leaky 1m\n    limit: 1\n", `r.yaml:3: rules.a.window: unknown window kind "leaky": want rolling, fixed, sliding, calendar, lifetime or concurrent`},
+		{"concurrent without a ttl", "rules:\n  a:\n    window: concurrent\n    limit: 1\n", `r.yaml:3: rules.a.window: want "concurrent" followed by a duration, like "concurrent 5m"`},
+		{"concurrent bad ttl", "rules:\n  a:\n    window: concurrent 10 minutes\n    limit: 1\n", `r.yaml:3: rules.a.window: want "concurrent" followed by a duration`},
+		{"concurrent zero ttl", "rules:\n  a:\n    window: concurrent 0s\n    limit: 1\n", `r.yaml:3: rules.a.window: bad duration "0s"`},
+		{"concurrent ttl over 100 years", "rules:\n  a:\n    window: concurrent 1000000h\n    limit: 1\n", "r.yaml:3: rules.a.window: Rule.Window: concurrent duration must be 1µs to 100 years"},
+		{"concurrent limit over 10000", "rules:\n  a:\n    window: concurrent 1m\n    limit: 20000\n", "r.yaml:4: rules.a.limit: Rule.Limit: a Concurrent window keeps a lease per slot: at most 10000"},
+		{"concurrent tier over 10000", "rules:\n  a:\n    window: concurrent 1m\n    tiers: {gold: 20000}\n", "r.yaml:4: rules.a.tiers.gold: Rule.Limit: a Concurrent window keeps a lease per slot"},
+		{"concurrent rule in a group", "rules:\n  a: {window: fixed 1m, limit: 1}\n  b: {window: concurrent 1m, limit: 1}\ngroups:\n  g: {rules: [a, b]}\n", "r.yaml:5: groups.g.rules: b has a concurrent window: a group counts events all-or-nothing"},
 		{"negative limit", "rules:\n  a:\n    window: fixed 1m\n    limit: -1\n", `r.yaml:4: rules.a.limit: want a whole number >= 0, got "-1"`},
 		{"bad tier limit", "rules:\n  a:\n    window: fixed 1m\n    tiers:\n      gold: lots\n", `r.yaml:5: rules.a.tiers.gold: want a whole number >= 0, got "lots"`},
 		{"bad block", "rules:\n  a:\n    window: fixed 1m\n    limit: 1\n    block: forever\n", `r.yaml:5: rules.a.block: want a positive duration`},
@@ -145,6 +153,44 @@ func TestParseDuration(t *testing.T) {
 		if _, err := rulefile.ParseDuration(in); err == nil {
 			t.Errorf("ParseDuration(%q): no error", in)
 		}
+	}
+}
+
+func TestConcurrentWindow(t *testing.T) {
+	f, err := rulefile.Parse("r.yaml", []byte(`
+rules:
+  export.running:
+    window: concurrent 10m
+    limit: 3
+  upload: {window: concurrent 1h30m, tiers: {free: 1, pro: 4}, block: 1m}
+  day: {window: concurrent 2d, limit: 0}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name, tier string
+		want       countlimit.Rule
+		text       string
+	}{
+		{"export.running", "", countlimit.Rule{UseType: "export.running", Limit: 3, Window: countlimit.Concurrent(10 * time.Minute)}, "concurrent 10m"},
+		{"upload", "pro", countlimit.Rule{UseType: "upload", Limit: 4, Window: countlimit.Concurrent(90 * time.Minute), Block: time.Minute}, "concurrent 1h30m"},
+		{"day", "", countlimit.Rule{UseType: "day", Window: countlimit.Concurrent(48 * time.Hour)}, "concurrent 2d"},
+	} {
+		rs, err := f.Resolve(tc.name, tc.tier)
+		if err != nil || len(rs) != 1 {
+			t.Fatalf("Resolve(%q, %q) = %+v, %v", tc.name, tc.tier, rs, err)
+		}
+		g := rs[0]
+		if g.UseType != tc.want.UseType || g.Limit != tc.want.Limit || g.Block != tc.want.Block || g.Window != tc.want.Window || !g.Window.IsConcurrent() {
+			t.Errorf("Resolve(%q, %q) = %+v (%v), want %+v (%v)", tc.name, tc.tier, g, g.Window, tc.want, tc.want.Window)
+		}
+		if got := f.Rules[tc.name].WindowText; got != tc.text {
+			t.Errorf("%s: WindowText = %q, want %q", tc.name, got, tc.text)
+		}
+	}
+	if w, err := rulefile.ParseWindow("concurrent 10m"); err != nil || w.String() != "concurrent 10m0s" {
+		t.Errorf("ParseWindow(concurrent 10m) = %v, %v", w, err)
 	}
 }
 

@@ -16,10 +16,13 @@ import (
 )
 
 // Ops are the operations, in the order the service's endpoints list them.
-var Ops = []countlimit.Op{countlimit.OpAllow, countlimit.OpPeek, countlimit.OpRefund, countlimit.OpReset}
+var Ops = []countlimit.Op{
+	countlimit.OpAllow, countlimit.OpPeek, countlimit.OpRefund, countlimit.OpReset,
+	countlimit.OpAcquire, countlimit.OpRelease, countlimit.OpExtend,
+}
 
 // ParseOp returns the operation named name ("allow", "peek", "refund",
-// "reset").
+// "reset", "acquire", "release", "extend").
 func ParseOp(name string) (countlimit.Op, bool) {
 	for _, o := range Ops {
 		if o.String() == name {
@@ -29,15 +32,21 @@ func ParseOp(name string) (countlimit.Op, bool) {
 	return 0, false
 }
 
+// IsLeaseOp reports whether o names a lease (release, extend) instead of a
+// rule and an id.
+func IsLeaseOp(o countlimit.Op) bool {
+	return o == countlimit.OpRelease || o == countlimit.OpExtend
+}
+
 // CheckCost reports why cost cannot go with op on rule name of rf, or nil:
-// cost is 1 to 2^53; peek and reset take none (costSet says whether the
-// caller gave one); a group counts one event. The error wraps
-// countlimit.ErrInvalid and names the field "cost".
+// cost is 1 to 2^53; only allow and refund take one (costSet says whether
+// the caller gave one: an acquire takes one slot); a group counts one
+// event. The error wraps countlimit.ErrInvalid and names the field "cost".
 func CheckCost(rf *rulefile.File, op countlimit.Op, name string, cost int64, costSet bool) error {
 	switch {
 	case cost < 1 || cost > countlimit.MaxLimit:
 		return invalid("\x00 must be 1 to 2^53, got %d", cost)
-	case costSet && (op == countlimit.OpPeek || op == countlimit.OpReset):
+	case costSet && op != countlimit.OpAllow && op != countlimit.OpRefund:
 		return invalid("%s takes no \x00", op)
 	case op == countlimit.OpAllow && cost != 1 && len(rf.Members(name)) > 1:
 		return invalid("a group counts one event: \x00 must be 1, got %d", cost)
@@ -58,14 +67,60 @@ func invalid(format string, args ...any) error {
 	return &CostError{msg: fmt.Sprintf(format, args...)}
 }
 
+// FieldError is bad input that names its field: a rule that does not fit
+// the operation ("rule"), or a lease that is malformed ("lease") or is not
+// the rule's or id's the request names ("rule", "id"). It wraps
+// countlimit.ErrInvalid.
+type FieldError struct {
+	Field string
+	msg   string
+}
+
+func (e *FieldError) Error() string { return e.msg }
+func (e *FieldError) Unwrap() error { return countlimit.ErrInvalid }
+
+func fieldErr(field, format string, args ...any) error {
+	return &FieldError{Field: field, msg: fmt.Sprintf(format, args...)}
+}
+
 // Resolve returns the rules op applies to: name's rules at tier, or for
 // reset every UseType of name (forgetting needs no tier). Its errors are
-// rulefile's (rulefile.ErrUnknown, rulefile.ErrTier).
+// rulefile's (rulefile.ErrUnknown, rulefile.ErrTier), or a FieldError
+// naming "rule" when the rule does not fit op: acquire takes one rule with
+// a concurrent window; allow and refund take none, since a concurrent rule
+// holds slots instead of counting events. Peek and reset take any.
 func Resolve(rf *rulefile.File, op countlimit.Op, name, tier string) ([]countlimit.Rule, error) {
+	var rules []countlimit.Rule
+	var err error
 	if op == countlimit.OpReset {
-		return rf.ResolveUseTypes(name)
+		rules, err = rf.ResolveUseTypes(name)
+	} else {
+		rules, err = rf.Resolve(name, tier)
 	}
-	return rf.Resolve(name, tier)
+	if err != nil {
+		return nil, err
+	}
+	members := rf.Members(name)
+	switch op {
+	case countlimit.OpAcquire:
+		if _, group := rf.Groups[name]; group {
+			return nil, fieldErr("rule", "acquire takes one rule with a concurrent window; %s is a group", name)
+		}
+		if !rules[0].Window.IsConcurrent() {
+			return nil, fieldErr("rule", "acquire takes a rule with a concurrent window; %s has %s (allow counts its events)", name, rf.Rules[name].WindowText)
+		}
+	case countlimit.OpAllow, countlimit.OpRefund:
+		for i, r := range rules {
+			if !r.Window.IsConcurrent() {
+				continue
+			}
+			if len(rules) > 1 {
+				return nil, fieldErr("rule", "group %s holds %s, a rule with a concurrent window: a group counts events all-or-nothing, while a concurrent rule holds slots (acquire takes one, release gives it back)", name, members[i])
+			}
+			return nil, fieldErr("rule", "%s has a concurrent window: it holds slots, not events; acquire takes one and release gives it back", name)
+		}
+	}
+	return rules, nil
 }
 
 // Do carries out op for id on rules (one rule, or a group's) with weight
@@ -106,6 +161,94 @@ func Do(ctx context.Context, l *countlimit.Limiter, op countlimit.Op, rules []co
 		out = append(out, res)
 	}
 	return out, nil
+}
+
+// Acquire takes a slot of the one rule Resolve returned for acquire, for
+// id. The Lease is the zero Lease when the acquire was denied.
+func Acquire(ctx context.Context, l *countlimit.Limiter, rules []countlimit.Rule, id string) (countlimit.Lease, []countlimit.Result, error) {
+	if len(rules) != 1 {
+		return countlimit.Lease{}, nil, fieldErr("rule", "acquire takes one rule, got %d", len(rules))
+	}
+	ls, res, err := l.Acquire(ctx, rules[0], id)
+	if err != nil {
+		return countlimit.Lease{}, nil, err
+	}
+	return ls, []countlimit.Result{res}, nil
+}
+
+// ParseLease reads the lease a release or extend names, as acquire's
+// answer gave it. rule and id are optional: when given, they must be the
+// lease's own (rule's UseType is the lease's), else a FieldError names the
+// one that differs. A malformed, edited or forged lease string is a
+// FieldError naming "lease". A lease whose rule the file no longer holds
+// still parses, so that its slot can be given back. rf is read only when
+// rule is given.
+func ParseLease(l *countlimit.Limiter, rf *rulefile.File, s, rule, id string) (countlimit.Lease, error) {
+	if s == "" {
+		return countlimit.Lease{}, fieldErr("lease", "lease is required: the lease string acquire returned")
+	}
+	ls, err := l.ParseLease(s)
+	if err != nil {
+		return countlimit.Lease{}, &FieldError{Field: "lease", msg: err.Error()}
+	}
+	if rule != "" {
+		r, ok := rf.Rules[rule]
+		switch {
+		case !ok && rf.Groups[rule] == nil:
+			return countlimit.Lease{}, fieldErr("rule", "unknown rule %q", rule)
+		case !ok:
+			return countlimit.Lease{}, fieldErr("rule", "the lease is a slot of %q, not of the group %s", ls.UseType(), rule)
+		case r.UseType != ls.UseType():
+			return countlimit.Lease{}, fieldErr("rule", "the lease is a slot of %q, not of rule %s", ls.UseType(), rule)
+		}
+	}
+	if id != "" && id != ls.ID() {
+		return countlimit.Lease{}, fieldErr("id", "the lease was taken for another id than %q", id)
+	}
+	return ls, nil
+}
+
+// DoLease releases or extends ls. Release is idempotent: a lease already
+// released or expired is not an error. Extend of a lease no longer held
+// fails with countlimit.ErrLeaseExpired.
+func DoLease(ctx context.Context, op countlimit.Op, ls countlimit.Lease) error {
+	switch op {
+	case countlimit.OpRelease:
+		return ls.Release(ctx)
+	case countlimit.OpExtend:
+		return ls.Extend(ctx)
+	}
+	return fmt.Errorf("ruleops: %v is not a lease operation", op)
+}
+
+// AcquireResponse answers acquire: the Response, and when allowed the
+// lease string that release and extend take.
+type AcquireResponse struct {
+	Response
+	Lease string `json:"lease,omitempty"`
+}
+
+// NewAcquireResponse builds the answer to acquire.
+func NewAcquireResponse(name string, rules []countlimit.Rule, results []countlimit.Result, ls countlimit.Lease) AcquireResponse {
+	return AcquireResponse{Response: NewResponse([]string{name}, rules, results), Lease: ls.String()}
+}
+
+// LeaseResponse answers release and extend.
+type LeaseResponse struct {
+	Released bool `json:"released,omitempty"`
+	Extended bool `json:"extended,omitempty"`
+	// ExpiresInSeconds is, after an extend, how long the lease is held
+	// from now unless extended again: its ttl.
+	ExpiresInSeconds float64 `json:"expires_in_seconds,omitempty"`
+}
+
+// NewLeaseResponse builds the answer to a release or extend of ls that
+// succeeded.
+func NewLeaseResponse(op countlimit.Op, ls countlimit.Lease) LeaseResponse {
+	if op == countlimit.OpExtend {
+		return LeaseResponse{Extended: true, ExpiresInSeconds: ls.TTL().Seconds()}
+	}
+	return LeaseResponse{Released: true}
 }
 
 // Response answers allow, peek and refund.

@@ -50,6 +50,14 @@ type wireRequest struct {
 	Tier json.RawMessage `json:"tier"`
 }
 
+// wireLeaseRequest is a LeaseRequest as it comes off the wire, raw for the
+// same reason as wireRequest.
+type wireLeaseRequest struct {
+	Lease json.RawMessage `json:"lease"`
+	Rule  json.RawMessage `json:"rule"`
+	ID    json.RawMessage `json:"id"`
+}
+
 // jsonString decodes raw, one JSON value, into *dst when it is a string
 // that decodes losslessly: valid UTF-8, and every \uD800-\uDFFF escape half
 // of a surrogate pair. null leaves *dst alone. The error completes a

@@ -1,10 +1,12 @@
-// Package server is countlimit's HTTP JSON service: allow, peek, refund and
-// reset by rule name and id, the rule list, /healthz and Prometheus /metrics.
+// Package server is countlimit's HTTP JSON service: allow, peek, refund,
+// reset and acquire by rule name and id, release and extend by lease, the
+// rule list, /healthz and Prometheus /metrics.
 //
 // A verdict is 200 whether allowed or denied: the caller is a backend asking
 // a question, and "no" is an answer. Bad requests are 400 with a JSON error
-// naming the field; a failing store is 503; a missing or wrong bearer token,
-// when one is configured, is 401.
+// naming the field; an extend of a lease no longer held is 409; a failing
+// store is 503; a missing or wrong bearer token, when one is configured, is
+// 401.
 package server
 
 import (
@@ -157,7 +159,14 @@ func New(cfg Config) *Server {
 	s.reg.MustRegister(limiterCollectors(cfg.Limiter)...)
 
 	for _, o := range ruleops.Ops {
-		s.mux.HandleFunc("POST /v1/"+o.String(), s.timed(o.String(), s.check(o)))
+		h := s.check(o)
+		switch {
+		case o == countlimit.OpAcquire:
+			h = s.acquire
+		case ruleops.IsLeaseOp(o):
+			h = s.lease(o)
+		}
+		s.mux.HandleFunc("POST /v1/"+o.String(), s.timed(o.String(), h))
 		s.failed.WithLabelValues(o.String()) // present at 0 before the first failure
 	}
 	s.mux.HandleFunc("GET /v1/rules", s.rules)
@@ -183,6 +192,7 @@ func New(cfg Config) *Server {
 // methods maps each endpoint to its method, for 405 answers.
 var methods = map[string]string{
 	"/v1/allow": "POST", "/v1/peek": "POST", "/v1/refund": "POST", "/v1/reset": "POST",
+	"/v1/acquire": "POST", "/v1/release": "POST", "/v1/extend": "POST",
 	"/v1/rules": "GET", "/healthz": "GET", "/metrics": "GET",
 }
 
@@ -220,14 +230,25 @@ func (s *Server) timed(endpoint string, h http.HandlerFunc) http.HandlerFunc {
 	}
 }
 
-// Request is the body of POST /v1/allow, /v1/peek, /v1/refund and /v1/reset.
+// Request is the body of POST /v1/allow, /v1/peek, /v1/refund, /v1/reset
+// and /v1/acquire.
 type Request struct {
 	Rule string `json:"rule"`
 	ID   string `json:"id"`
-	// Cost is the event's weight for allow, and what refund gives back; default 1.
+	// Cost is the event's weight for allow, and what refund gives back;
+	// default 1. The other operations take none.
 	Cost *int64 `json:"cost,omitempty"`
 	// Tier picks the rule's per-tier limit.
 	Tier string `json:"tier,omitempty"`
+}
+
+// LeaseRequest is the body of POST /v1/release and /v1/extend.
+type LeaseRequest struct {
+	// Lease is the lease string /v1/acquire returned.
+	Lease string `json:"lease"`
+	// Rule and ID are optional; when given they must be the lease's own.
+	Rule string `json:"rule,omitempty"`
+	ID   string `json:"id,omitempty"`
 }
 
 type apiError struct {
@@ -265,20 +286,89 @@ func (s *Server) check(o countlimit.Op) http.HandlerFunc {
 	}
 }
 
-// decode reads and checks a request, answering 4xx itself when it is bad.
-func (s *Server) decode(w http.ResponseWriter, r *http.Request, o countlimit.Op) (Request, []countlimit.Rule, bool) {
-	var req Request
+// acquire takes a slot of a rule with a concurrent window: the answer is
+// allow's, with the lease string when allowed.
+func (s *Server) acquire(w http.ResponseWriter, r *http.Request) {
+	req, rules, ok := s.decode(w, r, countlimit.OpAcquire)
+	if !ok {
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.StoreTimeout)
+	defer cancel()
+	ls, results, err := ruleops.Acquire(ctx, s.cfg.Limiter, rules, req.ID)
+	if err != nil {
+		s.fail(w, r, countlimit.OpAcquire.String(), req.Rule, err)
+		return
+	}
+	s.state.ok()
+	resp := ruleops.NewAcquireResponse(req.Rule, rules, results, ls)
+	verdict := "denied"
+	if resp.Allowed {
+		verdict = "allowed"
+	}
+	s.decided.WithLabelValues(req.Rule, verdict).Inc()
+	writeJSON(w, http.StatusOK, resp)
+}
+
+// lease releases or extends the lease a request names. Release is
+// idempotent; an extend of a lease no longer held is 409.
+func (s *Server) lease(o countlimit.Op) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		var wire wireLeaseRequest
+		if !s.readJSON(w, r, &wire, `{"lease": "<the lease string /v1/acquire returned>"}`) {
+			return
+		}
+		var req LeaseRequest
+		for _, f := range []struct {
+			name string
+			raw  json.RawMessage
+			dst  *string
+		}{{"lease", wire.Lease, &req.Lease}, {"rule", wire.Rule, &req.Rule}, {"id", wire.ID, &req.ID}} {
+			if err := jsonString(f.raw, f.dst); err != nil {
+				writeJSON(w, http.StatusBadRequest, apiError{Error: fmt.Sprintf("%s %v", f.name, err), Field: f.name})
+				return
+			}
+		}
+		ls, err := ruleops.ParseLease(s.cfg.Limiter, s.cfg.Rules, req.Lease, req.Rule, req.ID)
+		if err != nil {
+			field := "lease"
+			if fe := (*ruleops.FieldError)(nil); errors.As(err, &fe) {
+				field = fe.Field
+			}
+			writeJSON(w, http.StatusBadRequest, apiError{Error: err.Error(), Field: field})
+			return
+		}
+		ctx, cancel := context.WithTimeout(r.Context(), s.cfg.StoreTimeout)
+		defer cancel()
+		err = ruleops.DoLease(ctx, o, ls)
+		switch {
+		case errors.Is(err, countlimit.ErrLeaseExpired):
+			s.state.ok()
+			writeJSON(w, http.StatusConflict, apiError{Error: "lease expired or released: its slot may be someone else's now; stop the work, or acquire a new lease", Field: "lease"})
+			return
+		case err != nil:
+			s.fail(w, r, o.String(), string(ls.UseType()), err)
+			return
+		}
+		s.state.ok()
+		writeJSON(w, http.StatusOK, ruleops.NewLeaseResponse(o, ls))
+	}
+}
+
+// readJSON reads a body that holds one JSON object into v, which has no
+// fields beyond those the endpoint takes, answering 4xx itself when it
+// cannot. example shows the body an empty request lacks.
+func (s *Server) readJSON(w http.ResponseWriter, r *http.Request, v any, example string) bool {
 	raw, ok := s.readBody(w, r)
 	if !ok {
-		return req, nil, false
+		return false
 	}
-	var wire wireRequest
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.DisallowUnknownFields()
-	if err := dec.Decode(&wire); err != nil {
+	if err := dec.Decode(v); err != nil {
 		switch {
 		case errors.Is(err, io.EOF):
-			writeJSON(w, http.StatusBadRequest, apiError{Error: `empty body: want JSON like {"rule": "sms.code", "id": "18500000000"}`})
+			writeJSON(w, http.StatusBadRequest, apiError{Error: "empty body: want JSON like " + example})
 		default:
 			field := ""
 			if f, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
@@ -290,10 +380,20 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request, o countlimit.Op)
 			}
 			writeJSON(w, http.StatusBadRequest, apiError{Error: "bad JSON: " + err.Error(), Field: field})
 		}
-		return req, nil, false
+		return false
 	}
 	if trailing(raw, dec.InputOffset()) {
 		writeJSON(w, http.StatusBadRequest, apiError{Error: "bad JSON: more than one value in the body"})
+		return false
+	}
+	return true
+}
+
+// decode reads and checks a request, answering 4xx itself when it is bad.
+func (s *Server) decode(w http.ResponseWriter, r *http.Request, o countlimit.Op) (Request, []countlimit.Rule, bool) {
+	var req Request
+	var wire wireRequest
+	if !s.readJSON(w, r, &wire, `{"rule": "sms.code", "id": "18500000000"}`) {
 		return req, nil, false
 	}
 	bad := func(field, format string, args ...any) (Request, []countlimit.Rule, bool) {
@@ -325,11 +425,14 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request, o countlimit.Op)
 		return bad("cost", "%v", err)
 	}
 	rules, err := ruleops.Resolve(s.cfg.Rules, o, req.Rule, req.Tier)
+	var fe *ruleops.FieldError
 	switch {
 	case errors.Is(err, rulefile.ErrUnknown):
 		return bad("rule", "unknown rule %q (GET /v1/rules lists them)", req.Rule)
 	case errors.Is(err, rulefile.ErrTier):
 		return bad("tier", "%v", err)
+	case errors.As(err, &fe):
+		return bad(fe.Field, "%v", fe)
 	case err != nil:
 		return bad("rule", "%v", err)
 	}

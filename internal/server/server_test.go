@@ -179,14 +179,17 @@ func TestRulesList(t *testing.T) {
 		t.Fatal(code, out)
 	}
 	rules := out["rules"].([]any)
-	if len(rules) != 9 {
-		t.Fatalf("%d rules listed, want 9", len(rules))
+	if len(rules) != 10 {
+		t.Fatalf("%d rules listed, want 10", len(rules))
 	}
 	first := rules[0].(map[string]any)
 	if first["name"] != "sms.code" || first["window"] != "sliding 5m" || first["limit"] != 2.0 {
 		t.Errorf("first rule = %v", first)
 	}
-	last := rules[8].(map[string]any)
+	if export := rules[6].(map[string]any); export["name"] != "export.running" || export["window"] != "concurrent 10m" || export["limit"] != 3.0 {
+		t.Errorf("the concurrent rule = %v", export)
+	}
+	last := rules[9].(map[string]any)
 	if last["name"] != "conversation.create" || jsonNum(last["rules"]) != `["conversation.hour","conversation.day"]` {
 		t.Errorf("group = %v", last)
 	}

@@ -3,6 +3,7 @@ package testbackend
 import (
 	"context"
 	"fmt"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -13,6 +14,8 @@ import (
 	"github.com/countlimit/countlimit/countlimit/memstore"
 	"github.com/countlimit/countlimit/countlimit/pgstore"
 	"github.com/countlimit/countlimit/countlimit/redisstore"
+	"github.com/countlimit/countlimit/internal/testenv"
+	"github.com/countlimit/countlimit/internal/testenv/redisdb"
 )
 
 // Backend is a store to run end-to-end tests on.
@@ -36,30 +39,50 @@ func Backends() []Backend {
 
 var (
 	rcOnce sync.Once
+	rcURL  string
 	rc     *redis.Client
 	rcErr  error
 )
 
-// Redis returns a client on the test Redis, shared by the process's tests
-// and closed at exit.
-func Redis(t testing.TB) *redis.Client {
+// RedisURL returns the URL of a logical database of the test Redis leased
+// to this test process (see internal/testenv/redisdb), so that its tests
+// never write into the database the server's URL names, nor into another
+// process's: empty when leased, flushed and given back when the process's
+// tests end (Main). It skips t when there is no server.
+func RedisURL(t testing.TB) string {
 	t.Helper()
-	url := RedisURL(t)
+	server := testenv.RedisURL(t)
 	rcOnce.Do(func() {
-		opts, err := redis.ParseURL(url)
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		l, err := redisdb.Acquire(ctx, server)
 		if err != nil {
-			rcErr = fmt.Errorf("%s: %w", EnvRedis, err)
+			rcErr = err
 			return
 		}
-		opts.ContextTimeoutEnabled = true
-		rc = redis.NewClient(opts)
+		atExit(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if err := l.Release(ctx); err != nil {
+				fmt.Fprintf(os.Stderr, "testbackend: %v\n", err)
+			}
+		})
+		rcURL, rc = l.URL(), l.Client()
 		atExit(func() { rc.Close() })
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		rcErr = rc.Ping(ctx).Err()
+		if err := rc.Ping(ctx).Err(); err != nil {
+			rcErr = fmt.Errorf("Redis at %s: %w", rc.Options().Addr, err)
+		}
 	})
 	if rcErr != nil {
-		t.Fatalf("Redis: %v", rcErr)
+		t.Fatalf("testbackend: %v", rcErr)
 	}
+	return rcURL
+}
+
+// Redis returns a client on RedisURL's database, shared by the process's
+// tests and closed at exit.
+func Redis(t testing.TB) *redis.Client {
+	t.Helper()
+	RedisURL(t)
 	return rc
 }

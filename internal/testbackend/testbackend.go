@@ -9,9 +9,11 @@
 //  3. else the test is skipped with a message saying what was tried — or
 //     fails, when COUNTLIMIT_REQUIRE_BACKENDS=1 (as in CI).
 //
-// Each test process works in a PostgreSQL schema of its own, so packages
-// tested in parallel never see each other's tables. Call Main from TestMain
-// so schemas and containers are removed when the tests end.
+// Each test process works in a PostgreSQL schema of its own and a Redis
+// logical database of its own (RedisURL), so packages tested in parallel
+// never see each other's tables or keys. Call Main from TestMain so
+// schemas, databases and containers are removed, flushed and given back
+// when the tests end.
 package testbackend
 
 import (
@@ -55,9 +57,6 @@ func Unavailable(t testing.TB, what string, why error) {
 
 // PostgresURL returns the URL of a PostgreSQL server, or skips t.
 func PostgresURL(t testing.TB) string { t.Helper(); return testenv.PostgresURL(t) }
-
-// RedisURL returns the URL of a Redis server, or skips t.
-func RedisURL(t testing.TB) string { t.Helper(); return testenv.RedisURL(t) }
 
 var (
 	shOnce  sync.Once

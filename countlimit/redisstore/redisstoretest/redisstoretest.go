@@ -39,19 +39,13 @@ package redisstoretest
 
 import (
 	"context"
-	"crypto/rand"
-	_ "embed"
-	"encoding/hex"
-	"errors"
-	"fmt"
-	"net/url"
-	"strconv"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/countlimit/countlimit/internal/testenv"
+	"github.com/countlimit/countlimit/internal/testenv/redisdb"
 )
 
 // The environment variables the package reads (internal/testenv reads them
@@ -70,8 +64,7 @@ const (
 // Client skips t when no server is found (see the package comment).
 func Client(t testing.TB) *redis.Client {
 	t.Helper()
-	opts := lease(t)
-	c := redis.NewClient(opts)
+	c := lease(t).Client()
 	t.Cleanup(func() { c.Close() })
 	return c
 }
@@ -81,142 +74,29 @@ func Client(t testing.TB) *redis.Client {
 // and the lease released. URL skips t when no server is found.
 func URL(t testing.TB) string {
 	t.Helper()
-	server := testenv.RedisURL(t)
-	opts := lease(t)
-	u, err := url.Parse(server)
-	if err != nil {
-		t.Fatalf("%s: %v", EnvURL, err)
-	}
-	if u.Scheme == "unix" {
-		q := u.Query()
-		q.Set("db", strconv.Itoa(opts.DB))
-		u.RawQuery = q.Encode()
-	} else {
-		u.Path = "/" + strconv.Itoa(opts.DB)
-	}
-	return u.String()
+	return lease(t).URL()
 }
 
 // Main runs the tests of a package (call it from TestMain), then removes
 // the containers this package and pgstoretest started, and exits.
 func Main(m *testing.M) { testenv.Main(m) }
 
-const (
-	leaseTTL  = time.Minute
-	leaseWait = time.Minute
-)
-
-const leasePrefix = "redisstoretest:lease:"
-
-func leaseKey(db int) string { return leasePrefix + strconv.Itoa(db) }
-
-// Both act only while the lease is still the caller's (its token).
-var (
-	//go:embed renew.lua
-	renewLua   string
-	renewLease = redis.NewScript(renewLua)
-	//go:embed release.lua
-	releaseLua   string
-	releaseLease = redis.NewScript(releaseLua)
-)
-
-// lease returns options for a database leased to t and flushed, and
-// registers its release.
-func lease(t testing.TB) *redis.Options {
+// lease leases t a database, flushed, and registers its release.
+func lease(t testing.TB) *redisdb.Lease {
 	t.Helper()
 	server := testenv.RedisURL(t)
-	opts, err := redis.ParseURL(server)
-	if err != nil {
-		t.Fatalf("%s: %v", EnvURL, err)
-	}
-	opts.ContextTimeoutEnabled = true
-	adminOpts := *opts
-	adminOpts.DB = 0
-	admin := redis.NewClient(&adminOpts)
-
-	ctx, cancel := context.WithTimeout(context.Background(), leaseWait+10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	db, token, err := acquire(ctx, admin, opts.DB)
+	l, err := redisdb.Acquire(ctx, server)
 	if err != nil {
-		admin.Close()
-		t.Fatalf("redisstoretest: Redis at %s: %v", opts.Addr, err)
+		t.Fatalf("redisstoretest: %v", err)
 	}
-	opts.DB = db
-	flusher := redis.NewClient(opts)
-
-	stop, stopped := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(stopped)
-		tick := time.NewTicker(leaseTTL / 4)
-		defer tick.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-tick.C:
-				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-				_ = renewLease.Run(ctx, admin, []string{leaseKey(db)}, token, leaseTTL.Milliseconds()).Err()
-				cancel()
-			}
-		}
-	}()
 	t.Cleanup(func() {
-		close(stop)
-		<-stopped
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		if err := flusher.FlushDB(ctx).Err(); err != nil {
-			t.Errorf("redisstoretest: Redis at %s: flush database %d: %v", opts.Addr, db, err)
+		if err := l.Release(ctx); err != nil {
+			t.Errorf("redisstoretest: %v", err)
 		}
-		_ = releaseLease.Run(ctx, admin, []string{leaseKey(db)}, token).Err()
-		flusher.Close()
-		admin.Close()
 	})
-	// Whoever held the database last may have died before flushing it.
-	if err := flusher.FlushDB(ctx).Err(); err != nil {
-		t.Fatalf("redisstoretest: Redis at %s: flush database %d: %v", opts.Addr, db, err)
-	}
-	return opts
-}
-
-// acquire leases a database other than 0 and skip, waiting while all are
-// leased.
-func acquire(ctx context.Context, admin *redis.Client, skip int) (db int, token string, err error) {
-	n := 16
-	if cfg, err := admin.ConfigGet(ctx, "databases").Result(); err == nil {
-		if v, err := strconv.Atoi(cfg["databases"]); err == nil {
-			n = v
-		}
-	}
-	var b [8]byte
-	_, _ = rand.Read(b[:])
-	token = hex.EncodeToString(b[:])
-	deadline := time.Now().Add(leaseWait)
-	for {
-		candidates := 0
-		for db := 1; db < n; db++ {
-			if db == skip {
-				continue
-			}
-			candidates++
-			ok, err := admin.SetNX(ctx, leaseKey(db), token, leaseTTL).Result()
-			if err != nil {
-				return 0, "", err
-			}
-			if ok {
-				return db, token, nil
-			}
-		}
-		if candidates == 0 {
-			return 0, "", fmt.Errorf("no logical database to lease: the server has %d, and 0 and %d are not handed out", n, skip)
-		}
-		if time.Now().After(deadline) {
-			return 0, "", fmt.Errorf("all %d logical databases were leased to other tests for %v (keys %s* in database 0)", candidates, leaseWait, leasePrefix)
-		}
-		select {
-		case <-ctx.Done():
-			return 0, "", errors.Join(errors.New("waiting for a free logical database"), ctx.Err())
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
+	return l
 }

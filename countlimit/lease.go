@@ -1,0 +1,185 @@
+package countlimit
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// ErrLeaseExpired is returned by [Lease.Extend] when the lease is no longer
+// held: it expired (its slot may already be someone else's) or was released.
+// Take a new one with Acquire.
+var ErrLeaseExpired = errors.New("lease expired or released")
+
+// Lease is a slot of a [Concurrent] rule held for one id, as
+// [Limiter.Acquire] returns it. It is a small value, safe to copy and to use
+// from any goroutine. The zero Lease, which a denied Acquire returns, holds
+// nothing.
+//
+// A lease is named by a random 128-bit token that only its holder knows:
+// whoever has the token (or the lease's [Lease.String]) can release or
+// extend it, and nobody can guess it.
+type Lease struct {
+	l       *Limiter
+	useType UseType
+	id      string
+	token   string
+	ttl     time.Duration
+}
+
+// Acquire takes a slot of r, which must have a [Concurrent] window, for id
+// when one is free. Allowed reports whether it did; the Lease is then the
+// slot, to give back with Release when the work is done (a lease not
+// released frees itself ttl after it was taken or last extended). The
+// Result is as for Allow: Used is the slots held after the call, ResetAt and
+// RetryAfter are when the earliest held lease expires (a Release may free a
+// slot sooner), and a denial of a rule with Block sets its penalty.
+//
+// A denied Acquire returns the zero Lease. Any other window is ErrInvalid.
+// An Acquire that fails with ErrUnavailable may still have taken a slot (the
+// store committed, the answer was lost): with no Lease to release it, that
+// slot frees itself after ttl, so keep ttl no longer than the work needs.
+func (l *Limiter) Acquire(ctx context.Context, r Rule, id string) (Lease, Result, error) {
+	var res Result
+	token := newToken()
+	if err := l.one(ctx, &res, OpAcquire, r, id, 1, token); err != nil || !res.Allowed {
+		return Lease{}, res, err
+	}
+	return Lease{l: l, useType: r.UseType, id: id, token: token, ttl: truncMicro(r.Window.d)}, res, nil
+}
+
+// Release gives the slot back. It is idempotent: releasing a lease that was
+// already released, or that expired, is not an error, and frees nothing
+// else. Release of the zero Lease does nothing.
+func (ls Lease) Release(ctx context.Context) error {
+	if ls.l == nil {
+		return nil
+	}
+	_, err := ls.l.keyOp(ctx, OpRelease, ls.useType, ls.id, ls.token, ls.ttl)
+	return err
+}
+
+// Extend keeps the slot for another ttl from now, for work that runs longer
+// than it expected. It fails with ErrLeaseExpired when the lease is no longer
+// held (expired, so its slot may be someone else's, or released): the
+// holder must stop, or Acquire again. Extending the zero Lease is
+// ErrInvalid.
+func (ls Lease) Extend(ctx context.Context) error {
+	if ls.l == nil {
+		return wrap(OpExtend, "", invalidf("lease", "the zero Lease holds nothing (Acquire was denied or never called)"))
+	}
+	held, err := ls.l.keyOp(ctx, OpExtend, ls.useType, ls.id, ls.token, ls.ttl)
+	if err == nil && !held {
+		err = wrap(OpExtend, ls.useType, ErrLeaseExpired)
+	}
+	return err
+}
+
+// UseType returns the UseType of the rule the lease is a slot of.
+func (ls Lease) UseType() UseType { return ls.useType }
+
+// ID returns the id the slot was taken for.
+func (ls Lease) ID() string { return ls.id }
+
+// Token returns the lease's own random name, as the store keeps it.
+func (ls Lease) Token() string { return ls.token }
+
+// TTL returns how long the lease lives after it was taken or last extended.
+func (ls Lease) TTL() time.Duration { return ls.ttl }
+
+// leaseVersion begins every lease string.
+const leaseVersion = "cl1"
+
+// String returns the lease in a form [Limiter.ParseLease] reads back, to
+// release or extend it from another process: printable ASCII without
+// spaces, safe in a URL, at most about 1 400 bytes. It holds the lease's
+// token, so treat it as a secret. The zero Lease's String is "".
+func (ls Lease) String() string {
+	if ls.l == nil {
+		return ""
+	}
+	ttl := strconv.FormatInt(ls.ttl.Microseconds(), 10)
+	return strings.Join([]string{
+		leaseVersion,
+		base64.RawURLEncoding.EncodeToString([]byte(ls.useType)),
+		base64.RawURLEncoding.EncodeToString([]byte(ls.id)),
+		ttl,
+		ls.token,
+		leaseCheck(ls.useType, ls.id, ttl, ls.token),
+	}, ".")
+}
+
+// ParseLease reads a lease written by [Lease.String] and returns it bound to
+// l. A string that is malformed, was edited, or names another key than its
+// token was taken for (its checksum binds the token to the rule and id) is
+// ErrInvalid naming the field "lease". The checksum is not a signature: what
+// guards a lease is its unguessable token, and a token the store does not
+// hold releases nothing.
+func (l *Limiter) ParseLease(s string) (Lease, error) {
+	bad := func(format string, args ...any) (Lease, error) {
+		return Lease{}, fmt.Errorf("countlimit: parse lease: %w", invalidf("lease", format, args...))
+	}
+	if len(s) > 4*MaxIDLen {
+		return bad("is %d bytes, longer than any lease", len(s))
+	}
+	parts := strings.Split(s, ".")
+	if len(parts) != 6 || parts[0] != leaseVersion {
+		return bad("is not a lease string (want %s.<use type>.<id>.<ttl>.<token>.<check>)", leaseVersion)
+	}
+	ut, err1 := base64.RawURLEncoding.DecodeString(parts[1])
+	id, err2 := base64.RawURLEncoding.DecodeString(parts[2])
+	if err := errors.Join(err1, err2); err != nil {
+		return bad("use type or id is not base64url: %v", err)
+	}
+	if err := validateKey(UseType(ut), string(id)); err != nil {
+		return Lease{}, fmt.Errorf("countlimit: parse lease: %w", err)
+	}
+	us, err := strconv.ParseInt(parts[3], 10, 64)
+	if err != nil || us < 1 || us > MaxDuration.Microseconds() || strconv.FormatInt(us, 10) != parts[3] {
+		return bad("ttl %q is not 1 to %d microseconds", parts[3], MaxDuration.Microseconds())
+	}
+	if !validToken(parts[4]) {
+		return bad("token is not 22 base64url characters")
+	}
+	want := leaseCheck(UseType(ut), string(id), parts[3], parts[4])
+	if subtle.ConstantTimeCompare([]byte(want), []byte(parts[5])) != 1 {
+		return bad("checksum does not match: the string was edited or names another rule or id than its token was taken for")
+	}
+	return Lease{l: l, useType: UseType(ut), id: string(id), token: parts[4], ttl: time.Duration(us) * time.Microsecond}, nil
+}
+
+// leaseCheck binds a token to its key and ttl: 48 bits of SHA-256.
+func leaseCheck(ut UseType, id, ttl, token string) string {
+	h := sha256.New()
+	for _, s := range []string{"countlimit lease", string(ut), id, ttl, token} {
+		h.Write([]byte(s))
+		h.Write([]byte{0})
+	}
+	return base64.RawURLEncoding.EncodeToString(h.Sum(nil)[:6])
+}
+
+// newToken returns 128 random bits in base64url: 22 characters.
+func newToken() string {
+	var b [16]byte
+	rand.Read(b[:]) // never fails (crypto/rand since Go 1.24)
+	return base64.RawURLEncoding.EncodeToString(b[:])
+}
+
+func validToken(t string) bool {
+	if len(t) != 22 {
+		return false
+	}
+	b, err := base64.RawURLEncoding.Strict().DecodeString(t)
+	return err == nil && len(b) == 16
+}
+
+func errCountsSlots(field string) error {
+	return invalidf(field, "a Concurrent window holds slots: take one with Acquire and give it back with Lease.Release")
+}
