@@ -467,7 +467,9 @@ func TestPurgeBesideLiveTraffic(t *testing.T) {
 
 	store := pgstore.New(pool)
 	l := countlimit.New(store)
-	old := countlimit.Rule{UseType: "old", Limit: 1, Window: countlimit.Fixed(time.Minute)}
+	// Rolling, not Fixed: a fixed minute would end at the next minute's
+	// turn, which a run can cross, leaving the rows it revived expired.
+	old := countlimit.Rule{UseType: "old", Limit: 1, Window: countlimit.Rolling(time.Hour)}
 	live := countlimit.Rule{UseType: "live", Limit: 1 << 40, Window: countlimit.Fixed(time.Hour)}
 	done := make(chan struct{})
 	var revived, liveCalls atomic.Int64
