@@ -33,7 +33,9 @@
 // is committed. Calls for the same id and use type in one batch are decided
 // one after another in arrival order by a single row update, and each gets
 // the Result it would have had alone. A call whose context ends while it
-// waits leaves the batch and is never counted. Other calls (sliding windows,
+// waits leaves the batch and is never counted. A call that finds a free
+// slot and no one waiting runs its statement on its own goroutine, with its
+// own context: a lone call costs no hand-off between goroutines. Other calls (sliding windows,
 // AllowAll over several rules, Peek, Refund, Reset) are not batched: each is
 // one statement in its own transaction. A Store on a *pgx.Conn or a pgx.Tx
 // never batches.
@@ -120,6 +122,10 @@ func New(d DBTX, opts ...Option) *Store {
 		cfg.maxInFlight = min(cfg.maxInFlight, int(p.Config().MaxConns))
 		if cfg.maxBatch > 1 {
 			s.gather = gather.New(s.sendBatch, cfg.maxBatch, cfg.maxInFlight)
+			// A lone call on its caller's goroutine: measured with
+			// synchronous_commit=off, one caller's Allow went from 160 to
+			// 140 µs (README). pgx returns promptly once ctx ends.
+			s.gather.SendAlone()
 		}
 	}
 	return s
