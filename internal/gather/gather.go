@@ -249,15 +249,26 @@ func (b *Batcher) leave(c *Call) bool {
 	return true
 }
 
-// flush sends one batch from the queue, in the flight slot its caller holds,
-// then passes the slot on: to the next batch if calls are waiting, else back.
+// flush sends batches from the queue, one at a time, in the flight slot its
+// caller holds, and passes the slot on: to the next batch while calls are
+// waiting, else back. The next batch leaves before the callers of the one
+// just done are woken (on another goroutine), so waking them does not delay
+// it.
 func (b *Batcher) flush() {
+	for b.flushOne() {
+	}
+}
+
+// flushOne sends one batch and hands its retries back to the queue. It
+// reports whether calls are waiting for the slot it holds, and if not gives
+// the slot back.
+func (b *Batcher) flushOne() bool {
 	b.mu.Lock()
 	n := min(len(b.queue), b.maxSize)
 	if n == 0 {
 		b.inFlight--
 		b.mu.Unlock()
-		return
+		return false
 	}
 	calls := make([]*Call, n)
 	copy(calls, b.queue)
@@ -275,18 +286,16 @@ func (b *Batcher) flush() {
 	cancel()
 
 	var again []*Call
-	for _, c := range calls {
+	for i, c := range calls {
 		if c.retry && c.Err == nil {
 			c.retry = false
 			c.attempts++
 			if c.attempts < maxAttempts {
 				again = append(again, c)
+				calls[i] = nil
 				continue
 			}
 			c.Err = fmt.Errorf("not done after %d attempts", c.attempts)
-		}
-		if c.state.CompareAndSwap(sent, done) {
-			c.ready <- struct{}{}
 		}
 	}
 
@@ -308,6 +317,19 @@ func (b *Batcher) flush() {
 	}
 	b.mu.Unlock()
 	if next {
-		b.flush()
+		go wake(calls)
+	} else {
+		wake(calls)
+	}
+	return next
+}
+
+// wake tells the callers of a batch that it is done. Calls sent again are
+// nil.
+func wake(calls []*Call) {
+	for _, c := range calls {
+		if c != nil && c.state.CompareAndSwap(sent, done) {
+			c.ready <- struct{}{}
+		}
 	}
 }
