@@ -97,6 +97,9 @@ func rowState(now time.Time, c *countlimit.Check, row db.AllowOneRow) countlimit
 	return s
 }
 
+// state is a State from a statement's columns. For a Concurrent check,
+// begin and end are the first and the last expiry of a live lease, both
+// NULL when none is.
 func state(allowed bool, used int64, begin, end, blocked pgtype.Timestamptz) countlimit.State {
 	return countlimit.State{Allowed: allowed, Used: used, Begin: timeOf(begin), End: timeOf(end), BlockedUntil: timeOf(blocked)}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/countlimit/countlimit/countlimit"
@@ -36,7 +35,7 @@ func (s *Store) lease(ctx context.Context, d DBTX, r *countlimit.Request) error 
 			PenaltyEnd: penaltyEnd(r, c),
 			LazyTally:  autocommit(d),
 		})
-		st = leaseState(row.Allowed, row.Used, row.FirstExpiry, row.LastExpiry, row.BlockedUntil)
+		st = state(row.Allowed, row.Used, row.FirstExpiry, row.LastExpiry, row.BlockedUntil)
 	case countlimit.OpRelease:
 		var row db.ReleaseLeaseRow
 		row, err = s.q.ReleaseLease(ctx, d, db.ReleaseLeaseParams{
@@ -45,7 +44,7 @@ func (s *Store) lease(ctx context.Context, d DBTX, r *countlimit.Request) error 
 			LeaseToken: r.Lease,
 			Now:        timestamptz(r.Now),
 		})
-		st = leaseState(row.Allowed, row.Used, row.FirstExpiry, row.LastExpiry, row.BlockedUntil)
+		st = state(row.Allowed, row.Used, row.FirstExpiry, row.LastExpiry, row.BlockedUntil)
 	case countlimit.OpExtend:
 		var row db.ExtendLeaseRow
 		row, err = s.q.ExtendLease(ctx, d, db.ExtendLeaseParams{
@@ -55,7 +54,7 @@ func (s *Store) lease(ctx context.Context, d DBTX, r *countlimit.Request) error 
 			Now:        timestamptz(r.Now),
 			ExpiresAt:  timestamptz(r.Now.Add(c.TTL)),
 		})
-		st = leaseState(row.Allowed, row.Used, row.FirstExpiry, row.LastExpiry, row.BlockedUntil)
+		st = state(row.Allowed, row.Used, row.FirstExpiry, row.LastExpiry, row.BlockedUntil)
 	case countlimit.OpPeek:
 		var row db.PeekLeasesRow
 		row, err = s.q.PeekLeases(ctx, d, db.PeekLeasesParams{
@@ -64,7 +63,7 @@ func (s *Store) lease(ctx context.Context, d DBTX, r *countlimit.Request) error 
 			LimitValue: c.Limit,
 			Now:        timestamptz(r.Now),
 		})
-		st = leaseState(row.Allowed, row.Used, row.FirstExpiry, row.LastExpiry, row.BlockedUntil)
+		st = state(row.Allowed, row.Used, row.FirstExpiry, row.LastExpiry, row.BlockedUntil)
 	default:
 		return fmt.Errorf("pgstore: %s of a Concurrent rule is not a store operation", r.Op)
 	}
@@ -81,10 +80,4 @@ func (s *Store) lease(ctx context.Context, d DBTX, r *countlimit.Request) error 
 func autocommit(d DBTX) bool {
 	_, ok := d.(*pgxpool.Pool)
 	return ok
-}
-
-// leaseState is the State of a Concurrent check: Begin and End are the
-// first and the last expiry of a live lease, both NULL when none is.
-func leaseState(allowed bool, used int64, first, last, blocked pgtype.Timestamptz) countlimit.State {
-	return countlimit.State{Allowed: allowed, Used: used, Begin: timeOf(first), End: timeOf(last), BlockedUntil: timeOf(blocked)}
 }

@@ -3,6 +3,7 @@ package pgstore_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -235,5 +236,46 @@ func TestConcurrentPurgesOfLeases(t *testing.T) {
 	}
 	if left != 0 {
 		t.Errorf("%d rows and leases left after purging, want 0", left)
+	}
+}
+
+// TestDeniedAcquireInCallersTx: a denied Acquire on a Store over the
+// caller's transaction leaves that transaction's synchronous_commit alone
+// (only a call that is a transaction of its own may commit its denial tally
+// without waiting for the flush), and so does one over a plain connection,
+// which may be inside a transaction begun in SQL.
+func TestDeniedAcquireInCallersTx(t *testing.T) {
+	pool := testbackend.Postgres(t)
+	ctx := context.Background()
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, "BEGIN"); err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Exec(ctx, "ROLLBACK")
+	for name, d := range map[string]pgstore.DBTX{"tx": tx, "conn in BEGIN": conn.Conn()} {
+		l := countlimit.New(pgstore.New(d))
+		rule := countlimit.Rule{UseType: storetest.UseType(t, "lease.tx."+strings.ReplaceAll(name, " ", "_")), Limit: 1, Window: countlimit.Concurrent(time.Minute)}
+		if _, res, err := l.Acquire(ctx, rule, "u"); err != nil || !res.Allowed {
+			t.Fatalf("%s: first Acquire = %+v, %v; want allowed", name, res, err)
+		}
+		if _, res, err := l.Acquire(ctx, rule, "u"); err != nil || res.Allowed {
+			t.Fatalf("%s: second Acquire = %+v, %v; want denied", name, res, err)
+		}
+		var sc string
+		if err := d.QueryRow(ctx, "SHOW synchronous_commit").Scan(&sc); err != nil {
+			t.Fatal(err)
+		}
+		if sc != "on" {
+			t.Errorf("%s: synchronous_commit after a denied Acquire = %q, want on", name, sc)
+		}
 	}
 }

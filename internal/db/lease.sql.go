@@ -46,11 +46,13 @@ type AcquireLeaseRow struct {
 }
 
 // Concurrency limits: leases in count_limit_lease (migrations/00004). Each
-// statement that writes leases locks the key's count_limit row first, as
-// countlimit_acquire does, and touches that one key's leases only after,
-// so the parent row is the key's one lock and lease statements cannot
+// statement that adds or extends leases locks the key's count_limit row
+// first, as countlimit_acquire does, and touches that one key's leases only
+// after, so the parent row is the key's one lock and lease statements cannot
 // deadlock with checks or with each other. The count(*) >= 0 conditions
-// make PostgreSQL take that lock before anything else runs.
+// make PostgreSQL take that lock before anything else runs. ReleaseLease
+// and PurgeExpired only delete leases and take no row lock first (see
+// there).
 //
 // A statement's snapshot is taken before it waits for the lock. Its
 // verdict does not depend on it: a lease row is found, and rechecked, at
