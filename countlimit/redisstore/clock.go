@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/countlimit/countlimit/countlimit"
@@ -15,7 +16,7 @@ var _ countlimit.StoreClock = (*Store)(nil)
 func (s *Store) StoreTime(ctx context.Context) (time.Time, error) {
 	t, err := s.client.Time(ctx).Result()
 	if err != nil {
-		return time.Time{}, countlimit.Unavailable(err)
+		return time.Time{}, wrap(fmt.Errorf("TIME: %w", err))
 	}
 	return t.Truncate(time.Microsecond), nil
 }

@@ -459,7 +459,7 @@ func finish(r *countlimit.Request, cmd redis.Cmder) error {
 	}
 	out := c.Val()
 	if len(out) != 5*len(r.Checks)+1 {
-		return fmt.Errorf("apply.lua returned %d values for %d checks", len(out), len(r.Checks))
+		return fmt.Errorf("the script returned %d values for %d checks, want %d", len(out), len(r.Checks), 5*len(r.Checks)+1)
 	}
 	allowed := out[len(out)-1] == 1
 	for i := range r.Checks {

@@ -30,24 +30,14 @@ import (
 	"github.com/countlimit/countlimit/internal/testenv/pgschema"
 )
 
-// The environment variables the helpers read.
-const (
-	EnvPostgres = testenv.EnvPostgres
-	EnvRedis    = testenv.EnvRedis
-	EnvRequire  = testenv.EnvRequire
-)
+// EnvRedis names the environment variable with the Redis URL the helpers
+// use, for messages.
+const EnvRedis = testenv.EnvRedis
 
 // Main runs the tests, removes what the helpers created, and exits.
 func Main(m *testing.M) { testenv.Main(m) }
 
-// Cleanup removes schemas, pools and containers the helpers created, newest
-// first. Main calls it.
-func Cleanup() { testenv.Cleanup() }
-
 func atExit(f func()) { testenv.AtExit(f) }
-
-// Required reports whether a missing backend must fail the test.
-func Required() bool { return testenv.Required() }
 
 // Unavailable skips t, or fails it when backends are required.
 func Unavailable(t testing.TB, what string, why error) {

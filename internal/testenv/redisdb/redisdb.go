@@ -87,9 +87,6 @@ func Acquire(ctx context.Context, serverURL string) (*Lease, error) {
 	return l, nil
 }
 
-// DB returns the number of the leased database.
-func (l *Lease) DB() int { return l.opts.DB }
-
 // URL returns the server's URL naming the leased database, for code that
 // opens its own client.
 func (l *Lease) URL() string { return l.url }
