@@ -16,6 +16,14 @@
 -- under READ COMMITTED. A window is current when it is not empty and not
 -- over (begin is not compared with now; see countlimit.Store).
 --
+-- Twins: that rule (current, blocked, fits, then the count, window, tally
+-- and penalty written) is spelled out in AllowOne, PeekOne, AllowBatch's
+-- fold step and AllowBatchDistinct's decided here, and again in
+-- countlimit_apply (migrations/00002_apply_locking.sql), apply.lua and
+-- memstore's Store.apply: change one, change them all. storetest.Run and
+-- the batch tests (countlimit/pgstore/batch_test.go, which checks each
+-- batch statement against calls made one by one) hold them to it.
+--
 -- Parameters common to all: now is the caller's clock; begin_time and
 -- window_end bound the window an allowed event opens (window_end NULL for a
 -- lifetime window); penalty_end is now + Block (NULL when the rule has none).
