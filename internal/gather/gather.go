@@ -29,7 +29,9 @@ import (
 )
 
 // A Call's state. Queued and sent change under Batcher.mu; sent ends with one
-// compare-and-swap, to done by the batch or to abandoned by its caller.
+// compare-and-swap: to done by the batch, to abandoned by its caller, or
+// back to queued (under Batcher.mu) when its batch asks for it to be sent
+// again.
 const (
 	queued uint32 = iota
 	sent
@@ -163,17 +165,9 @@ func (b *Batcher) Do(ctx context.Context, req *countlimit.Request) error {
 	select {
 	case <-c.ready:
 	case <-ctx.Done():
-		if b.leave(c) {
-			return fmt.Errorf("%w: %w", ErrLeft, ctx.Err())
+		if err := b.stopWaiting(ctx, c); err != nil {
+			return err
 		}
-		if c.state.CompareAndSwap(sent, abandoned) {
-			// The batch may still write into c: it is not reused.
-			if c.batch.live.Add(-1) == 0 {
-				c.batch.cancel()
-			}
-			return ctx.Err()
-		}
-		<-c.ready // delivered meanwhile
 	}
 	for i := range req.Checks {
 		req.Checks[i].State = c.Req.Checks[i].State
@@ -182,6 +176,40 @@ func (b *Batcher) Do(ctx context.Context, req *countlimit.Request) error {
 	c.Req, c.ctx, c.batch, c.Err = countlimit.Request{}, nil, nil, nil
 	callPool.Put(c)
 	return err
+}
+
+// Hooks for tests, nil otherwise: afterLeave runs in stopWaiting when its
+// call was not in the queue, before it tries to abandon the call;
+// afterRequeue runs in flushOne once calls to send again are back in the
+// queue.
+var afterLeave, afterRequeue func()
+
+// stopWaiting ends the wait of c's caller, whose context has ended: it takes
+// c out of the queue, or abandons it to its batch, and returns the error to
+// report; or, when the batch has delivered c meanwhile, it returns nil. A
+// call sent and then put back in the queue to be sent again (Retry) is taken
+// out like one never sent: its batch left it undone.
+func (b *Batcher) stopWaiting(ctx context.Context, c *Call) error {
+	for {
+		if b.leave(c) {
+			return fmt.Errorf("%w: %w", ErrLeft, ctx.Err())
+		}
+		if afterLeave != nil {
+			afterLeave()
+		}
+		if c.state.CompareAndSwap(sent, abandoned) {
+			// The batch may still write into c: it is not reused.
+			if c.batch.live.Add(-1) == 0 {
+				c.batch.cancel()
+			}
+			return ctx.Err()
+		}
+		if c.state.Load() == done {
+			<-c.ready // delivered meanwhile
+			return nil
+		}
+		// Put back in the queue between leave and the swap: again.
+	}
 }
 
 // sendAlone sends c, a batch of one, on its caller's goroutine (see
@@ -316,6 +344,9 @@ func (b *Batcher) flushOne() bool {
 		b.inFlight--
 	}
 	b.mu.Unlock()
+	if len(again) > 0 && afterRequeue != nil {
+		afterRequeue()
+	}
 	if next {
 		go wake(calls)
 	} else {

@@ -423,3 +423,58 @@ func testManyCallers(t *testing.T, alone bool) {
 	}
 	t.Logf("%d succeeded, %d left the queue, of %d", ok, left, workers*each)
 }
+
+// TestCallerLeavesWhileItsCallIsRetried: a caller whose context ends while
+// its batch is out stops waiting at once even when the batch puts its call
+// back in the queue, to be sent again (Retry), between the caller's look in
+// the queue and its abandoning the call: it takes the call out of the queue
+// (its batch left it undone) instead of waiting for its next sending.
+func TestCallerLeavesWhileItsCallIsRetried(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	looked := make(chan struct{})   // the caller did not find its call queued
+	requeued := make(chan struct{}) // the batch put the call back
+	returned := make(chan struct{}) // Do returned
+	hooked := make(chan struct{})   // the batch's hook returned
+	release := make(chan struct{})  // ends later sendings
+	defer close(release)
+	var sendings atomic.Int32
+	send := func(_ context.Context, calls []*gather.Call) {
+		if sendings.Add(1) > 1 {
+			<-release
+			return
+		}
+		cancel()
+		<-looked
+		calls[0].Retry()
+	}
+	gather.SetHooks(
+		func() { close(looked); <-requeued },
+		func() {
+			defer close(hooked)
+			close(requeued)
+			// The call waits in the queue until its caller is done
+			// (or, were it stuck, for a while).
+			select {
+			case <-returned:
+			case <-time.After(2 * time.Second):
+			}
+		})
+	defer func() {
+		<-hooked // the batcher is done with the hooks
+		gather.SetHooks(nil, nil)
+	}()
+	b := gather.New(send, 10, 1) // not SendAlone: the caller waits apart from its batch
+	done := make(chan error, 1)
+	go func() { done <- b.Do(ctx, req("x")); close(returned) }()
+	select {
+	case err := <-done:
+		if !errors.Is(err, gather.ErrLeft) || !errors.Is(err, context.Canceled) {
+			t.Errorf("Do = %v, want ErrLeft with the context's error", err)
+		}
+	case <-time.After(time.Second):
+		t.Fatal("a caller whose context ended waits for its call's next sending")
+	}
+	if n := sendings.Load(); n != 1 {
+		t.Errorf("the call was sent %d times; want once: its caller took it out of the queue", n)
+	}
+}
