@@ -31,13 +31,12 @@
 -- name: AllowOne :one
 -- AllowOne counts n events of one rule for one id, or tallies the denial and
 -- sets the penalty. It locks the row FOR NO KEY UPDATE, the lock ON CONFLICT
--- DO UPDATE takes (so that takes none of its own; a lease's foreign key
--- check, FOR KEY SHARE, does not wait for it), decides from it, and writes
--- the outcome with one upsert. A row that is absent is inserted; a row that
--- another transaction created after this statement began is left alone (the
--- guard below) and no row is returned: send the call again. RETURNING cannot
--- see the old row, so the verdict is read from the denial tally: the call
--- was allowed if denied_count did not change.
+-- DO UPDATE takes (which then takes none of its own), decides from it, and
+-- writes the outcome with one upsert. A row that is absent is inserted; a row
+-- that another transaction created after this statement began is left alone
+-- (the guard below) and no row is returned: send the call again. RETURNING
+-- cannot see the old row, so the verdict is read from the denial tally: the
+-- call was allowed if denied_count did not change.
 WITH y AS (
     SELECT o.already_count, o.begin_time, o.end_time, o.blocked_until, o.denied_count
     FROM count_limit o

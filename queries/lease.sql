@@ -3,9 +3,10 @@
 -- first, as countlimit_acquire does, and touches that one key's leases only
 -- after, so the parent row is the key's one lock and lease statements cannot
 -- deadlock with checks or with each other. The count(*) >= 0 conditions
--- make PostgreSQL take that lock before anything else runs. ReleaseLease
--- and PurgeExpired only delete leases and take no row lock first (see
--- there).
+-- make PostgreSQL take that lock before anything else runs. ReleaseLease,
+-- which only deletes a lease, takes no row lock first (see it below);
+-- nor does PurgeExpired (queries/count_limit.sql), which skips rows that
+-- others hold locked.
 --
 -- A statement's snapshot is taken before it waits for the lock. Its
 -- verdict does not depend on it: a lease row is found, and rechecked, at

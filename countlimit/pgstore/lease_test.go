@@ -261,6 +261,13 @@ func TestDeniedAcquireInCallersTx(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Exec(ctx, "ROLLBACK")
+	// On whatever the server's default, so that off afterwards is the
+	// Acquire's doing.
+	for _, d := range []pgstore.DBTX{tx, conn.Conn()} {
+		if _, err := d.Exec(ctx, "SET LOCAL synchronous_commit = on"); err != nil {
+			t.Fatal(err)
+		}
+	}
 	for name, d := range map[string]pgstore.DBTX{"tx": tx, "conn in BEGIN": conn.Conn()} {
 		l := countlimit.New(pgstore.New(d))
 		rule := countlimit.Rule{UseType: storetest.UseType(t, "lease.tx."+strings.ReplaceAll(name, " ", "_")), Limit: 1, Window: countlimit.Concurrent(time.Minute)}

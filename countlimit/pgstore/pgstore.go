@@ -34,10 +34,11 @@
 // one after another in arrival order by a single row update, and each gets
 // the Result it would have had alone. A call whose context ends while it
 // waits leaves the batch and is never counted. A call that finds a free
-// slot and no one waiting runs its statement on its own goroutine, with its
-// own context: a lone call costs no hand-off between goroutines. Other calls (sliding windows,
-// AllowAll over several rules, Peek, Refund, Reset) are not batched: each is
-// one statement in its own transaction. A Store on a *pgx.Conn or a pgx.Tx
+// slot and no call waiting runs its statement on its caller's goroutine,
+// with its caller's context: a lone call costs no hand-off between
+// goroutines. Other calls (sliding windows, AllowAll over several rules,
+// Peek, Refund, Reset) are not batched: each is one statement in its own
+// transaction. A Store on a *pgx.Conn or a pgx.Tx
 // never batches.
 //
 // Size the pool for the batches in flight plus the calls that are not
@@ -105,8 +106,8 @@ func WithMaxBatch(n int) Option { return func(c *config) { c.maxBatch = n } }
 // while it runs and leave together when it commits. More can help a server
 // with many cores and slow commits, at a cost: batches get smaller, and
 // calls for the same id in two batches wait for each other's row lock. On
-// 2 cores, 2 in flight was slower than 1 at every concurrency we measured
-// (see the README's benchmark).
+// 2 cores, 2 in flight was within a few percent of 1 over many ids and far
+// slower on one hot id (see the README's benchmark).
 func WithMaxInFlight(n int) Option { return func(c *config) { c.maxInFlight = n } }
 
 // New returns a Store that runs its statements on d. On a *pgxpool.Pool it
