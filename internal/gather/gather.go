@@ -169,6 +169,11 @@ func (b *Batcher) Do(ctx context.Context, req *countlimit.Request) error {
 			return err
 		}
 	}
+	return c.finish(req)
+}
+
+// finish hands c's outcome to its caller's req and puts c back in the pool.
+func (c *Call) finish(req *countlimit.Request) error {
 	for i := range req.Checks {
 		req.Checks[i].State = c.Req.Checks[i].State
 	}
@@ -241,13 +246,7 @@ func (b *Batcher) sendAlone(ctx context.Context, c *Call, req *countlimit.Reques
 	if next {
 		go b.flush()
 	}
-	for i := range req.Checks {
-		req.Checks[i].State = c.Req.Checks[i].State
-	}
-	err := c.Err
-	c.Req, c.ctx, c.batch, c.Err = countlimit.Request{}, nil, nil, nil
-	callPool.Put(c)
-	return err
+	return c.finish(req)
 }
 
 // Queued reports how many calls wait for a batch: for metrics and tests.
