@@ -5,8 +5,9 @@
 // leave together in the next batch. So an idle store adds no latency, and a
 // busy one sends fewer, bigger batches.
 //
-// A call whose context ends while it waits leaves its queue and is never
-// sent. A call whose context ends after its batch was sent stops waiting and
+// A call whose context ends while it waits in the queue leaves it and is
+// not sent: never, or not again when a batch left it undone and put it back
+// to be sent again (Retry). A call whose context ends after its batch was sent stops waiting and
 // gets the context's error; the batch goes on for the others, and is
 // cancelled only when every call in it has stopped waiting.
 //
@@ -101,6 +102,12 @@ type Batcher struct {
 
 	alone bool // see SendAlone
 
+	// Hooks for tests (export_test.go), nil otherwise: afterLeave runs in
+	// stopWaiting when its call was not in the queue, before it tries to
+	// abandon the call; afterRequeue runs in flushOne once at least one
+	// call to send again is back in the queue.
+	afterLeave, afterRequeue func()
+
 	mu       sync.Mutex
 	queue    []*Call
 	inFlight int
@@ -123,8 +130,10 @@ func (b *Batcher) SendAlone() { b.alone = true }
 
 var callPool = sync.Pool{New: func() any { return &Call{ready: make(chan struct{}, 1)} }}
 
-// ErrLeft is wrapped in the error of a call whose context ended before its
-// batch was sent: it was never sent, so nothing of it happened.
+// ErrLeft is wrapped in the error of a call whose context ended while it
+// was in the queue: before its batch was sent, or after a batch left it
+// undone and put it back to be sent again (Retry). Either way nothing of it
+// happened.
 var ErrLeft = errors.New("left before its batch was sent")
 
 // Do sends req in a batch and waits for its outcome. On success, req's
@@ -183,12 +192,6 @@ func (c *Call) finish(req *countlimit.Request) error {
 	return err
 }
 
-// Hooks for tests, nil otherwise: afterLeave runs in stopWaiting when its
-// call was not in the queue, before it tries to abandon the call;
-// afterRequeue runs in flushOne once calls to send again are back in the
-// queue.
-var afterLeave, afterRequeue func()
-
 // stopWaiting ends the wait of c's caller, whose context has ended: it takes
 // c out of the queue, or abandons it to its batch, and returns the error to
 // report; or, when the batch has delivered c meanwhile, it returns nil. A
@@ -199,8 +202,8 @@ func (b *Batcher) stopWaiting(ctx context.Context, c *Call) error {
 		if b.leave(c) {
 			return fmt.Errorf("%w: %w", ErrLeft, ctx.Err())
 		}
-		if afterLeave != nil {
-			afterLeave()
+		if b.afterLeave != nil {
+			b.afterLeave()
 		}
 		if c.state.CompareAndSwap(sent, abandoned) {
 			// The batch may still write into c: it is not reused.
@@ -327,6 +330,7 @@ func (b *Batcher) flushOne() bool {
 	}
 
 	b.mu.Lock()
+	requeued := 0
 	if len(again) > 0 {
 		// First in the queue, ahead of calls that came later. A caller that
 		// stopped waiting is not sent again.
@@ -336,6 +340,7 @@ func (b *Batcher) flushOne() bool {
 				keep = append(keep, c)
 			}
 		}
+		requeued = len(keep)
 		b.queue = append(keep, b.queue...)
 	}
 	next := len(b.queue) > 0
@@ -343,8 +348,8 @@ func (b *Batcher) flushOne() bool {
 		b.inFlight--
 	}
 	b.mu.Unlock()
-	if len(again) > 0 && afterRequeue != nil {
-		afterRequeue()
+	if requeued > 0 && b.afterRequeue != nil {
+		b.afterRequeue()
 	}
 	if next {
 		go wake(calls)

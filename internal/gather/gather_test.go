@@ -437,6 +437,15 @@ func TestCallerLeavesWhileItsCallIsRetried(t *testing.T) {
 	hooked := make(chan struct{})   // the batch's hook returned
 	release := make(chan struct{})  // ends later sendings
 	defer close(release)
+	// wait waits for ch, or fails the test when the interleaving this test
+	// forces did not happen (rather than hanging).
+	wait := func(ch <-chan struct{}, what string) {
+		select {
+		case <-ch:
+		case <-time.After(5 * time.Second):
+			t.Errorf("timed out waiting for %s", what)
+		}
+	}
 	var sendings atomic.Int32
 	send := func(_ context.Context, calls []*gather.Call) {
 		if sendings.Add(1) > 1 {
@@ -444,11 +453,12 @@ func TestCallerLeavesWhileItsCallIsRetried(t *testing.T) {
 			return
 		}
 		cancel()
-		<-looked
+		wait(looked, "the caller to look for its call in the queue")
 		calls[0].Retry()
 	}
-	gather.SetHooks(
-		func() { close(looked); <-requeued },
+	b := gather.New(send, 10, 1) // not SendAlone: the caller waits apart from its batch
+	gather.SetHooks(b,
+		func() { close(looked); wait(requeued, "the batch to put the call back") },
 		func() {
 			defer close(hooked)
 			close(requeued)
@@ -459,11 +469,7 @@ func TestCallerLeavesWhileItsCallIsRetried(t *testing.T) {
 			case <-time.After(2 * time.Second):
 			}
 		})
-	defer func() {
-		<-hooked // the batcher is done with the hooks
-		gather.SetHooks(nil, nil)
-	}()
-	b := gather.New(send, 10, 1) // not SendAlone: the caller waits apart from its batch
+	defer wait(hooked, "the batch to be done with its hook")
 	done := make(chan error, 1)
 	go func() { done <- b.Do(ctx, req("x")); close(returned) }()
 	select {
