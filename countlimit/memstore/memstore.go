@@ -538,7 +538,7 @@ func (s *Store) write(sh *shard, e *entry, c *countlimit.Check, v *view, allowed
 	deadline := max(e.end, e.blocked)
 	switch span := c.Span.Microseconds(); {
 	case !allowed:
-		// The denial tally is for the SQL audit: no one reads it here.
+		// memstore keeps no denial tally: only the SQL audit reads one.
 		if !v.blocked && c.Block > 0 {
 			e.blocked = now + c.Block.Microseconds()
 			v.blocked = true

@@ -1,5 +1,10 @@
 // Package cli is the countlimit command: it takes arguments and writers, so
 // every command is tested in-process.
+//
+// Operations on named rules (allow, peek, refund, reset, acquire, release,
+// extend) go through internal/ruleops, as the service's endpoints do; the
+// CLI never goes through the HTTP service to reach them. Only serve, which
+// starts that service, imports internal/server (a test holds this).
 package cli
 
 import (

@@ -398,9 +398,12 @@ type AllowOneRow struct {
 // and penalty written) is spelled out in AllowOne, PeekOne, AllowBatch's
 // fold step and AllowBatchDistinct's decided here, and again in
 // countlimit_apply (migrations/00002_apply_locking.sql), apply.lua and
-// memstore's Store.apply: change one, change them all. storetest.Run and
-// the batch tests (countlimit/pgstore/batch_test.go, which checks each
-// batch statement against calls made one by one) hold them to it.
+// memstore's Store.apply: change one, change them all. storetest.Run, in
+// pgstore's TestConformance, holds them to it, the corners in
+// RollingStartsAtFirstCountedEvent and LateClockReadJoinsWindow (fresh or
+// current window), PenaltyOutlivesWindow, LimitChangedMidWindow and
+// WindowKindChanged; the batch tests (countlimit/pgstore/batch_test.go)
+// check each batch statement against calls made one by one.
 //
 // Parameters common to all: now is the caller's clock; begin_time and
 // window_end bound the window an allowed event opens (window_end NULL for a

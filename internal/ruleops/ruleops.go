@@ -48,7 +48,16 @@ func CheckCost(rf *rulefile.File, op countlimit.Op, name string, cost int64, cos
 		return invalid("\x00 must be 1 to 2^53, got %d", cost)
 	case costSet && op != countlimit.OpAllow && op != countlimit.OpRefund:
 		return invalid("%s takes no \x00", op)
-	case op == countlimit.OpAllow && cost != 1 && len(rf.Members(name)) > 1:
+	case op == countlimit.OpAllow && len(rf.Members(name)) > 1:
+		return groupCost(cost)
+	}
+	return nil
+}
+
+// groupCost reports whether cost can go with an allow on a group: a group
+// counts one event.
+func groupCost(cost int64) error {
+	if cost != 1 {
 		return invalid("a group counts one event: \x00 must be 1, got %d", cost)
 	}
 	return nil
@@ -136,8 +145,8 @@ func Do(ctx context.Context, l *countlimit.Limiter, op countlimit.Op, rules []co
 		}
 		return nil, nil
 	case op == countlimit.OpAllow && len(rules) > 1:
-		if cost != 1 {
-			return nil, fmt.Errorf("countlimit: allow: %w", invalid("a group counts one event: \x00 must be 1, got %d", cost))
+		if err := groupCost(cost); err != nil {
+			return nil, fmt.Errorf("countlimit: allow: %w", err)
 		}
 		return l.AllowAll(ctx, id, rules...)
 	}

@@ -20,12 +20,11 @@ import (
 // released when their tests end.
 func TestClient(t *testing.T) {
 	ctx := context.Background()
-	opts, err := redis.ParseURL(testenv.RedisURL(t))
+	opts, err := redisurl.Options(testenv.RedisURL(t))
 	if err != nil {
 		t.Fatal(err)
 	}
-	opts.DB = 0
-	admin := redis.NewClient(opts)
+	admin := redisurl.OnDB(opts, 0)
 	defer admin.Close()
 
 	var dbs []int
@@ -55,9 +54,7 @@ func TestClient(t *testing.T) {
 		if n := admin.Exists(ctx, "redisstoretest:lease:"+strconv.Itoa(db)).Val(); n != 0 {
 			t.Errorf("database %d is still leased after its test", db)
 		}
-		o := *opts
-		o.DB = db
-		c := redis.NewClient(&o)
+		c := redisurl.OnDB(opts, db)
 		if n := c.DBSize(ctx).Val(); n != 0 {
 			t.Errorf("database %d kept %d keys after its test", db, n)
 		}
@@ -67,14 +64,14 @@ func TestClient(t *testing.T) {
 
 // URL names a leased database.
 func TestURL(t *testing.T) {
-	opts, err := redis.ParseURL(redisstoretest.URL(t))
+	opts, err := redisurl.Options(redisstoretest.URL(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if opts.DB == 0 {
 		t.Fatalf("URL names database 0, which is never handed out")
 	}
-	c := redis.NewClient(opts)
+	c := redisurl.OnDB(opts, opts.DB)
 	defer c.Close()
 	if err := c.Ping(context.Background()).Err(); err != nil {
 		t.Fatal(err)
