@@ -2,6 +2,7 @@ package countlimit
 
 import (
 	"context"
+	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
@@ -94,34 +95,69 @@ func (ls Lease) Token() string { return ls.token }
 // TTL returns how long the lease lives after it was taken or last extended.
 func (ls Lease) TTL() time.Duration { return ls.ttl }
 
-// leaseVersion begins every lease string.
-const leaseVersion = "cl1"
+// Lease string versions: leaseVersion carries a checksum, signedVersion
+// an HMAC under the Limiter's lease key (WithLeaseKey).
+const (
+	leaseVersion  = "cl1"
+	signedVersion = "cl2"
+)
+
+// MinLeaseKeyLen is the shortest key [WithLeaseKey] takes.
+const MinLeaseKeyLen = 16
+
+// WithLeaseKey signs the Limiter's lease strings ([Lease.String]) with
+// HMAC-SHA256 under key, and makes [Limiter.ParseLease] take only strings
+// signed with it. Without a key a lease string carries a checksum, which
+// catches a mistyped or edited string but not a forgery: whoever recomputes
+// it can name any id with any token. Such a string still frees nothing (no
+// lease holds its token), and Release reports nil, as for a lease that
+// expired. With a key, a forged string, or one naming another id than its
+// token was taken for, is ErrInvalid and never reaches the store.
+//
+// Limiters that release or extend each other's leases (processes of one
+// service, the CLI beside it) must share the key; keep it secret, like a
+// session-signing key. key must be at least [MinLeaseKeyLen] bytes: New
+// panics otherwise. The key is copied.
+func WithLeaseKey(key []byte) Option {
+	if len(key) < MinLeaseKeyLen {
+		panic(fmt.Sprintf("countlimit: WithLeaseKey: the key is %d bytes, want at least %d", len(key), MinLeaseKeyLen))
+	}
+	key = append([]byte(nil), key...)
+	return func(l *Limiter) { l.leaseKey = key }
+}
 
 // String returns the lease in a form [Limiter.ParseLease] reads back, to
 // release or extend it from another process: printable ASCII without
 // spaces, safe in a URL, at most about 1 400 bytes. It holds the lease's
-// token, so treat it as a secret. The zero Lease's String is "".
+// token, so treat it as a secret. It is signed when the Limiter has a lease
+// key ([WithLeaseKey]). The zero Lease's String is "".
 func (ls Lease) String() string {
 	if ls.l == nil {
 		return ""
 	}
 	ttl := strconv.FormatInt(ls.ttl.Microseconds(), 10)
+	version := leaseVersion
+	if ls.l.leaseKey != nil {
+		version = signedVersion
+	}
 	return strings.Join([]string{
-		leaseVersion,
+		version,
 		base64.RawURLEncoding.EncodeToString([]byte(ls.useType)),
 		base64.RawURLEncoding.EncodeToString([]byte(ls.id)),
 		ttl,
 		ls.token,
-		leaseCheck(ls.useType, ls.id, ttl, ls.token),
+		leaseCheck(ls.l.leaseKey, ls.useType, ls.id, ttl, ls.token),
 	}, ".")
 }
 
 // ParseLease reads a lease written by [Lease.String] and returns it bound to
 // l. A string that is malformed, was edited, or names another key than its
 // token was taken for (its checksum binds the token to the rule and id) is
-// ErrInvalid naming the field "lease". The checksum is not a signature: what
-// guards a lease is its unguessable token, and a token the store does not
-// hold releases nothing.
+// ErrInvalid naming the field "lease". With a lease key ([WithLeaseKey]) l
+// takes only strings signed with that key, so a forged string is
+// ErrInvalid too; without one, l takes only unsigned strings, and what
+// guards a lease is its unguessable token: a token the store does not hold
+// releases nothing.
 func (l *Limiter) ParseLease(s string) (Lease, error) {
 	bad := func(format string, args ...any) (Lease, error) {
 		return Lease{}, fmt.Errorf("countlimit: parse lease: %w", invalidf("lease", format, args...))
@@ -130,8 +166,14 @@ func (l *Limiter) ParseLease(s string) (Lease, error) {
 		return bad("is %d bytes, longer than any lease", len(s))
 	}
 	parts := strings.Split(s, ".")
-	if len(parts) != 6 || parts[0] != leaseVersion {
+	if len(parts) != 6 || parts[0] != leaseVersion && parts[0] != signedVersion {
 		return bad("is not a lease string (want %s.<use type>.<id>.<ttl>.<token>.<check>)", leaseVersion)
+	}
+	switch signed := parts[0] == signedVersion; {
+	case signed && l.leaseKey == nil:
+		return bad("is signed, and this Limiter has no lease key to check it with (WithLeaseKey; the service's and the CLI's --lease-key-file)")
+	case !signed && l.leaseKey != nil:
+		return bad("is not signed, and this Limiter takes only leases signed with its lease key")
 	}
 	ut, err1 := base64.RawURLEncoding.DecodeString(parts[1])
 	id, err2 := base64.RawURLEncoding.DecodeString(parts[2])
@@ -148,21 +190,29 @@ func (l *Limiter) ParseLease(s string) (Lease, error) {
 	if !validToken(parts[4]) {
 		return bad("token is not 22 base64url characters")
 	}
-	want := leaseCheck(UseType(ut), string(id), parts[3], parts[4])
-	if subtle.ConstantTimeCompare([]byte(want), []byte(parts[5])) != 1 {
+	want := leaseCheck(l.leaseKey, UseType(ut), string(id), parts[3], parts[4])
+	switch {
+	case subtle.ConstantTimeCompare([]byte(want), []byte(parts[5])) == 1:
+	case l.leaseKey != nil:
+		return bad("signature does not match: the string was forged or edited, or signed with another lease key")
+	default:
 		return bad("checksum does not match: the string was edited or names another rule or id than its token was taken for")
 	}
 	return Lease{l: l, useType: UseType(ut), id: string(id), token: parts[4], ttl: time.Duration(us) * time.Microsecond}, nil
 }
 
-// leaseCheck binds a token to its key and ttl: 48 bits of SHA-256.
-func leaseCheck(ut UseType, id, ttl, token string) string {
-	h := sha256.New()
+// leaseCheck binds a token to its key and ttl: without a lease key, 48
+// bits of SHA-256; with one, 128 bits of HMAC-SHA256 under it.
+func leaseCheck(leaseKey []byte, ut UseType, id, ttl, token string) string {
+	h, size := sha256.New(), 6
+	if leaseKey != nil {
+		h, size = hmac.New(sha256.New, leaseKey), 16
+	}
 	for _, s := range []string{"countlimit lease", string(ut), id, ttl, token} {
 		h.Write([]byte(s))
 		h.Write([]byte{0})
 	}
-	return base64.RawURLEncoding.EncodeToString(h.Sum(nil)[:6])
+	return base64.RawURLEncoding.EncodeToString(h.Sum(nil)[:size])
 }
 
 // newToken returns 128 random bits in base64url: 22 characters.

@@ -94,3 +94,83 @@ type downStore struct{}
 func (downStore) Do(context.Context, []*countlimit.Request) error {
 	return countlimit.Unavailable(errors.New("down"))
 }
+
+// TestSignedLeases: with a lease key, lease strings are signed; a string
+// not signed with the key (forged, edited, unsigned, or signed with another
+// key) is ErrInvalid and frees nothing, while a Limiter with the same key,
+// as another process would have, releases the real one.
+func TestSignedLeases(t *testing.T) {
+	ctx := context.Background()
+	s := memstore.New(memstore.WithJanitorInterval(0))
+	key := []byte("0123456789abcdef-a-test-key")
+	l := countlimit.New(s, countlimit.WithLeaseKey(key))
+	slots := countlimit.Rule{UseType: "export.running", Limit: 1, Window: countlimit.Concurrent(10 * time.Minute)}
+	alice, _, err := l.Acquire(ctx, slots, "alice")
+	if err != nil || alice.String() == "" {
+		t.Fatalf("Acquire = %v, %v", alice, err)
+	}
+	bob, _, err := l.Acquire(ctx, slots, "bob")
+	if err != nil || bob.String() == "" {
+		t.Fatalf("Acquire = %v, %v", bob, err)
+	}
+	if !strings.HasPrefix(alice.String(), "cl2.") {
+		t.Errorf("a signed lease string = %q, want the cl2 form", alice.String())
+	}
+	unkeyed := countlimit.New(s)
+	otherKey := countlimit.New(s, countlimit.WithLeaseKey([]byte("fedcba9876543210-another-key")))
+	other := countlimit.Rule{UseType: "export.other", Limit: 2, Window: slots.Window}
+	ua, _, err := unkeyed.Acquire(ctx, other, "alice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	oa, _, err := otherKey.Acquire(ctx, other, "alice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// bob's real string with alice's id swapped in.
+	bp, ap := strings.Split(bob.String(), "."), strings.Split(alice.String(), ".")
+	swapped := strings.Join([]string{bp[0], bp[1], ap[2], bp[3], bp[4], bp[5]}, ".")
+	for name, c := range map[string]struct {
+		l *countlimit.Limiter
+		s string
+	}{
+		"a string signed with another key":               {l, oa.String()},
+		"bob's string naming alice":                      {l, swapped},
+		"an unsigned string":                             {l, ua.String()},
+		"a signed string, to a Limiter with no key":      {unkeyed, alice.String()},
+		"a signed string, to a Limiter with another key": {otherKey, alice.String()},
+	} {
+		ls, err := c.l.ParseLease(c.s)
+		if !errors.Is(err, countlimit.ErrInvalid) || !strings.Contains(err.Error(), "lease") {
+			t.Errorf("ParseLease of %s = %v, %v; want ErrInvalid naming the lease", name, ls, err)
+		}
+	}
+	for _, id := range []string{"alice", "bob"} {
+		if r, err := l.Peek(ctx, slots, id); err != nil || r.Used != 1 {
+			t.Errorf("%s holds %d slots (%v) after the forgeries, want 1", id, r.Used, err)
+		}
+	}
+	if r, err := l.Peek(ctx, other, "alice"); err != nil || r.Used != 2 {
+		t.Errorf("alice holds %d slots of %s (%v) after the forgeries, want 2", r.Used, other.UseType, err)
+	}
+	// Another process with the same key.
+	same := countlimit.New(s, countlimit.WithLeaseKey(key))
+	moved, err := same.ParseLease(alice.String())
+	if err != nil {
+		t.Fatalf("ParseLease with the same key = %v", err)
+	}
+	if err := moved.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := l.Peek(ctx, slots, "alice"); err != nil || r.Used != 0 {
+		t.Errorf("alice holds %d slots (%v) after the release, want 0", r.Used, err)
+	}
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Error("WithLeaseKey of a 15-byte key did not panic")
+			}
+		}()
+		countlimit.WithLeaseKey(make([]byte, countlimit.MinLeaseKeyLen-1))
+	}()
+}

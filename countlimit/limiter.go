@@ -15,6 +15,8 @@ type Limiter struct {
 	now     func() time.Time
 	guarded *guarded    // nil without WithStoreTimeout, WithCircuitBreaker, WithFallback
 	sclock  *storeClock // nil without WithStoreClock
+	// leaseKey signs lease strings; nil without WithLeaseKey.
+	leaseKey []byte
 }
 
 // Option configures a Limiter.

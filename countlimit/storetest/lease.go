@@ -2,10 +2,12 @@ package storetest
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/base64"
 	"errors"
 	"math/rand/v2"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -141,7 +143,7 @@ func testLeaseForged(t *testing.T, newStore func(*testing.T) countlimit.Store) {
 	e := newEnv(t, newStore)
 	rule := countlimit.Rule{UseType: UseType(t, "lease.forged"), Limit: 1, Window: countlimit.Concurrent(time.Minute)}
 	alice := e.acquire(rule, "alice", at(0), ok(1, 1, at(time.Minute)))
-	e.acquire(rule, "bob", at(0), ok(1, 1, at(time.Minute)))
+	bob := e.acquire(rule, "bob", at(0), ok(1, 1, at(time.Minute)))
 	s := alice.String()
 	parts := strings.Split(s, ".")
 	if len(parts) != 6 {
@@ -171,6 +173,26 @@ func testLeaseForged(t *testing.T, newStore func(*testing.T) countlimit.Store) {
 	for name, f := range forged {
 		if l, err := e.l.ParseLease(f); !errors.Is(err, countlimit.ErrInvalid) {
 			t.Errorf("ParseLease(%s) = %v, %v; want ErrInvalid", name, l, err)
+		}
+	}
+	e.held(rule, "bob", at(sec(1)), 1)
+	e.held(rule, "alice", at(sec(1)), 1)
+
+	// A forgery whose checksum is recomputed (a Limiter without a lease key
+	// cannot tell it from a lease that expired): alice's id with bob's
+	// token, and with a made-up token. The store holds neither token under
+	// alice's key, so nothing is freed.
+	for name, token := range map[string]string{"bob's token": bob.Token(), "a made-up token": strings.Repeat("Q", 22)} {
+		f := unsignedLease(rule.UseType, "alice", time.Minute, token)
+		forgedLease, err := e.l.ParseLease(f)
+		if err != nil {
+			t.Fatalf("ParseLease of a forgery with a recomputed checksum (%s) = %v: the checksum oracle no longer matches Lease.String", name, err)
+		}
+		if err := forgedLease.Release(e.ctx); err != nil {
+			t.Errorf("Release of alice's id with %s = %v, want nil (as for an expired lease)", name, err)
+		}
+		if err := forgedLease.Extend(e.ctx); !errors.Is(err, countlimit.ErrLeaseExpired) {
+			t.Errorf("Extend of alice's id with %s = %v, want ErrLeaseExpired", name, err)
 		}
 	}
 	e.held(rule, "bob", at(sec(1)), 1)
@@ -355,4 +377,18 @@ func perGot(mu *sync.Mutex, n *int) int {
 	mu.Lock()
 	defer mu.Unlock()
 	return *n
+}
+
+// unsignedLease writes a lease string as a Limiter without a lease key
+// does (Lease.String's format, spelled out here as the oracle): the
+// checksum anyone can recompute.
+func unsignedLease(ut countlimit.UseType, id string, ttl time.Duration, token string) string {
+	enc := base64.RawURLEncoding.EncodeToString
+	us := strconv.FormatInt(ttl.Microseconds(), 10)
+	h := sha256.New()
+	for _, s := range []string{"countlimit lease", string(ut), id, us, token} {
+		h.Write([]byte(s))
+		h.Write([]byte{0})
+	}
+	return strings.Join([]string{"cl1", enc([]byte(ut)), enc([]byte(id)), us, token, enc(h.Sum(nil)[:6])}, ".")
 }

@@ -32,6 +32,10 @@ func check(ctx context.Context, verb string, args []string, stdout io.Writer) (d
 	cost := fs.Int64("cost", 1, "allow: the event's weight `N`; refund: how many to give back")
 	tier := fs.String("tier", "", "the tier `T` whose limit applies")
 	asJSON := fs.Bool("json", false, "print the result as the HTTP API's JSON")
+	var leaseKey func() ([]countlimit.Option, error)
+	if o == countlimit.OpAcquire {
+		leaseKey = leaseKeyFlag(fs)
+	}
 	pos, err := parseMixed(fs, args)
 	if err != nil {
 		return false, err
@@ -50,6 +54,12 @@ func check(ctx context.Context, verb string, args []string, stdout io.Writer) (d
 	rf, err := loadRules(*rulesPath)
 	if err != nil {
 		return false, err
+	}
+	var opts []countlimit.Option
+	if leaseKey != nil {
+		if opts, err = leaseKey(); err != nil {
+			return false, err
+		}
 	}
 	var ce *ruleops.CostError
 	if err := ruleops.CheckCost(rf, o, name, *cost, isSet(fs, "cost")); errors.As(err, &ce) {
@@ -70,7 +80,7 @@ func check(ctx context.Context, verb string, args []string, stdout io.Writer) (d
 	var lease countlimit.Lease
 	var results []countlimit.Result
 	if o == countlimit.OpAcquire {
-		lease, results, err = ruleops.Acquire(ctx, countlimit.New(st.store), rules, id)
+		lease, results, err = ruleops.Acquire(ctx, countlimit.New(st.store, opts...), rules, id)
 	} else {
 		results, err = ruleops.Do(ctx, countlimit.New(st.store), o, rules, id, *cost)
 	}
@@ -145,6 +155,7 @@ func leaseCmd(ctx context.Context, verb string, args []string, stdout io.Writer)
 	fs := newFlagSet(verb)
 	storeURL := storeFlag(fs, "", "postgres://... or redis://...")
 	asJSON := fs.Bool("json", false, "print the result as the HTTP API's JSON")
+	leaseKey := leaseKeyFlag(fs)
 	pos, err := parseMixed(fs, args)
 	if err != nil {
 		return false, err
@@ -159,12 +170,16 @@ func leaseCmd(ctx context.Context, verb string, args []string, stdout io.Writer)
 	if url == "memory" {
 		return false, usageErrorf("%s: --store memory holds no lease taken by another process; name postgres://... or redis://...", verb)
 	}
+	opts, err := leaseKey()
+	if err != nil {
+		return false, err
+	}
 	st, err := openStore(ctx, url, false, nil)
 	if err != nil {
 		return false, err
 	}
 	defer st.close()
-	ls, err := ruleops.ParseLease(countlimit.New(st.store), nil, pos[0], "", "")
+	ls, err := ruleops.ParseLease(countlimit.New(st.store, opts...), nil, pos[0], "", "")
 	if err != nil {
 		return false, fmt.Errorf("%s: %w", verb, err)
 	}

@@ -16,6 +16,8 @@ import (
 	"net/url"
 	"os"
 	"strings"
+
+	"github.com/countlimit/countlimit/countlimit"
 )
 
 // Exit statuses. Operator commands that check a limit exit 0 when allowed
@@ -165,6 +167,35 @@ func storeFlag(fs *flag.FlagSet, fallback, want string) func() (string, error) {
 			return fallback, nil
 		}
 		return "", &usageError{noHint: true, msg: fmt.Sprintf("%s: no store: pass --store %s, or set $COUNTLIMIT_STORE", fs.Name(), want)}
+	}
+}
+
+// leaseKeyFlag adds --lease-key-file to fs and returns a function that
+// reads the lease key it names, else $COUNTLIMIT_LEASE_KEY, as Limiter
+// options: WithLeaseKey, or none when neither is set. The service and the
+// CLI's acquire, release and extend must share the key to take each
+// other's leases.
+func leaseKeyFlag(fs *flag.FlagSet) func() ([]countlimit.Option, error) {
+	file := fs.String("lease-key-file", "", "`FILE` holding the key that signs lease strings, at least 16 bytes (beats $COUNTLIMIT_LEASE_KEY)")
+	return func() ([]countlimit.Option, error) {
+		key, from := os.Getenv("COUNTLIMIT_LEASE_KEY"), "$COUNTLIMIT_LEASE_KEY"
+		if *file != "" {
+			b, err := os.ReadFile(*file)
+			if err != nil {
+				return nil, fmt.Errorf("%s: --lease-key-file: %w", fs.Name(), err)
+			}
+			key, from = strings.TrimSpace(string(b)), "--lease-key-file "+*file
+			if key == "" {
+				return nil, fmt.Errorf("%s: %s is empty", fs.Name(), from)
+			}
+		}
+		switch {
+		case key == "":
+			return nil, nil
+		case len(key) < countlimit.MinLeaseKeyLen:
+			return nil, fmt.Errorf("%s: the lease key from %s is %d bytes long, want at least %d (try: openssl rand -hex 32)", fs.Name(), from, len(key), countlimit.MinLeaseKeyLen)
+		}
+		return []countlimit.Option{countlimit.WithLeaseKey([]byte(key))}, nil
 	}
 }
 

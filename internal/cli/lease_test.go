@@ -2,6 +2,8 @@ package cli_test
 
 import (
 	"encoding/json"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -90,9 +92,9 @@ func TestLeaseHelp(t *testing.T) {
 		cmd, usage string
 		says       []string
 	}{
-		{"acquire", "countlimit acquire RULE ID --store URL [flags]", []string{"--store URL", "--rules FILE", "--tier T", "--json", "prints the lease", "1 when denied"}},
-		{"release", "countlimit release LEASE --store URL [flags]", []string{"--store URL", "--json", "not an error"}},
-		{"extend", "countlimit extend LEASE --store URL [flags]", []string{"--store URL", "--json", "1 when not held"}},
+		{"acquire", "countlimit acquire RULE ID --store URL [flags]", []string{"--store URL", "--rules FILE", "--tier T", "--json", "--lease-key-file FILE", "prints the lease", "1 when denied"}},
+		{"release", "countlimit release LEASE --store URL [flags]", []string{"--store URL", "--json", "--lease-key-file FILE", "not an error"}},
+		{"extend", "countlimit extend LEASE --store URL [flags]", []string{"--store URL", "--json", "--lease-key-file FILE", "1 when not held"}},
 	} {
 		for _, args := range [][]string{{tc.cmd, "-h"}, {"help", tc.cmd}} {
 			code, out, stderr := run(t, args...)
@@ -109,5 +111,54 @@ func TestLeaseHelp(t *testing.T) {
 	}
 	if code, out, _ := run(t, "help"); code != cli.ExitOK || !strings.Contains(out, "countlimit acquire RULE ID") || !strings.Contains(out, "countlimit release|extend LEASE") {
 		t.Errorf("help: exit %d, usage lacks the lease commands:\n%s", code, out)
+	}
+}
+
+// TestLeaseKey: with --lease-key-file (or $COUNTLIMIT_LEASE_KEY) acquire
+// prints a signed lease, which release takes only with the same key.
+func TestLeaseKey(t *testing.T) {
+	url := testbackend.FreshSchemaURL(t)
+	if code, _, stderr := run(t, "migrate", "up", "--store", url); code != cli.ExitOK {
+		t.Fatal(stderr)
+	}
+	dir := t.TempDir()
+	keyFile := filepath.Join(dir, "lease.key")
+	if err := os.WriteFile(keyFile, []byte("0123456789abcdef0123456789abcdef\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	short := filepath.Join(dir, "short.key")
+	if err := os.WriteFile(short, []byte("too short"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, out, stderr := run(t, "acquire", "export.running", "u1", "--store", url, "--lease-key-file", keyFile)
+	lease := strings.TrimSuffix(out, "\n")
+	if code != cli.ExitOK || !strings.HasPrefix(lease, "cl2.") {
+		t.Fatalf("acquire --lease-key-file: exit %d, stdout %q, stderr %q; want a signed lease", code, out, stderr)
+	}
+	for _, tc := range []struct {
+		args []string
+		env  string
+		want string
+	}{
+		{[]string{"release", lease, "--store", url}, "", "lease: is signed, and this Limiter has no lease key"},
+		{[]string{"release", lease, "--store", url}, "fedcba9876543210-another-key", "lease: signature does not match"},
+		{[]string{"release", lease, "--store", url, "--lease-key-file", short}, "", "is 9 bytes long, want at least 16"},
+		{[]string{"acquire", "export.running", "u1", "--store", url}, "short", "$COUNTLIMIT_LEASE_KEY is 5 bytes long"},
+	} {
+		t.Setenv("COUNTLIMIT_LEASE_KEY", tc.env)
+		code, _, stderr := run(t, tc.args...)
+		if code != cli.ExitError || !strings.Contains(stderr, tc.want) {
+			t.Errorf("countlimit %v with $COUNTLIMIT_LEASE_KEY %q: exit %d, stderr %q; want exit 2 and %q", tc.args, tc.env, code, stderr, tc.want)
+		}
+	}
+	if code, out, _ := run(t, "peek", "export.running", "u1", "--store", url); !strings.Contains(out, "1 of 3 used") {
+		t.Errorf("after refused releases: exit %d, %q; want the slot still held", code, out)
+	}
+	t.Setenv("COUNTLIMIT_LEASE_KEY", "0123456789abcdef0123456789abcdef") // the file's key, from the environment
+	if code, out, stderr := run(t, "release", lease, "--store", url); code != cli.ExitOK || !strings.Contains(out, "released") {
+		t.Errorf("release with the key: exit %d, stdout %q, stderr %q", code, out, stderr)
+	}
+	if code, out, _ := run(t, "peek", "export.running", "u1", "--store", url); !strings.Contains(out, "0 of 3 used") {
+		t.Errorf("after the release: exit %d, %q; want no slot held", code, out)
 	}
 }

@@ -45,6 +45,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	metricsAddr := fs.String("metrics-addr", "", "serve /metrics on this `ADDR`, with no token, instead of on --addr")
 	storeTimeout := fs.Duration("store-timeout", time.Second, "give up on a store call after this long (503); 0: only the request's 5s bound")
 	breakerFailures := fs.Int("breaker-failures", 5, "open the circuit breaker after `N` store failures in a row; 0: no breaker")
+	leaseKey := leaseKeyFlag(fs)
 	breakerCoolDown := fs.Duration("breaker-cooldown", time.Second, "how long the open breaker answers 503 without calling the store before one probe")
 	if err := parse(fs, args); err != nil {
 		return err
@@ -69,6 +70,10 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return usageErrorf("serve: --log-level: %v", err)
 	}
 	token, err := loadToken(*tokenFile)
+	if err != nil {
+		return err
+	}
+	opts, err := leaseKey()
 	if err != nil {
 		return err
 	}
@@ -110,7 +115,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 		defer metricsLn.Close()
 	}
-	opts := []countlimit.Option{countlimit.WithStoreTimeout(*storeTimeout)}
+	opts = append(opts, countlimit.WithStoreTimeout(*storeTimeout))
 	if *breakerFailures > 0 {
 		opts = append(opts, countlimit.WithCircuitBreaker(countlimit.CircuitBreaker{
 			Failures: *breakerFailures,

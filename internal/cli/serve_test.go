@@ -299,3 +299,30 @@ func TestServeFailureFlags(t *testing.T) {
 		}
 	}
 }
+
+// TestServeLeaseKey: with --lease-key-file the service hands out signed
+// leases and refuses an unsigned one; a short key stops it at start.
+func TestServeLeaseKey(t *testing.T) {
+	t.Setenv("COUNTLIMIT_LEASE_KEY", "")
+	key := filepath.Join(t.TempDir(), "lease.key")
+	if err := os.WriteFile(key, []byte("0123456789abcdef0123456789abcdef"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, stderr := run(t, "serve", "--lease-key-file", tokenFile(t, "short")); code != cli.ExitError || !strings.Contains(stderr, "want at least 16") {
+		t.Errorf("serve with a 5-byte lease key: exit %d, stderr %q; want 2", code, stderr)
+	}
+	s := launch(t, "--lease-key-file", key)
+	defer s.stop()
+	code, out := post(t, s.base+"/v1/acquire", `{"rule": "export.running", "id": "u1"}`)
+	lease, _ := out["lease"].(string)
+	if code != 200 || !strings.HasPrefix(lease, "cl2.") {
+		t.Fatalf("acquire: %d %v; want a signed lease", code, out)
+	}
+	unsigned := "cl1" + strings.TrimPrefix(lease, "cl2")
+	if code, out := post(t, s.base+"/v1/release", `{"lease": "`+unsigned+`"}`); code != 400 {
+		t.Errorf("release of an unsigned lease: %d %v; want 400", code, out)
+	}
+	if code, out := post(t, s.base+"/v1/release", `{"lease": "`+lease+`"}`); code != 200 || out["released"] != true {
+		t.Errorf("release: %d %v; want released", code, out)
+	}
+}
