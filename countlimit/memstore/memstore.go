@@ -1,7 +1,9 @@
 // Package memstore is the in-process countlimit.Store: sharded maps behind
 // mutexes, with a janitor that drops expired state. It is the embedded
 // default of the countlimit command and the store for tests and single-process
-// services. State is lost when the process exits.
+// services. State is lost when the process exits; so are its leases: a
+// lease string (countlimit.Lease.String) taken on a memstore can be released
+// only in the process that holds that store, by any Limiter over it.
 //
 // All counters of one id live in one shard, so a multi-rule check takes one
 // lock. Checking an existing key allocates nothing.

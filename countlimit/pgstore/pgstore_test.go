@@ -24,10 +24,15 @@ func TestMain(m *testing.M) { testbackend.Main(m) }
 
 func TestConformance(t *testing.T) {
 	pools := []*pgxpool.Pool{testbackend.Postgres(t), testbackend.PostgresPool(t)}
-	var n atomic.Int64
-	storetest.Run(t, func(*testing.T) countlimit.Store {
-		// Alternate between two pools: two clients on the same counters.
-		return pgstore.New(pools[n.Add(1)%2])
+	// Alternate between two pools, per subtest (they run in parallel):
+	// two clients on the same counters.
+	var mu sync.Mutex
+	made := map[*testing.T]int{}
+	storetest.Run(t, func(t *testing.T) countlimit.Store {
+		mu.Lock()
+		defer mu.Unlock()
+		made[t]++
+		return pgstore.New(pools[made[t]%2])
 	})
 }
 

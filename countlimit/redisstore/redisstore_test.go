@@ -40,10 +40,15 @@ func client(t testing.TB) *redis.Client {
 
 func TestConformance(t *testing.T) {
 	clients := []*redis.Client{client(t), client(t)}
-	var n atomic.Int64
-	storetest.Run(t, func(*testing.T) countlimit.Store {
-		// Alternate between two clients (two connection pools) on one server.
-		return redisstore.New(clients[n.Add(1)%2])
+	// Alternate between two clients (two connection pools) on one server,
+	// per subtest (they run in parallel).
+	var mu sync.Mutex
+	made := map[*testing.T]int{}
+	storetest.Run(t, func(t *testing.T) countlimit.Store {
+		mu.Lock()
+		defer mu.Unlock()
+		made[t]++
+		return redisstore.New(clients[made[t]%2])
 	})
 }
 
