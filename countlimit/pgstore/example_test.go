@@ -4,16 +4,22 @@ import (
 	"context"
 	"fmt"
 	"log"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/pgstore"
+	"github.com/countlimit/countlimit/countlimit/pgstore/pgstoretest"
+	"github.com/countlimit/countlimit/internal/testenv"
 )
 
 // A Store on a pool: concurrent checks share commits (group commit). Size
-// the pool for your concurrency with pool_max_conns in the URL.
+// the pool for your concurrency with pool_max_conns in the URL. (This
+// example needs a database at that URL, so it is compiled, not run;
+// ExampleNew runs.)
 func Example() {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, "postgres://app@db/app?pool_max_conns=16")
@@ -63,4 +69,41 @@ func Example_transaction() {
 	if err := tx.Commit(ctx); err != nil {
 		log.Fatal(err)
 	}
+}
+
+// Eight password changes at once for one user, through group commit, on a
+// schema of its own (pgstoretest; in your code, the pool of the Example
+// above): exactly the day's three are allowed, and the day ends at
+// midnight in Shanghai.
+func ExampleNew() {
+	t := testenv.ExampleTB() // in a test of yours: its *testing.T
+	ctx := context.Background()
+	shanghai, err := time.LoadLocation("Asia/Shanghai")
+	if err != nil {
+		log.Fatal(err)
+	}
+	now := func() time.Time { return time.Date(2026, 5, 11, 21, 0, 0, 0, shanghai) }
+	limiter := countlimit.New(pgstore.New(pgstoretest.Pool(t)), countlimit.WithClock(now))
+	rule := countlimit.Rule{UseType: "password.change", Limit: 3, Window: countlimit.Calendar(countlimit.Day, shanghai)}
+
+	var allowed atomic.Int32
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			res, err := limiter.Allow(ctx, rule, "user-42")
+			if err != nil {
+				log.Fatal(err)
+			}
+			if res.Allowed {
+				allowed.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	res, err := limiter.Peek(ctx, rule, "user-42")
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("allowed:", allowed.Load(), "used:", res.Used, "next at:", res.ResetAt.In(shanghai).Format(time.DateTime))
+	// Output: allowed: 3 used: 3 next at: 2026-05-12 00:00:00
 }

@@ -18,9 +18,12 @@ import (
 	"github.com/countlimit/countlimit/countlimit/pgstore"
 	"github.com/countlimit/countlimit/countlimit/storetest"
 	"github.com/countlimit/countlimit/internal/testbackend"
+	"github.com/countlimit/countlimit/internal/testenv"
 )
 
-func TestMain(m *testing.M) { testbackend.Main(m) }
+// ExampleNew needs PostgreSQL: where there is none (and none is required)
+// the examples are left out, as the tests skip.
+func TestMain(m *testing.M) { testenv.MainNeeding(m, "PostgreSQL", testenv.FindPostgres) }
 
 func TestConformance(t *testing.T) {
 	pools := []*pgxpool.Pool{testbackend.Postgres(t), testbackend.PostgresPool(t)}

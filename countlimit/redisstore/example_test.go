@@ -10,10 +10,14 @@ import (
 
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/redisstore"
+	"github.com/countlimit/countlimit/countlimit/redisstore/redisstoretest"
+	"github.com/countlimit/countlimit/internal/testenv"
 )
 
 // A Store on a go-redis client; a *redis.ClusterClient works the same way.
-// ContextTimeoutEnabled makes the client honour context deadlines.
+// ContextTimeoutEnabled makes the client honour context deadlines. (This
+// example needs Redis at that address, so it is compiled, not run;
+// ExampleNew runs.)
 func Example() {
 	client := redis.NewClient(&redis.Options{Addr: "localhost:6379", ContextTimeoutEnabled: true})
 	defer client.Close() // a Store has no Close of its own
@@ -25,4 +29,30 @@ func Example() {
 		log.Fatal(err) // ErrUnavailable: Redis failed or did not answer in time
 	}
 	fmt.Println(res.Allowed, res.Remaining)
+}
+
+// SMS codes for one phone, 2 per 5 minutes (a sliding window), on a
+// database of its own (redisstoretest; in your code, the client of the
+// Example above): the third is denied until the first is 5 minutes old.
+func ExampleNew() {
+	t := testenv.ExampleTB() // in a test of yours: its *testing.T
+	ctx := context.Background()
+	at := time.Date(2026, 5, 11, 9, 0, 0, 0, time.UTC)
+	now := func() time.Time { return at }
+	limiter := countlimit.New(redisstore.New(redisstoretest.Client(t)), countlimit.WithClock(now))
+	sms := countlimit.Rule{UseType: "sms.code", Limit: 2, Window: countlimit.Sliding(5 * time.Minute)}
+
+	for _, min := range []int{0, 1, 2, 5} {
+		at = time.Date(2026, 5, 11, 9, min, 0, 0, time.UTC)
+		res, err := limiter.Allow(ctx, sms, "18500000000")
+		if err != nil {
+			log.Fatal(err)
+		}
+		fmt.Printf("09:%02d allowed=%v remaining=%d retry after %v\n", min, res.Allowed, res.Remaining, res.RetryAfter)
+	}
+	// Output:
+	// 09:00 allowed=true remaining=1 retry after 0s
+	// 09:01 allowed=true remaining=0 retry after 0s
+	// 09:02 allowed=false remaining=0 retry after 3m0s
+	// 09:05 allowed=true remaining=0 retry after 0s
 }

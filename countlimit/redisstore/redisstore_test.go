@@ -18,9 +18,12 @@ import (
 	"github.com/countlimit/countlimit/countlimit/storetest"
 	"github.com/countlimit/countlimit/internal/redisurl"
 	"github.com/countlimit/countlimit/internal/testbackend"
+	"github.com/countlimit/countlimit/internal/testenv"
 )
 
-func TestMain(m *testing.M) { testbackend.Main(m) }
+// ExampleNew needs Redis: where there is none (and none is required) the
+// examples are left out, as the tests skip.
+func TestMain(m *testing.M) { testenv.MainNeeding(m, "Redis", testenv.FindRedis) }
 
 // client returns a new client on the test Redis, closed when t ends.
 func client(t testing.TB) *redis.Client {
