@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/countlimit/countlimit/countlimit"
+	"github.com/countlimit/countlimit/internal/ruleops"
 )
 
 // bench runs concurrent Allow calls against a store for a while and reports
@@ -109,7 +110,9 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	b := benchRules{names: []string{"bench"}, rules: []countlimit.Rule{{UseType: "bench", Limit: 1 << 50, Window: countlimit.Fixed(time.Minute)}}}
 	if *ruleName != "" {
-		rs, err := rf.Resolve(*ruleName, *tier)
+		// As allow resolves it: a concurrent rule (slots, not events) is
+		// refused here, before a run whose every call would fail.
+		rs, err := ruleops.Resolve(rf, countlimit.OpAllow, *ruleName, *tier)
 		if err != nil {
 			return fmt.Errorf("bench: %w", err)
 		}

@@ -435,6 +435,7 @@ groups:
 		{[]string{"bench", "--store", "memory", "--ids", "0"}, "--ids must be at least 1"},
 		{[]string{"bench", "--store", "memory", "--rule", "post.create"}, "needs a tier"},
 		{[]string{"bench", "--store", "memory", "--rule", "nope"}, `unknown rule "nope"`},
+		{[]string{"bench", "--store", "memory", "--rule", "export.running"}, "export.running has a concurrent window: it holds slots, not events"},
 		{[]string{"bench", "--store", "memory", "--tier", "gold"}, "--tier goes with --rule"},
 		{[]string{"bench", "--store", "memory", "--json", "--csv"}, "--json and --csv both print to stdout; pick one"},
 		{[]string{"bench", "--store", "memory", "--plot", "bench.png"}, `--plot writes SVG: name a FILE.svg, got "bench.png"`},
