@@ -30,7 +30,15 @@ func TestSupportQueriesUseIndexes(t *testing.T) {
 		FROM generate_series(0, 199999) AS i`); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pool.Exec(ctx, "ANALYZE count_limit"); err != nil {
+	// Two live leases on one row in ten: the view counts them per row.
+	if _, err := pool.Exec(ctx, `
+		INSERT INTO count_limit_lease (use_type, unique_id, lease_token, expires_at, taken_at)
+		SELECT use_type, unique_id, 'tok-' || n, now() + interval '10 minutes', now()
+		FROM count_limit, generate_series(1, 2) AS n
+		WHERE hashtext(unique_id || use_type) % 10 = 0`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, "ANALYZE count_limit, count_limit_lease"); err != nil {
 		t.Fatal(err)
 	}
 	for _, q := range []struct{ name, sql string }{
@@ -46,19 +54,18 @@ func TestSupportQueriesUseIndexes(t *testing.T) {
 		if err := json.Unmarshal(raw, &plan); err != nil || len(plan) != 1 {
 			t.Fatalf("%s: EXPLAIN gave %s: %v", q.name, raw, err)
 		}
-		var seq, index bool
+		var seq []string
+		var index bool
 		plan[0].Plan.walk(func(n *planNode) {
-			if n.Relation == "count_limit" {
-				switch n.Type {
-				case "Seq Scan":
-					seq = true
-				case "Index Scan", "Index Only Scan", "Bitmap Heap Scan":
-					index = true
-				}
+			switch n.Type {
+			case "Seq Scan":
+				seq = append(seq, n.Relation)
+			case "Index Scan", "Index Only Scan", "Bitmap Heap Scan":
+				index = index || n.Relation == "count_limit"
 			}
 		})
-		if seq || !index {
-			t.Errorf("%s: the plan scans count_limit without an index:\n%s", q.name, raw)
+		if len(seq) > 0 || !index {
+			t.Errorf("%s: the plan scans %v without an index (want an index scan of count_limit, no Seq Scan):\n%s", q.name, seq, raw)
 		}
 	}
 }
