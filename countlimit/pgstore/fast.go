@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"slices"
 	"strings"
 	"time"
@@ -251,6 +252,20 @@ func firstKey(r *countlimit.Request) key {
 		}
 	}
 	return k
+}
+
+// rowSeed keys rowHash.
+var rowSeed = maphash.MakeSeed()
+
+// rowHash is the hash of the row a group-committed call (one rule) locks,
+// for the batcher, which never lets two batches in flight share a row.
+func rowHash(r *countlimit.Request) uint64 {
+	var h maphash.Hash
+	h.SetSeed(rowSeed)
+	h.WriteString(r.ID)
+	h.WriteByte(0)
+	h.WriteString(string(r.Checks[0].UseType))
+	return h.Sum64()
 }
 
 func compareKeys(a, b key) int {

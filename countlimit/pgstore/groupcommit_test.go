@@ -166,7 +166,8 @@ func goAllow(ctx context.Context, l *countlimit.Limiter, rule countlimit.Rule, i
 // and that none of its counts was committed.
 func TestFailedBatchCommitsNothing(t *testing.T) {
 	admin := testbackend.Postgres(t)
-	s := pgstore.New(testbackend.PostgresPool(t))
+	// One batch in flight, so that the calls below queue behind the first.
+	s := pgstore.New(testbackend.PostgresPool(t), pgstore.WithMaxInFlight(1))
 	l := countlimit.New(s)
 	rule := countlimit.Rule{UseType: storetest.UseType(t, "killed"), Limit: 100, Window: countlimit.Fixed(time.Hour)}
 	ctx := context.Background()
@@ -213,7 +214,8 @@ func TestFailedBatchCommitsNothing(t *testing.T) {
 // group commit: it is never sent, and nothing is counted.
 func TestCancelledWaiterLeavesNoCount(t *testing.T) {
 	admin := testbackend.Postgres(t)
-	s := pgstore.New(testbackend.PostgresPool(t))
+	// One batch in flight, so that the call below queues behind the first.
+	s := pgstore.New(testbackend.PostgresPool(t), pgstore.WithMaxInFlight(1))
 	l := countlimit.New(s)
 	rule := countlimit.Rule{UseType: storetest.UseType(t, "cancelled"), Limit: 100, Window: countlimit.Fixed(time.Hour)}
 	ctx := context.Background()
@@ -429,5 +431,42 @@ func TestBatchLeavesRowCreatedMeanwhile(t *testing.T) {
 				t.Errorf("the call sent again: %+v, %v; want Used 6", again[0].Checks[0].State, err)
 			}
 		})
+	}
+}
+
+// TestSecondBatchNeverSharesARow: with two batches in flight (the
+// default), a call for a row that a batch in flight holds waits for it,
+// while a call for another row goes beside it at once.
+func TestSecondBatchNeverSharesARow(t *testing.T) {
+	admin := testbackend.Postgres(t)
+	s := pgstore.New(testbackend.PostgresPool(t))
+	l := countlimit.New(s)
+	rule := countlimit.Rule{UseType: storetest.UseType(t, "beside"), Limit: 100, Window: countlimit.Fixed(time.Hour)}
+	ctx := context.Background()
+	if _, err := l.Allow(ctx, rule, "z"); err != nil {
+		t.Fatal(err)
+	}
+	b := lockRows(t, admin, rule.UseType, "z")
+	first := goAllow(ctx, l, rule, "z")
+	b.waiter(t, admin)
+	second := goAllow(ctx, l, rule, "z") // its row is in flight: it waits
+	waitQueued(t, s, 1)
+	select {
+	case o := <-goAllow(ctx, l, rule, "y"):
+		if o.err != nil || o.res.Used != 1 {
+			t.Fatalf("a call for another row, beside the stalled batch: %+v, %v", o.res, o.err)
+		}
+	case <-time.After(10 * time.Second):
+		b.release(t)
+		t.Fatal("a call for another row waits behind the stalled batch")
+	}
+	if n := s.QueuedForTest(); n != 1 {
+		t.Errorf("%d calls wait, want the second z", n)
+	}
+	b.release(t)
+	for i, ch := range []<-chan outcome{first, second} {
+		if o := <-ch; o.err != nil || o.res.Used != int64(i+2) {
+			t.Errorf("z call %d: %+v, %v; want Used %d, in arrival order", i+1, o.res, o.err, i+2)
+		}
 	}
 }

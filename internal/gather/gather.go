@@ -60,6 +60,7 @@ type Call struct {
 	batch    *flight
 	retry    bool
 	attempts int
+	key      uint64 // with Keyed: its key's hash
 }
 
 // Retry asks for the call to be sent again in a later batch, for a call that
@@ -102,6 +103,12 @@ type Batcher struct {
 
 	alone bool // see SendAlone
 
+	// With Keyed: the hash of a call's key, how many calls of each key
+	// are in flight, and how many calls in all.
+	key          func(*countlimit.Request) uint64
+	inFlightKeys map[uint64]int
+	sentCalls    int
+
 	// Hooks for tests (export_test.go), nil otherwise: afterLeave runs in
 	// stopWaiting when its call was not in the queue, before it tries to
 	// abandon the call; afterRequeue runs in flushOne once at least one
@@ -128,6 +135,67 @@ func New(send Send, maxSize, maxInFlight int) *Batcher {
 // ever. Call SendAlone before the first Do.
 func (b *Batcher) SendAlone() { b.alone = true }
 
+// Keyed shapes the batches of a Batcher with more than one flight slot
+// for a store whose batches lock what they touch (PostgreSQL's rows):
+//
+//   - Batches in flight at the same time never share a key (key returns a
+//     hash of a call's key). A call whose key is in a batch in flight waits
+//     for a batch that leaves after that one is done, instead of leaving
+//     in a batch that would only wait behind the other's locks. Calls of
+//     one key still go in arrival order. A hash collision only makes a
+//     call wait.
+//   - A batch leaves beside others in flight only when it carries at least
+//     as many calls as they do on average; fewer wait, and leave when a
+//     slot is done. A second slot then pays its batch's fixed cost only
+//     for a batch as big as the one it overlaps, instead of splitting the
+//     callers into ever smaller batches.
+//
+// With nothing in flight a call still leaves at once. Call Keyed before
+// the first Do.
+func (b *Batcher) Keyed(key func(*countlimit.Request) uint64) {
+	b.key, b.inFlightKeys = key, map[uint64]int{}
+}
+
+// keyBusy reports whether a call of c's key is in flight; b.mu is held.
+func (b *Batcher) keyBusy(c *Call) bool {
+	return b.key != nil && b.inFlightKeys[c.key] > 0
+}
+
+// minBeside is the fewest calls a batch may carry beside others batches
+// in flight (see Keyed); b.mu is held.
+func (b *Batcher) minBeside(others int) int {
+	return max(1, b.sentCalls/max(1, others))
+}
+
+// take marks calls in flight; b.mu is held.
+func (b *Batcher) take(calls []*Call) {
+	if b.key == nil {
+		return
+	}
+	for _, c := range calls {
+		b.inFlightKeys[c.key]++
+	}
+	b.sentCalls += len(calls)
+}
+
+// landed marks calls no longer in flight; b.mu is held.
+func (b *Batcher) landed(calls []*Call) {
+	if b.key == nil {
+		return
+	}
+	for _, c := range calls {
+		if c == nil {
+			continue
+		}
+		b.sentCalls--
+		if n := b.inFlightKeys[c.key]; n > 1 {
+			b.inFlightKeys[c.key] = n - 1
+		} else {
+			delete(b.inFlightKeys, c.key)
+		}
+	}
+}
+
 var callPool = sync.Pool{New: func() any { return &Call{ready: make(chan struct{}, 1)} }}
 
 // ErrLeft is wrapped in the error of a call whose context ended while it
@@ -144,10 +212,18 @@ func (b *Batcher) Do(ctx context.Context, req *countlimit.Request) error {
 	c.Req = *req
 	c.Req.Checks = append(c.checks[:0], req.Checks...)
 	c.Err, c.ctx, c.batch, c.retry, c.attempts = nil, ctx, nil, false, 0
+	if b.key != nil {
+		c.key = b.key(req)
+	}
 	c.state.Store(queued)
 
 	b.mu.Lock()
-	lead := b.inFlight < b.maxInFlight
+	lead := b.inFlight == 0
+	if !lead && b.inFlight < b.maxInFlight {
+		// A batch beside those in flight: with Keyed, only for a call of a
+		// key not in flight and a queue that would fill it (see Keyed).
+		lead = b.key == nil || !b.keyBusy(c) && len(b.queue)+1 >= b.minBeside(b.inFlight)
+	}
 	if lead {
 		b.inFlight++
 		if b.alone && len(b.queue) == 0 {
@@ -159,6 +235,8 @@ func (b *Batcher) Do(ctx context.Context, req *countlimit.Request) error {
 				return fmt.Errorf("%w: %w", ErrLeft, err)
 			}
 			c.state.Store(sent)
+			c.self[0] = c
+			b.take(c.self[:])
 			b.mu.Unlock()
 			return b.sendAlone(ctx, c, req)
 		}
@@ -223,7 +301,6 @@ func (b *Batcher) stopWaiting(ctx context.Context, c *Call) error {
 // sendAlone sends c, a batch of one, on its caller's goroutine (see
 // SendAlone), then passes its slot on.
 func (b *Batcher) sendAlone(ctx context.Context, c *Call, req *countlimit.Request) error {
-	c.self[0] = c
 	for {
 		b.send(ctx, c.self[:])
 		if !c.retry || c.Err != nil {
@@ -241,6 +318,7 @@ func (b *Batcher) sendAlone(ctx context.Context, c *Call, req *countlimit.Reques
 		}
 	}
 	b.mu.Lock()
+	b.landed(c.self[:])
 	next := len(b.queue) > 0
 	if !next {
 		b.inFlight--
@@ -294,15 +372,14 @@ func (b *Batcher) flush() {
 // the slot back.
 func (b *Batcher) flushOne() bool {
 	b.mu.Lock()
-	n := min(len(b.queue), b.maxSize)
-	if n == 0 {
+	calls := b.next()
+	if len(calls) == 0 {
 		b.inFlight--
 		b.mu.Unlock()
 		return false
 	}
-	calls := make([]*Call, n)
-	copy(calls, b.queue)
-	b.queue = append(b.queue[:0], b.queue[n:]...)
+	n := len(calls)
+	b.take(calls)
 	ctx, cancel := context.WithCancel(context.WithoutCancel(calls[0].ctx))
 	f := &flight{cancel: cancel}
 	f.live.Store(int32(n))
@@ -330,6 +407,8 @@ func (b *Batcher) flushOne() bool {
 	}
 
 	b.mu.Lock()
+	b.landed(calls) // the calls sent again are nil here
+	b.landed(again)
 	requeued := 0
 	if len(again) > 0 {
 		// First in the queue, ahead of calls that came later. A caller that
@@ -357,6 +436,42 @@ func (b *Batcher) flushOne() bool {
 		wake(calls)
 	}
 	return next
+}
+
+// next takes the next batch out of the queue; b.mu is held, and the caller
+// holds a flight slot. Without Keyed it is the first maxSize calls. With
+// Keyed and other batches in flight, it is the first maxSize calls whose
+// keys are not in flight, and none when they are fewer than minBeside:
+// they wait for a batch in flight to be done, and its slot sends them.
+func (b *Batcher) next() []*Call {
+	if b.key == nil || b.inFlight == 1 {
+		n := min(len(b.queue), b.maxSize)
+		calls := make([]*Call, n)
+		copy(calls, b.queue)
+		b.queue = append(b.queue[:0], b.queue[n:]...)
+		return calls
+	}
+	free := 0
+	for _, c := range b.queue {
+		if !b.keyBusy(c) {
+			free++
+		}
+	}
+	if free < b.minBeside(b.inFlight-1) {
+		return nil
+	}
+	calls := make([]*Call, 0, min(free, b.maxSize))
+	rest := b.queue[:0]
+	for _, c := range b.queue {
+		if len(calls) < b.maxSize && !b.keyBusy(c) {
+			calls = append(calls, c)
+		} else {
+			rest = append(rest, c)
+		}
+	}
+	clear(b.queue[len(rest):])
+	b.queue = rest
+	return calls
 }
 
 // wake tells the callers of a batch that it is done. Calls sent again are

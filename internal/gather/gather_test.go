@@ -484,3 +484,207 @@ func TestCallerLeavesWhileItsCallIsRetried(t *testing.T) {
 		t.Errorf("the call was sent %d times; want once: its caller took it out of the queue", n)
 	}
 }
+
+// held is a Send that holds each batch until the test releases it: it
+// reports each batch's ids on started, and the batch returns when its
+// release channel (handed over with the ids) is closed.
+type held struct {
+	started chan heldBatch
+}
+
+type heldBatch struct {
+	ids     []string
+	release chan struct{}
+}
+
+func (h *held) send(_ context.Context, calls []*gather.Call) {
+	hb := heldBatch{release: make(chan struct{})}
+	for _, c := range calls {
+		hb.ids = append(hb.ids, c.Req.ID)
+	}
+	h.started <- hb
+	<-hb.release
+	for _, c := range calls {
+		c.Req.Checks[0].State.Allowed = true
+	}
+}
+
+// next waits for the next batch to start.
+func (h *held) next(t *testing.T) heldBatch {
+	t.Helper()
+	select {
+	case hb := <-h.started:
+		return hb
+	case <-time.After(10 * time.Second):
+		t.Fatal("no batch started")
+		return heldBatch{}
+	}
+}
+
+// none checks that no batch starts for a while.
+func (h *held) none(t *testing.T) {
+	t.Helper()
+	select {
+	case hb := <-h.started:
+		t.Fatalf("batch %v started, want none", hb.ids)
+	case <-time.After(20 * time.Millisecond):
+	}
+}
+
+// byID keys a call by its id, as pgstore keys one by its row.
+func byID(r *countlimit.Request) uint64 {
+	var h uint64 = 14695981039346656037
+	for i := 0; i < len(r.ID); i++ {
+		h = (h ^ uint64(r.ID[i])) * 1099511628211
+	}
+	return h
+}
+
+// TestKeyedCallWaitsForItsKey: with Keyed, a call whose key is in flight
+// waits for that batch, while a call of another key leaves beside it.
+func TestKeyedCallWaitsForItsKey(t *testing.T) {
+	h := &held{started: make(chan heldBatch, 10)}
+	b := gather.New(h.send, 10, 2)
+	b.Keyed(byID)
+	var wg sync.WaitGroup
+	do := func(id string) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := b.Do(context.Background(), req(id)); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	do("x")
+	first := h.next(t)
+	do("x") // its key is in flight: it waits, though a slot is free
+	waitQueued(t, b, 1)
+	h.none(t)
+	do("y") // another key: it leaves in the free slot
+	second := h.next(t)
+	if fmt.Sprint(first.ids, second.ids) != "[x] [y]" {
+		t.Fatalf("batches %v %v, want [x] [y]", first.ids, second.ids)
+	}
+	close(second.release)
+	h.none(t) // the second x still waits for the first
+	close(first.release)
+	third := h.next(t)
+	if fmt.Sprint(third.ids) != "[x]" {
+		t.Errorf("third batch %v, want [x]", third.ids)
+	}
+	close(third.release)
+	wg.Wait()
+}
+
+// TestKeyedBatchBesideIsAsBigAsTheOneInFlight: with Keyed, a batch leaves
+// beside one in flight only once it would carry as many calls.
+func TestKeyedBatchBesideIsAsBigAsTheOneInFlight(t *testing.T) {
+	h := &held{started: make(chan heldBatch, 10)}
+	b := gather.New(h.send, 100, 2)
+	b.Keyed(byID)
+	var wg sync.WaitGroup
+	do := func(id string) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := b.Do(context.Background(), req(id)); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	// A batch of 8 in flight: z goes alone, k0 beside it (1 as big as 1),
+	// then k1..k8 queue and leave in z's slot when it is done.
+	do("z")
+	z := h.next(t)
+	do("k0")
+	k0 := h.next(t)
+	for i := 1; i <= 8; i++ {
+		do(fmt.Sprint("k", i))
+	}
+	waitQueued(t, b, 8)
+	close(z.release)
+	eight := h.next(t)
+	close(k0.release)
+	if len(eight.ids) != 8 {
+		t.Fatalf("batch %v, want k1..k8", eight.ids)
+	}
+	// Seven calls are fewer than the 8 in flight: they wait.
+	for i := 1; i <= 7; i++ {
+		do(fmt.Sprint("m", i))
+	}
+	waitQueued(t, b, 7)
+	h.none(t)
+	do("m8") // eight: as big as the batch in flight, it leaves beside it
+	beside := h.next(t)
+	if len(beside.ids) != 8 {
+		t.Errorf("batch beside %v, want m1..m8", beside.ids)
+	}
+	close(beside.release)
+	close(eight.release)
+	wg.Wait()
+}
+
+// TestKeyedManyCallers: 64 goroutines over 8 keys, 3 slots: no two batches
+// in flight ever share a key, calls of one key are sent in the order their
+// callers made them, and every call is answered.
+func TestKeyedManyCallers(t *testing.T) {
+	var mu sync.Mutex
+	busy := map[string]bool{}
+	last := map[string]int{} // per caller: the last sequence number sent
+	send := func(_ context.Context, calls []*gather.Call) {
+		mu.Lock()
+		keys := map[string]bool{}
+		for _, c := range calls {
+			key, _, _ := strings.Cut(c.Req.ID, "/")
+			if busy[key] {
+				t.Errorf("key %s is in two batches in flight", key)
+			}
+			keys[key] = true
+			caller, seq, _ := strings.Cut(c.Req.ID, "#")
+			n := 0
+			fmt.Sscan(seq, &n)
+			if n <= last[caller] && last[caller] != 0 {
+				t.Errorf("%s sent after call %d of its caller", c.Req.ID, last[caller])
+			}
+			last[caller] = n
+		}
+		for k := range keys {
+			busy[k] = true
+		}
+		mu.Unlock()
+		time.Sleep(time.Duration(len(calls)) * 10 * time.Microsecond)
+		mu.Lock()
+		for k := range keys {
+			busy[k] = false
+		}
+		mu.Unlock()
+		for _, c := range calls {
+			c.Req.Checks[0].State.Used = int64(len(c.Req.ID))
+		}
+	}
+	b := gather.New(send, 16, 3)
+	b.SendAlone()
+	b.Keyed(func(r *countlimit.Request) uint64 {
+		key, _, _ := strings.Cut(r.ID, "/")
+		return byID(&countlimit.Request{ID: key})
+	})
+	var wg sync.WaitGroup
+	for w := range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 1; i <= 100; i++ {
+				r := req(fmt.Sprintf("k%d/w%d#%d", w%8, w, i))
+				if err := b.Do(context.Background(), r); err != nil || r.Checks[0].State.Used != int64(len(r.ID)) {
+					t.Errorf("%s: %v, state %+v", r.ID, err, r.Checks[0].State)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if b.Queued() != 0 {
+		t.Errorf("%d calls left in the queue", b.Queued())
+	}
+}
