@@ -25,9 +25,11 @@
 //
 // A Store on a *pgxpool.Pool gathers concurrent Allow, AllowN and
 // CheckLimit calls of a rule whose window is not sliding into batches, with
-// no timers: a call that finds a free slot (see WithMaxInFlight) goes at
-// once, with any calls that are waiting; calls that arrive while every slot
-// is busy leave together in the next batch. A batch is one statement, one
+// no timers: a call that finds no batch in flight goes at once, with any
+// calls that are waiting; calls that arrive while batches are in flight
+// leave together in the next batch. A second batch (see WithMaxInFlight)
+// leaves beside the first only when it shares no row with it and carries
+// as many calls. A batch is one statement, one
 // transaction and one commit, so one WAL flush serves many calls; if it
 // fails, every call in it gets countlimit.ErrUnavailable and nothing of it
 // is committed. Calls for the same id and use type in one batch are decided
