@@ -3,13 +3,15 @@
 // than the allowed number of batches in flight is sent at once, with whatever
 // calls are waiting; calls that arrive while every slot is busy wait and
 // leave together in the next batch. So an idle store adds no latency, and a
-// busy one sends fewer, bigger batches.
+// busy one sends fewer, bigger batches. A Keyed Batcher (PostgreSQL's) sends
+// a batch beside others in flight only when it shares no key with them and
+// is as big as they are; with none in flight, a call still goes at once.
 //
 // A call whose context ends while it waits in the queue leaves it and is
 // not sent: never, or not again when a batch left it undone and put it back
-// to be sent again (Retry). A call whose context ends after its batch was sent stops waiting and
-// gets the context's error; the batch goes on for the others, and is
-// cancelled only when every call in it has stopped waiting.
+// to be sent again (Retry). A call whose context ends after its batch was
+// sent stops waiting and gets the context's error; the batch goes on for the
+// others, and is cancelled only when every call in it has stopped waiting.
 //
 // A batch is sent from a goroutine of the Batcher's, so that its callers can
 // stop waiting at any time. A Batcher set to SendAlone sends a call that
