@@ -27,16 +27,9 @@ func TestMain(m *testing.M) { testenv.MainNeeding(m, "PostgreSQL", testenv.FindP
 
 func TestConformance(t *testing.T) {
 	pools := []*pgxpool.Pool{testbackend.Postgres(t), testbackend.PostgresPool(t)}
-	// Alternate between two pools, per subtest (they run in parallel):
-	// two clients on the same counters.
-	var mu sync.Mutex
-	made := map[*testing.T]int{}
-	storetest.Run(t, func(t *testing.T) countlimit.Store {
-		mu.Lock()
-		defer mu.Unlock()
-		made[t]++
-		return pgstore.New(pools[made[t]%2])
-	})
+	// Two pools, per subtest: two clients on the same counters.
+	next := testbackend.Alternate(pools...)
+	storetest.Run(t, func(t *testing.T) countlimit.Store { return pgstore.New(next(t)) })
 }
 
 // counter is a pgx QueryTracer that counts statements sent and keeps the

@@ -43,16 +43,9 @@ func client(t testing.TB) *redis.Client {
 
 func TestConformance(t *testing.T) {
 	clients := []*redis.Client{client(t), client(t)}
-	// Alternate between two clients (two connection pools) on one server,
-	// per subtest (they run in parallel).
-	var mu sync.Mutex
-	made := map[*testing.T]int{}
-	storetest.Run(t, func(t *testing.T) countlimit.Store {
-		mu.Lock()
-		defer mu.Unlock()
-		made[t]++
-		return redisstore.New(clients[made[t]%2])
-	})
+	// Two clients (two connection pools) on one server, per subtest.
+	next := testbackend.Alternate(clients...)
+	storetest.Run(t, func(t *testing.T) countlimit.Store { return redisstore.New(next(t)) })
 }
 
 func TestKeysAreEscapedAndShareTheIDsSlot(t *testing.T) {

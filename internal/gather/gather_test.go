@@ -540,14 +540,14 @@ func byID(r *countlimit.Request) uint64 {
 	return h
 }
 
-// TestKeyedCallWaitsForItsKey: with Keyed, a call whose key is in flight
-// waits for that batch, while a call of another key leaves beside it.
-func TestKeyedCallWaitsForItsKey(t *testing.T) {
-	h := &held{started: make(chan heldBatch, 10)}
-	b := gather.New(h.send, 10, 2)
+// keyed returns a Keyed Batcher with 2 slots over a held Send, and do,
+// which makes a call on a goroutine of its own; wg waits for those.
+func keyed(t *testing.T, maxSize int) (h *held, b *gather.Batcher, do func(id string), wg *sync.WaitGroup) {
+	h = &held{started: make(chan heldBatch, 10)}
+	b = gather.New(h.send, maxSize, 2)
 	b.Keyed(byID)
-	var wg sync.WaitGroup
-	do := func(id string) {
+	wg = &sync.WaitGroup{}
+	do = func(id string) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -556,6 +556,13 @@ func TestKeyedCallWaitsForItsKey(t *testing.T) {
 			}
 		}()
 	}
+	return h, b, do, wg
+}
+
+// TestKeyedCallWaitsForItsKey: with Keyed, a call whose key is in flight
+// waits for that batch, while a call of another key leaves beside it.
+func TestKeyedCallWaitsForItsKey(t *testing.T) {
+	h, b, do, wg := keyed(t, 10)
 	do("x")
 	first := h.next(t)
 	do("x") // its key is in flight: it waits, though a slot is free
@@ -580,19 +587,7 @@ func TestKeyedCallWaitsForItsKey(t *testing.T) {
 // TestKeyedBatchBesideIsAsBigAsTheOneInFlight: with Keyed, a batch leaves
 // beside one in flight only once it would carry as many calls.
 func TestKeyedBatchBesideIsAsBigAsTheOneInFlight(t *testing.T) {
-	h := &held{started: make(chan heldBatch, 10)}
-	b := gather.New(h.send, 100, 2)
-	b.Keyed(byID)
-	var wg sync.WaitGroup
-	do := func(id string) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := b.Do(context.Background(), req(id)); err != nil {
-				t.Error(err)
-			}
-		}()
-	}
+	h, b, do, wg := keyed(t, 100)
 	// A batch of 8 in flight: z goes alone, k0 beside it (1 as big as 1),
 	// then k1..k8 queue and leave in z's slot when it is done.
 	do("z")

@@ -164,3 +164,18 @@ func poolAtExit(ctx context.Context, url, schema string) (*pgxpool.Pool, error) 
 	atExit(p.Close)
 	return p, nil
 }
+
+// Alternate returns a function that gives each test the items of xs in
+// turn, starting from the second: two calls in one test get two different
+// items (storetest's two clients on the same counters), whatever other
+// tests running in parallel take. It is safe for concurrent use.
+func Alternate[T any](xs ...T) func(*testing.T) T {
+	var mu sync.Mutex
+	calls := map[*testing.T]int{}
+	return func(t *testing.T) T {
+		mu.Lock()
+		defer mu.Unlock()
+		calls[t]++
+		return xs[calls[t]%len(xs)]
+	}
+}
