@@ -116,8 +116,10 @@ const MinLeaseKeyLen = 16
 //
 // Limiters that release or extend each other's leases (processes of one
 // service, the CLI beside it) must share the key; keep it secret, like a
-// session-signing key. key must be at least [MinLeaseKeyLen] bytes: New
-// panics otherwise. The key is copied.
+// session-signing key. Setting, changing or removing the key makes the
+// lease strings already handed out unreadable: their slots free themselves
+// ttl after they were taken or last extended. key must be at least
+// [MinLeaseKeyLen] bytes: WithLeaseKey panics otherwise. The key is copied.
 func WithLeaseKey(key []byte) Option {
 	if len(key) < MinLeaseKeyLen {
 		panic(fmt.Sprintf("countlimit: WithLeaseKey: the key is %d bytes, want at least %d", len(key), MinLeaseKeyLen))
@@ -167,7 +169,11 @@ func (l *Limiter) ParseLease(s string) (Lease, error) {
 	}
 	parts := strings.Split(s, ".")
 	if len(parts) != 6 || parts[0] != leaseVersion && parts[0] != signedVersion {
-		return bad("is not a lease string (want %s.<use type>.<id>.<ttl>.<token>.<check>)", leaseVersion)
+		want := leaseVersion
+		if l.leaseKey != nil {
+			want = signedVersion
+		}
+		return bad("is not a lease string (want %s.<use type>.<id>.<ttl>.<token>.<check>)", want)
 	}
 	switch signed := parts[0] == signedVersion; {
 	case signed && l.leaseKey == nil:

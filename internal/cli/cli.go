@@ -174,7 +174,9 @@ func storeFlag(fs *flag.FlagSet, fallback, want string) func() (string, error) {
 // reads the lease key it names, else $COUNTLIMIT_LEASE_KEY, as Limiter
 // options: WithLeaseKey, or none when neither is set. The service and the
 // CLI's acquire, release and extend must share the key to take each
-// other's leases.
+// other's leases. Both sources lose one trailing newline (\n or \r\n) and
+// nothing else, so a file and a variable holding the same line give the
+// same key, and a binary key file keeps its bytes.
 func leaseKeyFlag(fs *flag.FlagSet) func() ([]countlimit.Option, error) {
 	file := fs.String("lease-key-file", "", "`FILE` holding the key that signs lease strings, at least 16 bytes (beats $COUNTLIMIT_LEASE_KEY)")
 	return func() ([]countlimit.Option, error) {
@@ -184,11 +186,12 @@ func leaseKeyFlag(fs *flag.FlagSet) func() ([]countlimit.Option, error) {
 			if err != nil {
 				return nil, fmt.Errorf("%s: --lease-key-file: %w", fs.Name(), err)
 			}
-			key, from = strings.TrimSpace(string(b)), "--lease-key-file "+*file
+			key, from = string(b), "--lease-key-file "+*file
 			if key == "" {
 				return nil, fmt.Errorf("%s: %s is empty", fs.Name(), from)
 			}
 		}
+		key = strings.TrimSuffix(strings.TrimSuffix(key, "\n"), "\r")
 		switch {
 		case key == "":
 			return nil, nil

@@ -154,7 +154,8 @@ func TestLeaseKey(t *testing.T) {
 	if code, out, _ := run(t, "peek", "export.running", "u1", "--store", url); !strings.Contains(out, "1 of 3 used") {
 		t.Errorf("after refused releases: exit %d, %q; want the slot still held", code, out)
 	}
-	t.Setenv("COUNTLIMIT_LEASE_KEY", "0123456789abcdef0123456789abcdef") // the file's key, from the environment
+	// The file's key, from the environment: each loses one trailing newline.
+	t.Setenv("COUNTLIMIT_LEASE_KEY", "0123456789abcdef0123456789abcdef\r\n")
 	if code, out, stderr := run(t, "release", lease, "--store", url); code != cli.ExitOK || !strings.Contains(out, "released") {
 		t.Errorf("release with the key: exit %d, stdout %q, stderr %q", code, out, stderr)
 	}

@@ -163,7 +163,7 @@ func (b *Batcher) keyBusy(c *Call) bool {
 	return b.key != nil && b.inFlightKeys[c.key] > 0
 }
 
-// minBeside is the fewest calls a batch may carry beside others batches
+// minBeside is the fewest calls a batch may carry beside other batches
 // in flight (see Keyed); b.mu is held.
 func (b *Batcher) minBeside(others int) int {
 	return max(1, b.sentCalls/max(1, others))
@@ -303,22 +303,33 @@ func (b *Batcher) stopWaiting(ctx context.Context, c *Call) error {
 // sendAlone sends c, a batch of one, on its caller's goroutine (see
 // SendAlone), then passes its slot on.
 func (b *Batcher) sendAlone(ctx context.Context, c *Call, req *countlimit.Request) error {
-	for {
-		b.send(ctx, c.self[:])
-		if !c.retry || c.Err != nil {
-			break
+	func() {
+		// Deferred, so that a Send that panics on this caller's goroutine
+		// (which may recover) leaves neither its slot nor its key taken.
+		defer b.aloneDone(c)
+		for {
+			b.send(ctx, c.self[:])
+			if !c.retry || c.Err != nil {
+				return
+			}
+			c.retry = false
+			c.attempts++
+			if c.attempts >= maxAttempts {
+				c.Err = fmt.Errorf("not done after %d attempts", c.attempts)
+				return
+			}
+			if err := ctx.Err(); err != nil {
+				c.Err = fmt.Errorf("%w: %w", ErrLeft, err) // undone, as one that left the queue
+				return
+			}
 		}
-		c.retry = false
-		c.attempts++
-		if c.attempts >= maxAttempts {
-			c.Err = fmt.Errorf("not done after %d attempts", c.attempts)
-			break
-		}
-		if err := ctx.Err(); err != nil {
-			c.Err = fmt.Errorf("%w: %w", ErrLeft, err) // undone, as one that left the queue
-			break
-		}
-	}
+	}()
+	return c.finish(req)
+}
+
+// aloneDone ends c's sending alone: it lands c and passes the slot on to
+// the calls waiting, or gives it back.
+func (b *Batcher) aloneDone(c *Call) {
 	b.mu.Lock()
 	b.landed(c.self[:])
 	next := len(b.queue) > 0
@@ -329,7 +340,6 @@ func (b *Batcher) sendAlone(ctx context.Context, c *Call, req *countlimit.Reques
 	if next {
 		go b.flush()
 	}
-	return c.finish(req)
 }
 
 // Queued reports how many calls wait for a batch: for metrics and tests.

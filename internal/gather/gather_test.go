@@ -621,8 +621,10 @@ func TestKeyedBatchBesideIsAsBigAsTheOneInFlight(t *testing.T) {
 }
 
 // TestKeyedManyCallers: 64 goroutines over 8 keys, 3 slots: no two batches
-// in flight ever share a key, calls of one key are sent in the order their
-// callers made them, and every call is answered.
+// in flight ever share a key, no call is sent before an earlier call of
+// its caller, and every call is answered. (Arrival order across callers of
+// one key is pinned by TestKeyedCallWaitsForItsKey, and on PostgreSQL by
+// TestSecondBatchNeverSharesARow.)
 func TestKeyedManyCallers(t *testing.T) {
 	var mu sync.Mutex
 	busy := map[string]bool{}
@@ -681,5 +683,39 @@ func TestKeyedManyCallers(t *testing.T) {
 	wg.Wait()
 	if b.Queued() != 0 {
 		t.Errorf("%d calls left in the queue", b.Queued())
+	}
+}
+
+// TestSendAlonePanicFreesItsSlotAndKey: a Send that panics on its caller's
+// goroutine (a call sent alone), recovered by the caller, leaves neither
+// the flight slot nor the call's key taken.
+func TestSendAlonePanicFreesItsSlotAndKey(t *testing.T) {
+	var panics atomic.Bool
+	panics.Store(true)
+	send := func(_ context.Context, calls []*gather.Call) {
+		if panics.Load() {
+			panic("send failed")
+		}
+		for _, c := range calls {
+			c.Req.Checks[0].State.Allowed = true
+		}
+	}
+	b := gather.New(send, 10, 1)
+	b.SendAlone()
+	b.Keyed(byID)
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Fatal("the Send's panic did not reach its caller")
+			}
+		}()
+		b.Do(context.Background(), req("k"))
+	}()
+	panics.Store(false)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	r := req("k")
+	if err := b.Do(ctx, r); err != nil || !r.Checks[0].State.Allowed {
+		t.Errorf("the next call of the key: %v, %+v; want it sent", err, r.Checks[0].State)
 	}
 }
