@@ -37,7 +37,9 @@ func ExampleMiddleware_storeFailures() {
 		}),
 		countlimit.WithFallback(local),
 	)
-	perMinute := countlimit.Rule{UseType: "api", Limit: 2, Window: countlimit.Fixed(time.Minute)}
+	// Rolling: the minute starts at the first call, so a run that crosses a
+	// clock minute still sees all three calls in one window.
+	perMinute := countlimit.Rule{UseType: "api", Limit: 2, Window: countlimit.Rolling(time.Minute)}
 	limit := httplimit.Middleware(limiter, httplimit.ClientIP(), httplimit.Rules(perMinute))
 	h := limit(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {}))
 

@@ -32,7 +32,7 @@ func TestGroupCommitIsExact(t *testing.T) {
 	}
 	defer pool.Close()
 	l := countlimit.New(pgstore.New(pool))
-	rule := countlimit.Rule{UseType: storetest.UseType(t, "exact"), Limit: 100, Window: countlimit.Fixed(time.Hour)}
+	rule := countlimit.Rule{UseType: storetest.UseType(t, "exact"), Limit: 100, Window: countlimit.Rolling(time.Hour)}
 
 	const callers, each = 64, 4
 	var (
@@ -169,7 +169,7 @@ func TestFailedBatchCommitsNothing(t *testing.T) {
 	// One batch in flight, so that the calls below queue behind the first.
 	s := pgstore.New(testbackend.PostgresPool(t), pgstore.WithMaxInFlight(1))
 	l := countlimit.New(s)
-	rule := countlimit.Rule{UseType: storetest.UseType(t, "killed"), Limit: 100, Window: countlimit.Fixed(time.Hour)}
+	rule := countlimit.Rule{UseType: storetest.UseType(t, "killed"), Limit: 100, Window: countlimit.Rolling(time.Hour)}
 	ctx := context.Background()
 	ids := []string{"a", "b", "c", "z1", "z2"}
 	for _, id := range ids {
@@ -217,7 +217,7 @@ func TestCancelledWaiterLeavesNoCount(t *testing.T) {
 	// One batch in flight, so that the call below queues behind the first.
 	s := pgstore.New(testbackend.PostgresPool(t), pgstore.WithMaxInFlight(1))
 	l := countlimit.New(s)
-	rule := countlimit.Rule{UseType: storetest.UseType(t, "cancelled"), Limit: 100, Window: countlimit.Fixed(time.Hour)}
+	rule := countlimit.Rule{UseType: storetest.UseType(t, "cancelled"), Limit: 100, Window: countlimit.Rolling(time.Hour)}
 	ctx := context.Background()
 	if _, err := l.Allow(ctx, rule, "z"); err != nil {
 		t.Fatal(err)
@@ -382,7 +382,7 @@ func TestBatchLeavesRowCreatedMeanwhile(t *testing.T) {
 			t.Parallel()
 			pool := testbackend.PostgresPool(t) // a pool of its own: this test holds 3 connections at once
 			s := pgstore.New(pool)
-			rule := countlimit.Rule{UseType: storetest.UseType(t, "meanwhile"), Limit: 10, Window: countlimit.Fixed(time.Hour)}
+			rule := countlimit.Rule{UseType: storetest.UseType(t, "meanwhile"), Limit: 10, Window: countlimit.Rolling(time.Hour)}
 			ctx := context.Background()
 			if _, err := countlimit.New(s).Allow(ctx, rule, "a"); err != nil {
 				t.Fatal(err)
@@ -441,7 +441,7 @@ func TestSecondBatchNeverSharesARow(t *testing.T) {
 	admin := testbackend.Postgres(t)
 	s := pgstore.New(testbackend.PostgresPool(t))
 	l := countlimit.New(s)
-	rule := countlimit.Rule{UseType: storetest.UseType(t, "beside"), Limit: 100, Window: countlimit.Fixed(time.Hour)}
+	rule := countlimit.Rule{UseType: storetest.UseType(t, "beside"), Limit: 100, Window: countlimit.Rolling(time.Hour)}
 	ctx := context.Background()
 	if _, err := l.Allow(ctx, rule, "z"); err != nil {
 		t.Fatal(err)

@@ -213,7 +213,7 @@ func TestExactThroughTwoClients(t *testing.T) {
 		c.AddHook(h)
 		limiters[i] = countlimit.New(redisstore.New(c))
 	}
-	rule := countlimit.Rule{UseType: storetest.UseType(t, "exact"), Limit: 100, Window: countlimit.Fixed(time.Hour)}
+	rule := countlimit.Rule{UseType: storetest.UseType(t, "exact"), Limit: 100, Window: countlimit.Rolling(time.Hour)}
 	const callers, each = 64, 4
 	var (
 		mu     sync.Mutex
@@ -407,7 +407,7 @@ func testManyIDs(t *testing.T, s countlimit.Store) {
 	t.Helper()
 	l := countlimit.New(s)
 	ctx := context.Background()
-	rule := countlimit.Rule{UseType: storetest.UseType(t, "many"), Limit: 10, Window: countlimit.Fixed(time.Hour)}
+	rule := countlimit.Rule{UseType: storetest.UseType(t, "many"), Limit: 10, Window: countlimit.Rolling(time.Hour)}
 	const ids, callers, each = 32, 64, 8 // 512 calls: 16 per id, 10 allowed
 	var (
 		mu   sync.Mutex
