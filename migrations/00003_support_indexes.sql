@@ -5,10 +5,12 @@
 -- the planner can match to the partial index; its value is unchanged
 -- (NULL blocked_until is false either way). Every column of the view gets
 -- a comment, and the function's comment no longer points at a file.
+-- IF NOT EXISTS: on a large live table a DBA may build the two indexes
+-- CONCURRENTLY by hand first (README, "The PostgreSQL schema").
 
 -- +goose Up
-CREATE INDEX count_limit_unique_id_idx ON count_limit (unique_id);
-CREATE INDEX count_limit_blocked_until_idx ON count_limit (blocked_until) WHERE blocked_until IS NOT NULL;
+CREATE INDEX IF NOT EXISTS count_limit_unique_id_idx ON count_limit (unique_id);
+CREATE INDEX IF NOT EXISTS count_limit_blocked_until_idx ON count_limit (blocked_until) WHERE blocked_until IS NOT NULL;
 
 -- +goose StatementBegin
 CREATE OR REPLACE VIEW count_limit_status AS

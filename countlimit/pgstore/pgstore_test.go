@@ -547,3 +547,34 @@ func TestPurgeBesideLiveTraffic(t *testing.T) {
 		t.Errorf("Purge after the lock is released: %d, %v; want the 1 row it skipped", n, err)
 	}
 }
+
+// TestSupportIndexesMadeByHand: a DBA who built migration 00003's indexes
+// CONCURRENTLY before migrating (README) can still migrate.
+func TestSupportIndexesMadeByHand(t *testing.T) {
+	pool := testbackend.FreshSchema(t)
+	ctx := context.Background()
+	p, closeDB, err := pgstore.NewMigrationProvider(pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeDB()
+	if _, err := p.UpTo(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	for _, sql := range []string{
+		`CREATE INDEX CONCURRENTLY count_limit_unique_id_idx ON count_limit (unique_id)`,
+		`CREATE INDEX CONCURRENTLY count_limit_blocked_until_idx ON count_limit (blocked_until) WHERE blocked_until IS NOT NULL`,
+	} {
+		if _, err := pool.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := pgstore.Migrate(ctx, pool); err != nil {
+		t.Fatalf("Migrate over the indexes made by hand: %v", err)
+	}
+	var n int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_indexes WHERE schemaname = current_schema()
+		AND indexname IN ('count_limit_unique_id_idx', 'count_limit_blocked_until_idx')`).Scan(&n); err != nil || n != 2 {
+		t.Errorf("%d of the two indexes (%v)", n, err)
+	}
+}
