@@ -161,6 +161,20 @@ func goAllow(ctx context.Context, l *countlimit.Limiter, rule countlimit.Rule, i
 	return ch
 }
 
+// stalled counts an event of rule for id z, then sends a call for z that
+// stops in flight on z's row, which admin locks: release b to let it go on.
+func stalled(t *testing.T, admin *pgxpool.Pool, l *countlimit.Limiter, rule countlimit.Rule) (b *blocker, first <-chan outcome) {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := l.Allow(ctx, rule, "z"); err != nil {
+		t.Fatal(err)
+	}
+	b = lockRows(t, admin, rule.UseType, "z")
+	first = goAllow(ctx, l, rule, "z")
+	b.waiter(t, admin)
+	return b, first
+}
+
 // TestFailedBatchCommitsNothing stops a group commit on a row lock, kills
 // its connection, and checks that every caller in it got ErrUnavailable
 // and that none of its counts was committed.
@@ -219,12 +233,7 @@ func TestCancelledWaiterLeavesNoCount(t *testing.T) {
 	l := countlimit.New(s)
 	rule := countlimit.Rule{UseType: storetest.UseType(t, "cancelled"), Limit: 100, Window: countlimit.Rolling(time.Hour)}
 	ctx := context.Background()
-	if _, err := l.Allow(ctx, rule, "z"); err != nil {
-		t.Fatal(err)
-	}
-	b := lockRows(t, admin, rule.UseType, "z")
-	first := goAllow(ctx, l, rule, "z")
-	b.waiter(t, admin)
+	b, first := stalled(t, admin, l, rule)
 
 	cctx, cancel := context.WithCancel(ctx)
 	waiting := goAllow(cctx, l, rule, "w")
@@ -443,12 +452,7 @@ func TestSecondBatchNeverSharesARow(t *testing.T) {
 	l := countlimit.New(s)
 	rule := countlimit.Rule{UseType: storetest.UseType(t, "beside"), Limit: 100, Window: countlimit.Rolling(time.Hour)}
 	ctx := context.Background()
-	if _, err := l.Allow(ctx, rule, "z"); err != nil {
-		t.Fatal(err)
-	}
-	b := lockRows(t, admin, rule.UseType, "z")
-	first := goAllow(ctx, l, rule, "z")
-	b.waiter(t, admin)
+	b, first := stalled(t, admin, l, rule)
 	second := goAllow(ctx, l, rule, "z") // its row is in flight: it waits
 	waitQueued(t, s, 1)
 	select {

@@ -278,7 +278,6 @@ func testLeasesUnderContention(t *testing.T, newStore func(*testing.T) countlimi
 		mu    sync.Mutex
 		held  []interval
 		perG  [64]int
-		first [64]time.Time // when each goroutine's first hold began
 		errs  []error
 		wg    sync.WaitGroup
 		ctx   = context.Background()
@@ -316,9 +315,6 @@ func testLeasesUnderContention(t *testing.T, newStore func(*testing.T) countlimi
 				err = lease.Release(ctx)
 				mu.Lock()
 				held = append(held, interval{from, to})
-				if perG[g] == 0 {
-					first[g] = from
-				}
 				perG[g]++
 				if err != nil {
 					errs = append(errs, err)
@@ -364,20 +360,12 @@ func testLeasesUnderContention(t *testing.T, newStore func(*testing.T) countlimi
 	if most < 2 {
 		t.Errorf("at most %d holder at once over %d holds: the slots were never shared", most, len(held))
 	}
-	late := 0
 	for g, n := range perG {
-		switch {
-		case n == 0:
+		if n == 0 {
 			t.Errorf("goroutine %d never got a slot within the ttl (%d holds in all)", g, len(held))
-		case first[g].After(until):
-			// Not a failure: with no queue, a waiter can lose every race
-			// while the others go on (on a loaded machine PostgreSQL gives
-			// a few hundred holds in the 3 s); it must win within the ttl,
-			// its RetryAfter.
-			late++
 		}
 	}
-	t.Logf("%d holds, at most %d at once; %d of 64 goroutines got their first slot after the 3 s", len(held), most, late)
+	t.Logf("%d holds, at most %d at once", len(held), most)
 	r, err := ls[0].Peek(ctx, rule, "hot")
 	if err != nil || r.Used != 0 {
 		t.Errorf("after every release: %d held (%v), want 0", r.Used, err)

@@ -41,11 +41,11 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	migrate := fs.Bool("migrate", false, "apply the PostgreSQL migrations at start")
 	level := fs.String("log-level", "info", "log `LEVEL`: debug, info, warn or error")
 	tokenFile := fs.String("token-file", "", "`FILE` holding the bearer token the API requires (beats $COUNTLIMIT_TOKEN)")
+	leaseKey := leaseKeyFlag(fs)
 	insecure := fs.Bool("insecure", false, "serve beyond loopback without a token")
 	metricsAddr := fs.String("metrics-addr", "", "serve /metrics on this `ADDR`, with no token, instead of on --addr")
 	storeTimeout := fs.Duration("store-timeout", time.Second, "give up on a store call after this long (503); 0: only the request's 5s bound")
 	breakerFailures := fs.Int("breaker-failures", 5, "open the circuit breaker after `N` store failures in a row; 0: no breaker")
-	leaseKey := leaseKeyFlag(fs)
 	breakerCoolDown := fs.Duration("breaker-cooldown", time.Second, "how long the open breaker answers 503 without calling the store before one probe")
 	if err := parse(fs, args); err != nil {
 		return err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -532,13 +533,9 @@ func (h *held) none(t *testing.T) {
 }
 
 // byID keys a call by its id, as pgstore keys one by its row.
-func byID(r *countlimit.Request) uint64 {
-	var h uint64 = 14695981039346656037
-	for i := 0; i < len(r.ID); i++ {
-		h = (h ^ uint64(r.ID[i])) * 1099511628211
-	}
-	return h
-}
+func byID(r *countlimit.Request) uint64 { return maphash.String(idSeed, r.ID) }
+
+var idSeed = maphash.MakeSeed()
 
 // keyed returns a Keyed Batcher with 2 slots over a held Send, and do,
 // which makes a call on a goroutine of its own; wg waits for those.
