@@ -313,58 +313,64 @@ func (q *Queries) AllowBatchDistinct(ctx context.Context, db DBTX, arg AllowBatc
 
 const allowOne = `-- name: AllowOne :one
 
-WITH y AS (
-    SELECT o.already_count, o.begin_time, o.end_time, o.blocked_until, o.denied_count
-    FROM count_limit o
-    WHERE o.use_type = $1::text AND o.unique_id = $2::text
-    FOR NO KEY UPDATE
+WITH p AS (
+    SELECT $1::text AS use_type, $2::text AS unique_id, $3::bigint AS n, $4::bigint AS lim,
+        $5::timestamptz AS now, $6::timestamptz AS b, $7::timestamptz AS e, $8::timestamptz AS pe
+), a AS (
+    UPDATE count_limit c SET
+        already_count = p.n + CASE WHEN c.begin_time < coalesce(c.end_time, 'infinity') AND coalesce(c.end_time > p.now, true)
+            THEN c.already_count ELSE 0 END,
+        begin_time    = CASE WHEN c.begin_time < coalesce(c.end_time, 'infinity') AND coalesce(c.end_time > p.now, true)
+            THEN c.begin_time ELSE p.b END,
+        end_time      = CASE WHEN c.begin_time < coalesce(c.end_time, 'infinity') AND coalesce(c.end_time > p.now, true)
+            THEN c.end_time ELSE p.e END,
+        limit_value   = p.lim,
+        events        = NULL,
+        updated_at    = now()
+    FROM p
+    WHERE c.use_type = p.use_type AND c.unique_id = p.unique_id
+      AND NOT coalesce(c.blocked_until > p.now, false)
+      AND p.n <= p.lim - CASE WHEN c.begin_time < coalesce(c.end_time, 'infinity') AND coalesce(c.end_time > p.now, true)
+            THEN c.already_count ELSE 0 END
+    RETURNING true AS allowed, c.already_count, c.begin_time, c.end_time, c.blocked_until
+), i AS (
+    INSERT INTO count_limit AS c (use_type, unique_id, already_count, begin_time, end_time, limit_value, denied_count, blocked_until)
+    SELECT p.use_type, p.unique_id,
+        CASE WHEN p.n <= p.lim THEN p.n ELSE 0 END,
+        CASE WHEN p.n <= p.lim THEN p.b ELSE p.now END,
+        CASE WHEN p.n <= p.lim THEN p.e ELSE p.now END,
+        p.lim,
+        CASE WHEN p.n <= p.lim THEN 0 ELSE 1 END,
+        CASE WHEN p.n <= p.lim THEN NULL ELSE p.pe END
+    FROM p
+    WHERE NOT EXISTS (SELECT FROM a)
+    ON CONFLICT (use_type, unique_id) DO UPDATE SET
+        limit_value   = excluded.limit_value,
+        denied_count  = c.denied_count + 1,
+        blocked_until = CASE WHEN coalesce(c.blocked_until > $5::timestamptz, false) OR $8::timestamptz IS NULL
+            THEN c.blocked_until ELSE $8::timestamptz END,
+        updated_at    = now()
+    WHERE coalesce(c.blocked_until > $5::timestamptz, false)
+       OR $3::bigint > excluded.limit_value - CASE WHEN c.begin_time < coalesce(c.end_time, 'infinity') AND coalesce(c.end_time > $5::timestamptz, true)
+            THEN c.already_count ELSE 0 END
+    RETURNING c.denied_count = 0 AS allowed, c.already_count, c.begin_time, c.end_time, c.blocked_until
 )
-INSERT INTO count_limit AS c (use_type, unique_id, already_count, begin_time, end_time, limit_value, denied_count, blocked_until)
-SELECT $1::text, $2::text,
-    CASE WHEN d.fits THEN d.used + $3::bigint ELSE coalesce(d.already_count, 0) END,
-    CASE WHEN d.fits AND NOT d.cur THEN $4::timestamptz WHEN d.found THEN d.begin_time ELSE $5::timestamptz END,
-    CASE WHEN d.fits AND NOT d.cur THEN $6::timestamptz WHEN d.found THEN d.end_time ELSE $5::timestamptz END,
-    $7::bigint,
-    coalesce(d.denied_count, 0) + CASE WHEN d.fits THEN 0 ELSE 1 END,
-    CASE WHEN d.fits OR d.blocked OR $8::timestamptz IS NULL THEN d.blocked_until ELSE $8::timestamptz END
-FROM (
-    SELECT z.already_count, z.begin_time, z.end_time, z.blocked_until, z.denied_count, z.found, z.cur, z.blocked, z.used, NOT z.blocked AND $3::bigint <= ($7::bigint) - z.used AS fits
-    FROM (
-        SELECT y.already_count, y.begin_time, y.end_time, y.blocked_until, y.denied_count, y.already_count IS NOT NULL AS found, s.cur,
-            coalesce(y.blocked_until > $5::timestamptz, false) AS blocked,
-            CASE WHEN s.cur THEN y.already_count ELSE 0 END AS used
-        FROM (SELECT) AS one
-        LEFT JOIN y ON true
-        CROSS JOIN LATERAL (SELECT coalesce(y.begin_time < coalesce(y.end_time, 'infinity')
-            AND coalesce(y.end_time > $5::timestamptz, true), false) AS cur) s
-    ) z
-) d
-ON CONFLICT (use_type, unique_id) DO UPDATE SET
-    already_count = excluded.already_count,
-    begin_time    = excluded.begin_time,
-    end_time      = excluded.end_time,
-    limit_value   = excluded.limit_value,
-    denied_count  = excluded.denied_count,
-    blocked_until = excluded.blocked_until,
-    events        = CASE WHEN excluded.denied_count = c.denied_count THEN NULL ELSE c.events END,
-    updated_at    = now()
-WHERE EXISTS (SELECT FROM y)
-RETURNING
-    (c.denied_count = coalesce((SELECT y.denied_count FROM y), 0))::boolean AS allowed,
-    c.already_count::bigint AS already_count,
-    c.begin_time::timestamptz AS begin_time,
-    c.end_time::timestamptz AS end_time,
-    c.blocked_until::timestamptz AS blocked_until
+SELECT a.allowed::boolean AS allowed, a.already_count::bigint AS already_count, a.begin_time::timestamptz AS begin_time,
+    a.end_time::timestamptz AS end_time, a.blocked_until::timestamptz AS blocked_until
+FROM a
+UNION ALL
+SELECT i.allowed, i.already_count, i.begin_time, i.end_time, i.blocked_until
+FROM i
 `
 
 type AllowOneParams struct {
 	UseType    string
 	UniqueID   string
 	N          int64
-	BeginTime  pgtype.Timestamptz
-	Now        pgtype.Timestamptz
-	WindowEnd  pgtype.Timestamptz
 	LimitValue int64
+	Now        pgtype.Timestamptz
+	BeginTime  pgtype.Timestamptz
+	WindowEnd  pgtype.Timestamptz
 	PenaltyEnd pgtype.Timestamptz
 }
 
@@ -377,9 +383,10 @@ type AllowOneRow struct {
 }
 
 // The fast path: one rule whose window is not sliding (rolling, fixed,
-// calendar, lifetime, CheckLimit), in plain SQL. Every statement here takes
-// its row locks in three phases, as countlimit_apply does, so concurrent
-// statements over many keys cannot deadlock:
+// calendar, lifetime, CheckLimit), in plain SQL. AllowOne holds one row lock
+// at most; the batch statements take theirs in three phases, as
+// countlimit_apply does, so concurrent statements over many keys cannot
+// deadlock:
 //
 //  1. lock the rows that exist, in key order (unique_id, then use_type,
 //     byte order; Go sorts the keys and passes them in that order);
@@ -389,9 +396,9 @@ type AllowOneRow struct {
 //     alone and reported as not applied; the caller sends it again;
 //  3. update the rows locked in phase 1, which waits for nothing.
 //
-// The decision is made from the row as locked in phase 1 (the latest
-// committed version), never from the statement's snapshot, so it is exact
-// under READ COMMITTED. A window is current when it is not empty and not
+// The decision is made from the latest committed version of the row (as
+// locked in phase 1, or as AllowOne's UPDATE reads it again), never from the
+// statement's snapshot, so it is exact under READ COMMITTED. A window is current when it is not empty and not
 // over (begin is not compared with now; see countlimit.Store).
 //
 // Twins: that rule (current, blocked, fits, then the count, window, tally
@@ -409,22 +416,40 @@ type AllowOneRow struct {
 // window_end bound the window an allowed event opens (window_end NULL for a
 // lifetime window); penalty_end is now + Block (NULL when the rule has none).
 // AllowOne counts n events of one rule for one id, or tallies the denial and
-// sets the penalty. It locks the row FOR NO KEY UPDATE, the lock ON CONFLICT
-// DO UPDATE takes (which then takes none of its own), decides from it, and
-// writes the outcome with one upsert. A row that is absent is inserted; a row
-// that another transaction created after this statement began is left alone
-// (the guard below) and no row is returned: send the call again. RETURNING
-// cannot see the old row, so the verdict is read from the denial tally: the
-// call was allowed if denied_count did not change.
+// sets the penalty, in one statement of two steps:
+//
+//	a. the common case, a row that exists and has room: a plain UPDATE whose
+//	   WHERE is the decision. Under READ COMMITTED an UPDATE that meets a
+//	   row changed since its snapshot waits for it and evaluates its WHERE
+//	   and SET again on the latest version, so the decision is exact. It
+//	   writes one WAL record and takes no separate row lock (an upsert, or a
+//	   SELECT ... FOR UPDATE before it, WAL-logs a lock first);
+//	i. everything else, only when a counted nothing: a row that is absent is
+//	   inserted (allowed when n fits the limit, else denied with a tally of
+//	   1 and the penalty); a row that exists is locked by ON CONFLICT and, if
+//	   it is still full or blocked, gets the denial: limit recorded, tally
+//	   up, penalty set. If it has room after all (it changed between a and
+//	   i), i writes nothing and no row is returned: send the call again, as
+//	   for a row another transaction created after the statement began.
+//
+// A statement holds at most one row lock, so it cannot deadlock with any
+// other. The verdict: a's rows are allowed; i's row is allowed only when it
+// was inserted with no denial (a denial of an existing row leaves its tally
+// at 1 or more).
+//
+// "cur" below is spelled out where it is used: the window is current when
+// it is not empty and not over (begin_time < coalesce(end_time, infinity)
+// AND coalesce(end_time > now, true)); "used" is already_count when it is,
+// else 0; "blocked" is blocked_until > now.
 func (q *Queries) AllowOne(ctx context.Context, db DBTX, arg AllowOneParams) (AllowOneRow, error) {
 	row := db.QueryRow(ctx, allowOne,
 		arg.UseType,
 		arg.UniqueID,
 		arg.N,
-		arg.BeginTime,
-		arg.Now,
-		arg.WindowEnd,
 		arg.LimitValue,
+		arg.Now,
+		arg.BeginTime,
+		arg.WindowEnd,
 		arg.PenaltyEnd,
 	)
 	var i AllowOneRow

@@ -1,0 +1,139 @@
+package pgstore_test
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/countlimit/countlimit/countlimit"
+	"github.com/countlimit/countlimit/countlimit/pgstore"
+	"github.com/countlimit/countlimit/countlimit/storetest"
+	"github.com/countlimit/countlimit/internal/testbackend"
+)
+
+// TestAllowOneIsExactOnItsOwn sends 16 goroutines, each on a connection of
+// its own (one statement per call, no group commit), at one id that does
+// not exist yet, limit 100: the row is created under contention, exactly
+// 100 calls are allowed with Used 1..100, and every denial is tallied.
+func TestAllowOneIsExactOnItsOwn(t *testing.T) {
+	cfg := testbackend.PoolConfig(t)
+	rule := countlimit.Rule{UseType: storetest.UseType(t, "one.exact"), Limit: 100, Window: countlimit.Rolling(time.Hour)}
+	const callers, each = 16, 16
+	ctx := context.Background()
+	var (
+		mu     sync.Mutex
+		used   []int64
+		denied int64
+		start  = make(chan struct{})
+		wg     sync.WaitGroup
+	)
+	for range callers {
+		conn, err := pgx.ConnectConfig(ctx, cfg.ConnConfig.Copy())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close(context.Background()) })
+		l := countlimit.New(pgstore.New(conn))
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			for range each {
+				res, err := l.Allow(ctx, rule, "hot")
+				mu.Lock()
+				switch {
+				case err != nil:
+					t.Error(err)
+				case res.Allowed:
+					used = append(used, res.Used)
+				default:
+					denied++
+					if res.Used != 100 {
+						t.Errorf("denied with %+v, want Used 100", res)
+					}
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	slices.Sort(used)
+	exact := len(used) == 100
+	for i := range used {
+		exact = exact && used[i] == int64(i+1)
+	}
+	if !exact {
+		t.Errorf("%d allowed with Used %v; want exactly 100, Used 1..100 each once", len(used), used)
+	}
+	var tally int64
+	err := testbackend.Postgres(t).QueryRow(ctx, `SELECT denied_count FROM count_limit WHERE use_type = $1 AND unique_id = 'hot'`,
+		string(rule.UseType)).Scan(&tally)
+	if err != nil || denied != callers*each-100 || tally != denied {
+		t.Errorf("%d denied, %d tallied (%v); want %d both", denied, tally, err, callers*each-100)
+	}
+}
+
+// TestAllowOneDecidesOnTheLatestRow changes a row in a transaction while
+// AllowOne waits for it: the decision follows the committed change, not the
+// statement's snapshot, in both directions.
+func TestAllowOneDecidesOnTheLatestRow(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		before      int64 // the count the call's snapshot sees
+		after       int64 // the count committed while it waits
+		allowed     bool
+		used        int64
+		deniedCount int64
+	}{
+		// The snapshot's row is full, so the UPDATE passes it by; the
+		// denial path then waits for the lock, finds room and writes
+		// nothing, and the call is sent again.
+		{"full, then emptied", 3, 0, true, 1, 0},
+		// The snapshot's row has room; the UPDATE waits, reads the row
+		// again, finds it full and passes it by; the denial path tallies.
+		{"room, then filled", 1, 3, false, 3, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			admin := testbackend.Postgres(t)
+			l := countlimit.New(pgstore.New(testbackend.Postgres(t)))
+			rule := countlimit.Rule{UseType: storetest.UseType(t, "one.latest"), Limit: 3, Window: countlimit.Rolling(time.Hour)}
+			ctx := context.Background()
+			if _, err := l.AllowN(ctx, rule, "z", tc.before); err != nil {
+				t.Fatal(err)
+			}
+			tx, err := admin.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback(ctx)
+			b := &blocker{tx: tx}
+			if err := tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&b.pid); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := tx.Exec(ctx, `UPDATE count_limit SET already_count = $2 WHERE use_type = $1 AND unique_id = 'z'`,
+				string(rule.UseType), tc.after); err != nil {
+				t.Fatal(err)
+			}
+			got := goAllow(ctx, l, rule, "z")
+			b.waiter(t, admin)
+			if err := tx.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+			o := <-got
+			if o.err != nil || o.res.Allowed != tc.allowed || o.res.Used != tc.used {
+				t.Errorf("Allow: %+v, %v; want allowed %v, Used %d", o.res, o.err, tc.allowed, tc.used)
+			}
+			var n, den int64
+			err = admin.QueryRow(ctx, `SELECT already_count, denied_count FROM count_limit WHERE use_type = $1 AND unique_id = 'z'`,
+				string(rule.UseType)).Scan(&n, &den)
+			if err != nil || n != tc.used || den != tc.deniedCount {
+				t.Errorf("row: already_count %d, denied_count %d (%v); want %d, %d", n, den, err, tc.used, tc.deniedCount)
+			}
+		})
+	}
+}
