@@ -328,7 +328,7 @@ WITH p AS (
         events        = NULL,
         updated_at    = now()
     FROM p
-    WHERE c.use_type = p.use_type AND c.unique_id = p.unique_id
+    WHERE c.use_type = $1::text AND c.unique_id = $2::text
       AND NOT coalesce(c.blocked_until > p.now, false)
       AND p.n <= p.lim - CASE WHEN c.begin_time < coalesce(c.end_time, 'infinity') AND coalesce(c.end_time > p.now, true)
             THEN c.already_count ELSE 0 END
