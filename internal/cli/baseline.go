@@ -136,14 +136,21 @@ func benchBaseline(ctx context.Context, url string, callers []int, d time.Durati
 			res, err := l.Allow(ctx, rule, id)
 			return res.Allowed, err
 		}
-		// Upsert, Allow, Allow, upsert, half the time each: the disk's
-		// flush latency drifts by tens of percent within a minute here,
-		// and this order cancels a steady drift instead of handing it to
-		// whichever side ran second.
-		base := measure(ctx, cell.callers, d/2, keys, upsertCall)
-		ours := measure(ctx, cell.callers, d/2, keys, allowCall)
-		ours.add(measure(ctx, cell.callers, d-d/2, keys, allowCall))
-		base.add(measure(ctx, cell.callers, d-d/2, keys, upsertCall))
+		// Rounds of upsert, Allow, Allow, upsert, each piece 1 to 2 s
+		// (half of --duration when that is shorter): the disk's flush
+		// latency drifts by tens of percent within seconds here; this
+		// order cancels a steady drift instead of handing it to whichever
+		// side ran second, and several rounds share an unsteady one. Pieces
+		// of a second or more keep the calls cut short at each turn few.
+		rounds := max(1, int(d/(2*time.Second)))
+		piece := d / time.Duration(2*rounds)
+		base, ours := &measurement{}, &measurement{}
+		for range rounds {
+			base.add(measure(ctx, cell.callers, piece, keys, upsertCall))
+			ours.add(measure(ctx, cell.callers, piece, keys, allowCall))
+			ours.add(measure(ctx, cell.callers, piece, keys, allowCall))
+			base.add(measure(ctx, cell.callers, piece, keys, upsertCall))
+		}
 		pool.Close()
 		if err := ctx.Err(); err != nil {
 			return err

@@ -129,8 +129,8 @@ and are deleted at the end; --store memory measures the library alone.
 
 --baseline (PostgreSQL) runs a hand-written fixed-window upsert and Allow
 alternately, at each number of --callers, over --ids ids and on one hot id,
-each for half of --duration (default 5s) twice; it drops its table and
-deletes its rows at the end.
+each side for --duration (default 5s) in all, in rounds of upsert, Allow,
+Allow, upsert of 1-2s each; it drops its table and deletes its rows at the end.
 
 --json or --csv print the results for machines (one record per run and
 side, latencies in seconds) while the table goes to stderr; --plot FILE.svg

@@ -305,7 +305,7 @@ func plotTitles(r benchReport) (string, []string) {
 		if r.SynchronousCommit != "" {
 			parts = append(parts, "synchronous_commit="+r.SynchronousCommit)
 		}
-		parts = append(parts, fmt.Sprintf("%gs per cell, half each way twice", r.RunSeconds))
+		parts = append(parts, fmt.Sprintf("%gs per cell each way, in rounds of upsert, Allow, Allow, upsert", r.RunSeconds))
 	} else {
 		rule := "a fixed 1m window no call fills"
 		if r.Rule != "" {
