@@ -58,46 +58,45 @@
 -- "cur" below is spelled out where it is used: the window is current when
 -- it is not empty and not over (begin_time < coalesce(end_time, infinity)
 -- AND coalesce(end_time > now, true)); "used" is already_count when it is,
--- else 0; "blocked" is blocked_until > now.
-WITH p AS (
-    SELECT @use_type::text AS use_type, @unique_id::text AS unique_id, @n::bigint AS n, @limit_value::bigint AS lim,
-        @now::timestamptz AS now, @begin_time::timestamptz AS b, @window_end::timestamptz AS e, @penalty_end::timestamptz AS pe
-), a AS (
+-- else 0; "blocked" is blocked_until > now. Parameters stand in
+-- parentheses because sqlc (v1.31) misreads a bare @name::type compared with
+-- a column in an UPDATE; a CTE of the parameters would avoid that but costs
+-- about 6 µs a call.
+WITH a AS (
     UPDATE count_limit c SET
-        already_count = p.n + CASE WHEN c.begin_time < coalesce(c.end_time, 'infinity') AND coalesce(c.end_time > p.now, true)
-            THEN c.already_count ELSE 0 END,
-        begin_time    = CASE WHEN c.begin_time < coalesce(c.end_time, 'infinity') AND coalesce(c.end_time > p.now, true)
-            THEN c.begin_time ELSE p.b END,
-        end_time      = CASE WHEN c.begin_time < coalesce(c.end_time, 'infinity') AND coalesce(c.end_time > p.now, true)
-            THEN c.end_time ELSE p.e END,
-        limit_value   = p.lim,
+        already_count = CASE WHEN c.begin_time < coalesce(c.end_time, 'infinity') AND coalesce(c.end_time > (@now::timestamptz), true)
+            THEN c.already_count ELSE 0 END + (@n::bigint),
+        begin_time    = CASE WHEN c.begin_time < coalesce(c.end_time, 'infinity') AND coalesce(c.end_time > (@now::timestamptz), true)
+            THEN c.begin_time ELSE (@begin_time::timestamptz) END,
+        end_time      = CASE WHEN c.begin_time < coalesce(c.end_time, 'infinity') AND coalesce(c.end_time > (@now::timestamptz), true)
+            THEN c.end_time ELSE (@window_end::timestamptz) END,
+        limit_value   = (@limit_value::bigint),
         events        = NULL,
         updated_at    = now()
-    FROM p
-    WHERE c.use_type = @use_type::text AND c.unique_id = @unique_id::text
-      AND NOT coalesce(c.blocked_until > p.now, false)
-      AND p.n <= p.lim - CASE WHEN c.begin_time < coalesce(c.end_time, 'infinity') AND coalesce(c.end_time > p.now, true)
+    WHERE c.use_type = (@use_type::text) AND c.unique_id = (@unique_id::text)
+      AND NOT coalesce(c.blocked_until > (@now::timestamptz), false)
+      AND (@n::bigint) <= (@limit_value::bigint) - CASE WHEN c.begin_time < coalesce(c.end_time, 'infinity') AND coalesce(c.end_time > (@now::timestamptz), true)
             THEN c.already_count ELSE 0 END
     RETURNING true AS allowed, c.already_count, c.begin_time, c.end_time, c.blocked_until
 ), i AS (
     INSERT INTO count_limit AS c (use_type, unique_id, already_count, begin_time, end_time, limit_value, denied_count, blocked_until)
-    SELECT p.use_type, p.unique_id,
-        CASE WHEN p.n <= p.lim THEN p.n ELSE 0 END,
-        CASE WHEN p.n <= p.lim THEN p.b ELSE p.now END,
-        CASE WHEN p.n <= p.lim THEN p.e ELSE p.now END,
-        p.lim,
-        CASE WHEN p.n <= p.lim THEN 0 ELSE 1 END,
-        CASE WHEN p.n <= p.lim THEN NULL ELSE p.pe END
-    FROM p
+    SELECT (@use_type::text), (@unique_id::text),
+        CASE WHEN f.fits THEN (@n::bigint) ELSE 0 END,
+        CASE WHEN f.fits THEN (@begin_time::timestamptz) ELSE (@now::timestamptz) END,
+        CASE WHEN f.fits THEN (@window_end::timestamptz) ELSE (@now::timestamptz) END,
+        (@limit_value::bigint),
+        CASE WHEN f.fits THEN 0 ELSE 1 END,
+        CASE WHEN f.fits THEN NULL ELSE (@penalty_end::timestamptz) END
+    FROM (SELECT (@n::bigint) <= (@limit_value::bigint) AS fits) f
     WHERE NOT EXISTS (SELECT FROM a)
     ON CONFLICT (use_type, unique_id) DO UPDATE SET
         limit_value   = excluded.limit_value,
         denied_count  = c.denied_count + 1,
-        blocked_until = CASE WHEN coalesce(c.blocked_until > @now::timestamptz, false) OR @penalty_end::timestamptz IS NULL
-            THEN c.blocked_until ELSE @penalty_end::timestamptz END,
+        blocked_until = CASE WHEN coalesce(c.blocked_until > (@now::timestamptz), false) OR (@penalty_end::timestamptz) IS NULL
+            THEN c.blocked_until ELSE (@penalty_end::timestamptz) END,
         updated_at    = now()
-    WHERE coalesce(c.blocked_until > @now::timestamptz, false)
-       OR @n::bigint > excluded.limit_value - CASE WHEN c.begin_time < coalesce(c.end_time, 'infinity') AND coalesce(c.end_time > @now::timestamptz, true)
+    WHERE coalesce(c.blocked_until > (@now::timestamptz), false)
+       OR (@n::bigint) > excluded.limit_value - CASE WHEN c.begin_time < coalesce(c.end_time, 'infinity') AND coalesce(c.end_time > (@now::timestamptz), true)
             THEN c.already_count ELSE 0 END
     RETURNING c.denied_count = 0 AS allowed, c.already_count, c.begin_time, c.end_time, c.blocked_until
 )
