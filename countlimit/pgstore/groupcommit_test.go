@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -35,57 +34,15 @@ func TestGroupCommitIsExact(t *testing.T) {
 	rule := countlimit.Rule{UseType: storetest.UseType(t, "exact"), Limit: 100, Window: countlimit.Rolling(time.Hour)}
 
 	const callers, each = 64, 4
-	var (
-		mu      sync.Mutex
-		used    []int64
-		denied  int
-		start   = make(chan struct{})
-		wg      sync.WaitGroup
-		ctx     = context.Background()
-		sending = tracer.n.Load()
-	)
-	for range callers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			<-start
-			for range each {
-				res, err := l.Allow(ctx, rule, "hot")
-				mu.Lock()
-				switch {
-				case err != nil:
-					t.Error(err)
-				case res.Allowed:
-					used = append(used, res.Used)
-				default:
-					denied++
-					if res.Used != 100 || res.Remaining != 0 {
-						t.Errorf("denied with %+v, want Used 100", res)
-					}
-				}
-				mu.Unlock()
-			}
-		}()
-	}
-	close(start)
-	wg.Wait()
-	slices.Sort(used)
-	exact := len(used) == 100
-	for i := range used {
-		exact = exact && used[i] == int64(i+1)
-	}
-	if !exact {
-		t.Errorf("%d allowed with Used %v; want exactly 100, Used 1..100 each once", len(used), used)
-	}
-	if denied != callers*each-100 {
-		t.Errorf("%d denied, want %d", denied, callers*each-100)
-	}
+	ctx := context.Background()
+	sending := tracer.n.Load()
+	denied := testbackend.AllAtOnce(t, callers, each, 100, func(int) (countlimit.Result, error) { return l.Allow(ctx, rule, "hot") })
 	// What the DBA sees of the row the batches wrote.
-	var used2, remaining, den int64
+	var used, remaining, den int64
 	err = pool.QueryRow(ctx, `SELECT used, remaining, denied_count FROM count_limit_status
-		WHERE use_type = $1 AND unique_id = 'hot'`, string(rule.UseType)).Scan(&used2, &remaining, &den)
-	if err != nil || used2 != 100 || remaining != 0 || den != int64(denied) {
-		t.Errorf("count_limit_status: used %d remaining %d denied %d (%v); want 100, 0, %d", used2, remaining, den, err, denied)
+		WHERE use_type = $1 AND unique_id = 'hot'`, string(rule.UseType)).Scan(&used, &remaining, &den)
+	if err != nil || used != 100 || remaining != 0 || den != int64(denied) {
+		t.Errorf("count_limit_status: used %d remaining %d denied %d (%v); want 100, 0, %d", used, remaining, den, err, denied)
 	}
 	if n := tracer.n.Load() - sending; n >= callers*each {
 		t.Errorf("%d calls sent %d statements: nothing was batched", callers*each, n)

@@ -16,6 +16,7 @@ import (
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/redisstore"
 	"github.com/countlimit/countlimit/countlimit/storetest"
+	"github.com/countlimit/countlimit/internal/testbackend"
 )
 
 // pipeHook records the size of every pipeline of scripts a client sends
@@ -215,48 +216,8 @@ func TestExactThroughTwoClients(t *testing.T) {
 	}
 	rule := countlimit.Rule{UseType: storetest.UseType(t, "exact"), Limit: 100, Window: countlimit.Rolling(time.Hour)}
 	const callers, each = 64, 4
-	var (
-		mu     sync.Mutex
-		used   []int64
-		denied int
-		start  = make(chan struct{})
-		wg     sync.WaitGroup
-		ctx    = context.Background()
-	)
-	for i := range callers {
-		wg.Go(func() {
-			<-start
-			for range each {
-				res, err := limiters[i%2].Allow(ctx, rule, "hot")
-				mu.Lock()
-				switch {
-				case err != nil:
-					t.Error(err)
-				case res.Allowed:
-					used = append(used, res.Used)
-				default:
-					denied++
-					if res.Used != 100 || res.Remaining != 0 {
-						t.Errorf("denied with %+v, want Used 100", res)
-					}
-				}
-				mu.Unlock()
-			}
-		})
-	}
-	close(start)
-	wg.Wait()
-	slices.Sort(used)
-	exact := len(used) == 100
-	for i := range used {
-		exact = exact && used[i] == int64(i+1)
-	}
-	if !exact {
-		t.Errorf("%d allowed with Used %v; want exactly 100, Used 1..100 each once", len(used), used)
-	}
-	if denied != callers*each-100 {
-		t.Errorf("%d denied, want %d", denied, callers*each-100)
-	}
+	ctx := context.Background()
+	testbackend.AllAtOnce(t, callers, each, 100, func(i int) (countlimit.Result, error) { return limiters[i%2].Allow(ctx, rule, "hot") })
 	stored, err := clients[0].HGet(ctx, redisstore.Key(rule.UseType, "hot"), "c").Int64()
 	if err != nil || stored != 100 {
 		t.Errorf("stored count %d (%v), want 100", stored, err)
