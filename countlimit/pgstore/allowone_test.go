@@ -68,22 +68,14 @@ func TestAllowOneDecidesOnTheLatestRow(t *testing.T) {
 			if _, err := l.AllowN(ctx, rule, "z", tc.before); err != nil {
 				t.Fatal(err)
 			}
-			tx, err := admin.Begin(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer tx.Rollback(ctx)
-			b := &blocker{tx: tx}
-			if err := tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&b.pid); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := tx.Exec(ctx, `UPDATE count_limit SET already_count = $2 WHERE use_type = $1 AND unique_id = 'z'`,
+			b := begin(t, admin)
+			if _, err := b.tx.Exec(ctx, `UPDATE count_limit SET already_count = $2 WHERE use_type = $1 AND unique_id = 'z'`,
 				string(rule.UseType), tc.after); err != nil {
 				t.Fatal(err)
 			}
 			got := goAllow(ctx, l, rule, "z")
 			b.waiter(t, admin)
-			if err := tx.Commit(ctx); err != nil {
+			if err := b.tx.Commit(ctx); err != nil {
 				t.Fatal(err)
 			}
 			o := <-got
@@ -91,7 +83,7 @@ func TestAllowOneDecidesOnTheLatestRow(t *testing.T) {
 				t.Errorf("Allow: %+v, %v; want allowed %v, Used %d", o.res, o.err, tc.allowed, tc.used)
 			}
 			var n, den int64
-			err = admin.QueryRow(ctx, `SELECT already_count, denied_count FROM count_limit WHERE use_type = $1 AND unique_id = 'z'`,
+			err := admin.QueryRow(ctx, `SELECT already_count, denied_count FROM count_limit WHERE use_type = $1 AND unique_id = 'z'`,
 				string(rule.UseType)).Scan(&n, &den)
 			if err != nil || n != tc.used || den != tc.deniedCount {
 				t.Errorf("row: already_count %d, denied_count %d (%v); want %d, %d", n, den, err, tc.used, tc.deniedCount)

@@ -58,7 +58,9 @@ type blocker struct {
 	pid int32
 }
 
-func lockRows(t *testing.T, pool *pgxpool.Pool, ut countlimit.UseType, ids ...string) *blocker {
+// begin starts the blocker's transaction; it is rolled back when the test
+// ends unless it was committed or released first.
+func begin(t *testing.T, pool *pgxpool.Pool) *blocker {
 	t.Helper()
 	ctx := context.Background()
 	tx, err := pool.Begin(ctx)
@@ -70,7 +72,13 @@ func lockRows(t *testing.T, pool *pgxpool.Pool, ut countlimit.UseType, ids ...st
 	if err := tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&b.pid); err != nil {
 		t.Fatal(err)
 	}
-	tag, err := tx.Exec(ctx, `SELECT FROM count_limit WHERE use_type = $1 AND unique_id = ANY ($2) FOR UPDATE`, string(ut), ids)
+	return b
+}
+
+func lockRows(t *testing.T, pool *pgxpool.Pool, ut countlimit.UseType, ids ...string) *blocker {
+	t.Helper()
+	b := begin(t, pool)
+	tag, err := b.tx.Exec(context.Background(), `SELECT FROM count_limit WHERE use_type = $1 AND unique_id = ANY ($2) FOR UPDATE`, string(ut), ids)
 	if err != nil || tag.RowsAffected() != int64(len(ids)) {
 		t.Fatalf("locking %v: %v, %d rows", ids, err, tag.RowsAffected())
 	}
@@ -359,16 +367,8 @@ func TestBatchLeavesRowCreatedMeanwhile(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			tx, err := pool.Begin(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer tx.Rollback(ctx)
-			b := &blocker{tx: tx}
-			if err := tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&b.pid); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := tx.Exec(ctx, `INSERT INTO count_limit (use_type, unique_id, already_count, begin_time, end_time, limit_value)
+			b := begin(t, pool)
+			if _, err := b.tx.Exec(ctx, `INSERT INTO count_limit (use_type, unique_id, already_count, begin_time, end_time, limit_value)
 				VALUES ($1, 'new', 5, now(), now() + interval '1 hour', 10)`, string(rule.UseType)); err != nil {
 				t.Fatal(err)
 			}
@@ -376,7 +376,7 @@ func TestBatchLeavesRowCreatedMeanwhile(t *testing.T) {
 			sent := make(chan error, 1)
 			go func() { sent <- s.AllowBatchForTest(ctx, rec.reqs) }()
 			b.waiter(t, pool)
-			if err := tx.Commit(ctx); err != nil {
+			if err := b.tx.Commit(ctx); err != nil {
 				t.Fatal(err)
 			}
 			if err := <-sent; err == nil || !strings.Contains(err.Error(), "call 1 was left for a retry") {
