@@ -225,6 +225,23 @@ func (b benchRules) describe() string {
 	return s
 }
 
+// settle waits until no connection of st is in use, or ctx ends. A call cut
+// short at the end of a run returns while the batch or pipeline it joined
+// goes on (it is sent on for the calls that still wait): one that landed
+// after cleanUp would leave a counter behind.
+func settle(ctx context.Context, st *opened) {
+	busy := func() bool {
+		if st.pool != nil {
+			return st.pool.Stat().AcquiredConns() > 0
+		}
+		s := st.redis.PoolStats()
+		return s.TotalConns > s.IdleConns
+	}
+	for busy() && ctx.Err() == nil {
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
 // cleanUp deletes the counters of rules for ids: with one statement on
 // PostgreSQL, with Reset on Redis (a Redis key with a lifetime or calendar
 // window would stay for long). A memory store goes with the process.
@@ -235,6 +252,7 @@ func cleanUp(ctx context.Context, st *opened, l *countlimit.Limiter, rules []cou
 	// Clean up even when ctx was cancelled (Ctrl-C).
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 	defer cancel()
+	settle(ctx, st)
 	if st.pool != nil {
 		uts := make([]string, len(rules))
 		for i, r := range rules {
