@@ -2,6 +2,7 @@ package pgstore_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -87,6 +88,50 @@ func TestAllowOneDecidesOnTheLatestRow(t *testing.T) {
 				string(rule.UseType)).Scan(&n, &den)
 			if err != nil || n != tc.used || den != tc.deniedCount {
 				t.Errorf("row: already_count %d, denied_count %d (%v); want %d, %d", n, den, err, tc.used, tc.deniedCount)
+			}
+		})
+	}
+}
+
+// TestAllowOneInRepeatableReadAfterReset pins what the statement's comment
+// says of a caller's REPEATABLE READ transaction whose row a concurrent
+// Reset deleted after its snapshot: with room in the snapshot the call
+// fails (a serialization error: the UPDATE meets the deletion); full in the
+// snapshot, it is counted afresh, as the row now is.
+func TestAllowOneInRepeatableReadAfterReset(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		before int64 // the count the snapshot sees, of a limit of 2
+		fails  bool
+	}{
+		{"room in the snapshot", 1, true},
+		{"full in the snapshot", 2, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pool := testbackend.Postgres(t)
+			ctx := context.Background()
+			rule := countlimit.Rule{UseType: storetest.UseType(t, "one.rr"), Limit: 2, Window: countlimit.Rolling(time.Hour)}
+			l := countlimit.New(pgstore.New(pool))
+			if _, err := l.AllowN(ctx, rule, "z", tc.before); err != nil {
+				t.Fatal(err)
+			}
+			tx, err := pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback(ctx)
+			if _, err := tx.Exec(ctx, `SELECT 1`); err != nil { // the snapshot
+				t.Fatal(err)
+			}
+			if err := l.Reset(ctx, rule, "z"); err != nil {
+				t.Fatal(err)
+			}
+			res, err := countlimit.New(pgstore.New(tx)).Allow(ctx, rule, "z")
+			switch {
+			case tc.fails && (err == nil || !strings.Contains(err.Error(), "40001")):
+				t.Errorf("Allow: %+v, %v; want a serialization error (SQLSTATE 40001)", res, err)
+			case !tc.fails && (err != nil || !res.Allowed || res.Used != 1):
+				t.Errorf("Allow: %+v, %v; want allowed with Used 1", res, err)
 			}
 		})
 	}

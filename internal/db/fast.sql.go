@@ -393,8 +393,9 @@ type AllowOneRow struct {
 //  3. update the rows locked in phase 1, which waits for nothing.
 //
 // The decision is made from the latest committed version of the row (as
-// locked in phase 1, or as AllowOne's UPDATE reads it again), never from the
-// statement's snapshot, so it is exact under READ COMMITTED. A window is current when it is not empty and not
+// locked in phase 1, or as AllowOne's UPDATE reads it again or its ON
+// CONFLICT locks it), never from the statement's snapshot, so it is exact
+// under READ COMMITTED. A window is current when it is not empty and not
 // over (begin is not compared with now; see countlimit.Store).
 //
 // Twins: that rule (current, blocked, fits, then the count, window, tally
@@ -415,23 +416,35 @@ type AllowOneRow struct {
 // sets the penalty, in one statement of two steps:
 //
 //	a. the common case, a row that exists and has room: a plain UPDATE whose
-//	   WHERE is the decision. Under READ COMMITTED an UPDATE that meets a
-//	   row changed since its snapshot waits for it and evaluates its WHERE
-//	   and SET again on the latest version, so the decision is exact. It
-//	   writes one WAL record and takes no separate row lock (an upsert, or a
-//	   SELECT ... FOR UPDATE before it, WAL-logs a lock first);
+//	   WHERE is the decision. Under READ COMMITTED, when the row as the
+//	   statement's snapshot shows it passes that WHERE but another
+//	   transaction has changed it since, the UPDATE waits for it and
+//	   evaluates WHERE and SET again on the latest version, so a count is
+//	   never taken from a stale row. Uncontended it writes one WAL record
+//	   and takes no separate row lock (an upsert, or a SELECT ... FOR
+//	   UPDATE before it, WAL-logs a lock first); contended, PostgreSQL
+//	   locks the latest version before it checks again;
 //	i. everything else, only when a counted nothing: a row that is absent is
 //	   inserted (allowed when n fits the limit, else denied with a tally of
-//	   1 and the penalty); a row that exists is locked by ON CONFLICT and, if
-//	   it is still full or blocked, gets the denial: limit recorded, tally
-//	   up, penalty set. If it has room after all (it changed between a and
-//	   i), i writes nothing and no row is returned: send the call again, as
-//	   for a row another transaction created after the statement began.
+//	   1 and the penalty); a row that exists is locked by ON CONFLICT, at
+//	   its latest version, and, if it is full or blocked, gets the denial:
+//	   limit recorded, tally up, penalty set. A row the snapshot showed full
+//	   or blocked is passed by in a without a look at its latest version, so
+//	   i decides it. If it has room after all (it changed since the
+//	   snapshot), i writes nothing and no row is returned: send the call
+//	   again, as for a row another transaction created after the statement
+//	   began.
 //
 // A statement holds at most one row lock, so it cannot deadlock with any
 // other. The verdict: a's rows are allowed; i's row is allowed only when it
 // was inserted with no denial (a denial of an existing row leaves its tally
-// at 1 or more).
+// at 1 or more; the tally is never negative but by a hand-made edit).
+//
+// In a caller's REPEATABLE READ or SERIALIZABLE transaction, a row that a
+// concurrent Reset deleted after the snapshot fails the call with a
+// serialization error when the snapshot showed it with room (a's UPDATE
+// meets the deletion), and is counted afresh, as the row now is, when the
+// snapshot showed it full (a passes it by; i finds no row to conflict with).
 //
 // "cur" below is spelled out where it is used: the window is current when
 // it is not empty and not over (begin_time < coalesce(end_time, infinity)
