@@ -191,7 +191,7 @@ func leaseKeyFlag(fs *flag.FlagSet) func() ([]countlimit.Option, error) {
 				return nil, fmt.Errorf("%s: %s is empty", fs.Name(), from)
 			}
 		}
-		key = strings.TrimSuffix(strings.TrimSuffix(key, "\n"), "\r")
+		key = trimNewline(key)
 		switch {
 		case key == "":
 			return nil, nil
@@ -200,6 +200,15 @@ func leaseKeyFlag(fs *flag.FlagSet) func() ([]countlimit.Option, error) {
 		}
 		return []countlimit.Option{countlimit.WithLeaseKey([]byte(key))}, nil
 	}
+}
+
+// trimNewline drops one trailing newline, \n or \r\n, from s, and nothing
+// else: a lone \r stays.
+func trimNewline(s string) string {
+	if s, ok := strings.CutSuffix(s, "\n"); ok {
+		return strings.TrimSuffix(s, "\r")
+	}
+	return s
 }
 
 func newFlagSet(name string) *flag.FlagSet {

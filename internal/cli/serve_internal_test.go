@@ -122,3 +122,21 @@ type proto string
 
 func (e proto) Error() string { return string(e) }
 func (proto) RedisError()     {}
+
+// TestTrimNewline: a lease key loses one trailing newline, \n or \r\n,
+// and nothing else, so a binary key file keeps its bytes.
+func TestTrimNewline(t *testing.T) {
+	for in, want := range map[string]string{
+		"key\n":     "key",
+		"key\r\n":   "key",
+		"key\n\n":   "key\n",
+		"key\r":     "key\r",
+		"key\r\r\n": "key\r",
+		"key":       "key",
+		"":          "",
+	} {
+		if got := trimNewline(in); got != want {
+			t.Errorf("trimNewline(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
