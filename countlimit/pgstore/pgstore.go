@@ -23,26 +23,24 @@
 //
 // # Group commit
 //
-// A Store on a *pgxpool.Pool gathers concurrent Allow, AllowN and
-// CheckLimit calls of a rule whose window is not sliding into batches, with
-// no timers: a call that finds no batch in flight goes at once, with any
-// calls that are waiting; calls that arrive while batches are in flight
-// leave together in the next batch. A second batch (see WithMaxInFlight)
-// leaves beside the first only when it shares no row with it and carries
-// as many calls: two batches of one Store never lock the same row. A batch
-// is one statement, one transaction and one commit, so one WAL flush serves
-// many calls; if it
+// A Store on a *pgxpool.Pool gathers concurrent Allow, AllowN and CheckLimit
+// calls of a rule whose window is not sliding into batches, with no timers:
+// a call that finds no batch in flight goes at once, with any calls that are
+// waiting; calls that arrive while batches are in flight leave together in
+// the next batch. A second batch (see WithMaxInFlight) leaves beside the
+// first only when it shares no row with it and carries as many calls: two
+// batches of one Store never lock the same row. A batch is one statement,
+// one transaction and one commit, so one WAL flush serves many calls; if it
 // fails, every call in it gets countlimit.ErrUnavailable and nothing of it
 // is committed. Calls for the same id and use type in one batch are decided
 // one after another in arrival order by a single row update, and each gets
 // the Result it would have had alone. A call whose context ends while it
-// waits leaves the batch and is never counted. A call that may leave at
-// once and finds no call waiting runs its statement on its caller's
-// goroutine, with its caller's context: a lone call costs no hand-off
-// between goroutines. Other calls (sliding windows, AllowAll over several rules,
+// waits leaves the batch and is never counted. A call that may leave at once
+// and finds no call waiting runs its statement on its caller's goroutine,
+// with its caller's context: a lone call costs no hand-off between
+// goroutines. Other calls (sliding windows, AllowAll over several rules,
 // Peek, Refund, Reset) are not batched: each is one statement in its own
-// transaction. A Store on a *pgx.Conn or a pgx.Tx
-// never batches.
+// transaction. A Store on a *pgx.Conn or a pgx.Tx never batches.
 //
 // Size the pool for the batches in flight plus the calls that are not
 // batched; pgx's default (the larger of 4 and the number of CPUs) serves
