@@ -109,6 +109,10 @@ var (
 	applySrc    string
 	applyScript = redis.NewScript(applySrc)
 
+	//go:embed fast.lua
+	fastSrc    string
+	fastScript = redis.NewScript(fastSrc)
+
 	//go:embed reset.lua
 	resetSrc    string
 	resetScript = redis.NewScript(resetSrc)
@@ -126,6 +130,7 @@ const (
 var (
 	replyMS  any = replyTTL.Milliseconds()
 	applySHA any = applyScript.Hash()
+	fastSHA  any = fastScript.Hash()
 	resetSHA any = resetScript.Hash()
 	opArg        = [...]any{countlimit.OpAllow: "allow", countlimit.OpPeek: "peek", countlimit.OpRefund: "refund", countlimit.OpReset: "reset"}
 )
@@ -340,11 +345,14 @@ func (s *Store) exec(ctx context.Context, cmds []redis.Cmder) {
 }
 
 // command returns the EVALSHA of r's script: lease.lua for leases (see
-// lease.go), reset.lua for a reset, else apply.lua (see it for KEYS and
-// ARGV).
+// lease.go), reset.lua for a reset, fast.lua for an Allow of one rule that
+// is not sliding, else apply.lua (see each for its KEYS and ARGV).
 func command(ctx context.Context, r *countlimit.Request) redis.Cmder {
 	if r.OnLeases() {
 		return leaseCommand(ctx, r)
+	}
+	if r.Op == countlimit.OpAllow && len(r.Checks) == 1 && r.Checks[0].Span == 0 {
+		return fastCommand(ctx, r)
 	}
 	nkeys := 2 * len(r.Checks)
 	if r.Op != countlimit.OpPeek {
@@ -377,6 +385,20 @@ func command(ctx context.Context, r *countlimit.Request) redis.Cmder {
 		c.SetFirstKeyPos(3)
 		cmd = c
 	}
+	return cmd
+}
+
+// fastCommand is fast.lua's EVALSHA for r, an Allow of one rule that is
+// not sliding.
+func fastCommand(ctx context.Context, r *countlimit.Request) redis.Cmder {
+	c := &r.Checks[0]
+	begin, length := wire.Window(c)
+	args := make([]any, 3, 3+3+7)
+	args[0], args[1], args[2] = "evalsha", fastSHA, 3
+	args = appendKeys(args, r)
+	args = append(args, r.Now.UnixMicro(), r.N, replyMS, c.Limit, wire.Micros(begin, 0), length, c.Block.Microseconds())
+	cmd := redis.NewIntSliceCmd(ctx, args...)
+	cmd.SetFirstKeyPos(3)
 	return cmd
 }
 
@@ -437,8 +459,12 @@ func withSource(ctx context.Context, cmd redis.Cmder) redis.Cmder {
 		c.SetFirstKeyPos(3)
 		out = c
 	} else {
-		args[1] = applySrc
-		if cmd.Args()[1] == leaseSHA {
+		switch cmd.Args()[1] {
+		case applySHA:
+			args[1] = applySrc
+		case fastSHA:
+			args[1] = fastSrc
+		case leaseSHA:
 			args[1] = leaseSrc
 		}
 		c := redis.NewIntSliceCmd(ctx, args...)

@@ -196,8 +196,13 @@ func TestOneScriptPerOperation(t *testing.T) {
 	l := countlimit.New(redisstore.New(c))
 	rule := countlimit.Rule{UseType: storetest.UseType(t, "one"), Limit: 3, Window: countlimit.Sliding(time.Minute)}
 	other := countlimit.Rule{UseType: storetest.UseType(t, "one.other"), Limit: 3, Window: countlimit.Fixed(time.Minute)}
-	// Load the scripts first: the very first call may add an EVAL after NOSCRIPT.
+	// Load the scripts first (apply.lua, fast.lua for the Allow of one
+	// rule that is not sliding, reset.lua): the very first call may add an
+	// EVAL after NOSCRIPT.
 	if _, err := l.AllowAll(ctx, "warm", rule, other); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Allow(ctx, other, "warm"); err != nil {
 		t.Fatal(err)
 	}
 	if err := l.Reset(ctx, rule, "warm"); err != nil {
@@ -211,6 +216,7 @@ func TestOneScriptPerOperation(t *testing.T) {
 		"AllowAll":   func() error { _, err := l.AllowAll(ctx, "id", rule, other); return err },
 		"Peek":       func() error { _, err := l.Peek(ctx, rule, "id"); return err },
 		"Refund":     func() error { _, err := l.Refund(ctx, rule, "id", 1); return err },
+		"AllowFixed": func() error { _, err := l.Allow(ctx, other, "id"); return err },
 		"CheckLimit": func() error { _, err := l.CheckLimit(ctx, other.UseType, "id", 1, time.Hour, time.Time{}); return err },
 		"Reset":      func() error { return l.Reset(ctx, rule, "id") },
 	}
