@@ -418,8 +418,8 @@ const inline = 2
 //
 // Twins: countlimit_apply (migrations/00002_apply_locking.sql) and
 // redisstore's apply.lua make the same decision, each atomic in its own
-// store, and queries/fast.sql again for one rule that is not sliding:
-// change one, change them all. The contract is countlimit.Store's;
+// store, and queries/fast.sql and redisstore's fast.lua again for one
+// rule that is not sliding: change one, change them all. The contract is countlimit.Store's;
 // storetest.Run, in each store's TestConformance, holds them to it, the
 // corners in RollingStartsAtFirstCountedEvent and LateClockReadJoinsWindow
 // (fresh or current window), Sliding, AllowNSliding and SlidingOutOfOrder

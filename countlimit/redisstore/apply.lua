@@ -1,14 +1,16 @@
 -- countlimit: one atomic check of one id against one or more rules.
 -- Twins: countlimit_apply (migrations/00002_apply_locking.sql) and
 -- memstore's Store.apply make the same decision, each atomic in its own
--- store, and queries/fast.sql again for one rule that is not sliding:
--- change one, change them all. The contract is countlimit.Store's;
--- storetest.Run, in each store's TestConformance, holds them to it, the
--- corners in RollingStartsAtFirstCountedEvent and LateClockReadJoinsWindow
--- (fresh or current window), Sliding, AllowNSliding and SlidingOutOfOrder
--- (the log), Refund and RefundSliding, AllowAllHourAndDay, AllowAllBlock and
--- ConcurrentAllowAllNoDeadlock (all or nothing), PenaltyOutlivesWindow,
--- LimitChangedMidWindow and WindowKindChanged.
+-- store, and queries/fast.sql and fast.lua again for one rule that is not
+-- sliding: change one, change them all. The contract is
+-- countlimit.Store's; storetest.Run, in each store's TestConformance, holds
+-- them to it, the corners in RollingStartsAtFirstCountedEvent and
+-- LateClockReadJoinsWindow (fresh or current window), Sliding,
+-- AllowNSliding and SlidingOutOfOrder (the log), Refund and RefundSliding,
+-- AllowAllHourAndDay, AllowAllBlock and ConcurrentAllowAllNoDeadlock (all
+-- or nothing), PenaltyOutlivesWindow, LimitChangedMidWindow and
+-- WindowKindChanged; TestFastScriptIsApplyForOneRule holds fast.lua to
+-- this script.
 --
 -- KEYS, per check i: KEYS[2i-1] the counter hash, KEYS[2i] the sliding log
 -- (a sorted set: member "<µs>:<seq>", score µs); then, for every op but

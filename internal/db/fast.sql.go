@@ -401,8 +401,8 @@ type AllowOneRow struct {
 // Twins: that rule (current, blocked, fits, then the count, window, tally
 // and penalty written) is spelled out in AllowOne, PeekOne, AllowBatch's
 // fold step and AllowBatchDistinct's decided here, and again in
-// countlimit_apply (migrations/00002_apply_locking.sql), apply.lua and
-// memstore's Store.apply: change one, change them all. storetest.Run, in
+// countlimit_apply (migrations/00002_apply_locking.sql), apply.lua (and
+// fast.lua) and memstore's Store.apply: change one, change them all. storetest.Run, in
 // pgstore's TestConformance, holds them to it, the corners in
 // RollingStartsAtFirstCountedEvent and LateClockReadJoinsWindow (fresh or
 // current window), PenaltyOutlivesWindow, LimitChangedMidWindow and
