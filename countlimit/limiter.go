@@ -252,7 +252,7 @@ func (l *Limiter) CheckLimit(ctx context.Context, useType UseType, id string, li
 	}
 	begin := now
 	if !beginTime.IsZero() {
-		begin = beginTime.Truncate(time.Microsecond)
+		begin = micro(beginTime)
 	}
 	c := callPool.Get().(*call)
 	defer callPool.Put(c)

@@ -83,7 +83,7 @@ func (l *Limiter) clockFor(ctx context.Context) (time.Time, error) {
 		}
 		t = t.Add(time.Duration(sc.offset.Load()))
 	}
-	return t.Truncate(time.Microsecond), nil
+	return micro(t), nil
 }
 
 // clock reads the Limiter's clock, corrected to the store's when
@@ -93,7 +93,7 @@ func (l *Limiter) clock() time.Time {
 	if l.sclock != nil {
 		t = t.Add(time.Duration(l.sclock.offset.Load()))
 	}
-	return t.Truncate(time.Microsecond)
+	return micro(t)
 }
 
 // syncClock makes sure the offset is known and not stale at local time

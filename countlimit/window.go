@@ -217,3 +217,11 @@ func floorMod(a, b int64) int64 {
 }
 
 func truncMicro(d time.Duration) time.Duration { return d.Truncate(time.Microsecond) }
+
+// micro is t.Truncate(time.Microsecond), the stores' precision, without
+// Truncate's general division (a tenth of an in-memory Allow): a second
+// is a whole number of microseconds, so only t's nanoseconds change. Like
+// Truncate, it drops the monotonic clock reading.
+func micro(t time.Time) time.Time {
+	return t.Add(-time.Duration(t.Nanosecond() % 1000)).Round(0)
+}

@@ -1,6 +1,7 @@
 package countlimit
 
 import (
+	"math/rand/v2"
 	"testing"
 	"time"
 )
@@ -140,6 +141,28 @@ func TestWindowString(t *testing.T) {
 	} {
 		if got := w.String(); got != want {
 			t.Errorf("String() = %q, want %q", got, want)
+		}
+	}
+}
+
+// TestMicroIsTruncate: micro is Truncate(time.Microsecond), monotonic
+// reading dropped, for clock reads and for times far before and after
+// the epoch, in UTC and in another zone.
+func TestMicroIsTruncate(t *testing.T) {
+	shanghai, err := time.LoadLocation("Asia/Shanghai")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	times := []time.Time{time.Now(), time.Now().In(shanghai), {}, time.Unix(0, 0), time.Unix(-1, 999_999_999)}
+	for range 10000 {
+		ts := time.Unix(rng.Int64N(1<<36)-1<<35, rng.Int64N(1e9))
+		times = append(times, ts, ts.In(shanghai))
+	}
+	for _, ts := range times {
+		want, got := ts.Truncate(time.Microsecond), micro(ts)
+		if got != want || got.Location() != want.Location() {
+			t.Fatalf("micro(%v) = %v, want %v", ts, got, want)
 		}
 	}
 }
