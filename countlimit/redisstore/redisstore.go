@@ -317,7 +317,8 @@ func (s *Store) run(ctx context.Context, calls []*gather.Call) {
 
 	var again []redis.Cmder
 	for i, cmd := range cmds {
-		if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+		// (HasErrorPrefix allocates even for a nil error: ask only on one.)
+		if err := cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
 			if again == nil {
 				again = make([]redis.Cmder, 0, len(cmds)-i)
 			}
