@@ -175,7 +175,7 @@ func WithMaxBatch(n int) Option { return func(c *config) { c.maxBatch = n } }
 // running; more slots send smaller pipelines, which costs the server and
 // the client a write and a read per pipeline. On 2 cores against a local
 // Redis, 4 was best at 4 callers and as good as 2 at 16 and 64; 1 and 8
-// were slower (see the README's benchmark). Keep the client's PoolSize
+// were slower (see docs/benchmarks.md, "Redis"). Keep the client's PoolSize
 // above it: calls that are not pipelined (several requests in one Do) take
 // connections of their own.
 func WithMaxInFlight(n int) Option { return func(c *config) { c.maxInFlight = n } }
