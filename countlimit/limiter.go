@@ -22,10 +22,12 @@ type Limiter struct {
 // Option configures a Limiter.
 type Option func(*Limiter)
 
-// WithClock sets the Limiter's clock (default time.Now). It is the clock
-// that decides: stores take "now" from the Limiter, so two Limiters sharing
-// a store should share a clock too, or correct theirs by the store's with
-// [WithStoreClock].
+// WithClock sets the Limiter's clock. The default is the system's wall
+// clock, the one time.Now reads, read at the microsecond (the stores keep
+// no finer time) and without time.Now's monotonic reading, which no
+// decision uses. It is the clock that decides: stores take "now" from the
+// Limiter, so two Limiters sharing a store should share a clock too, or
+// correct theirs by the store's with [WithStoreClock].
 func WithClock(now func() time.Time) Option {
 	return func(l *Limiter) {
 		if now != nil {
@@ -39,7 +41,7 @@ func New(s Store, opts ...Option) *Limiter {
 	if s == nil {
 		panic("countlimit: New called with a nil Store")
 	}
-	l := &Limiter{store: s, now: time.Now}
+	l := &Limiter{store: s, now: wallClock}
 	for _, o := range opts {
 		o(l)
 	}

@@ -166,3 +166,26 @@ func TestMicroIsTruncate(t *testing.T) {
 		}
 	}
 }
+
+// TestWallClockIsTimeNow: the default clock reads the clock time.Now reads,
+// to the microsecond, with no monotonic reading, in time.Local, and micro
+// leaves its readings as they are.
+func TestWallClockIsTimeNow(t *testing.T) {
+	for range 1000 {
+		before := time.Now().Truncate(time.Microsecond)
+		got := wallClock()
+		after := time.Now()
+		if got.Before(before) || got.After(after) {
+			t.Fatalf("wallClock() = %v, not between time.Now's %v and %v", got, before, after)
+		}
+		if got != got.Round(0) {
+			t.Fatalf("wallClock() = %v carries a monotonic reading", got)
+		}
+		if got.Location() != time.Local {
+			t.Fatalf("wallClock() is in %v, want time.Local", got.Location())
+		}
+		if m := micro(got); m != got {
+			t.Fatalf("micro(wallClock()) = %v, want it unchanged: %v", m, got)
+		}
+	}
+}
