@@ -219,6 +219,12 @@ type entry struct {
 	// Store.start on the monotonic clock: housekeeping follows a relative
 	// TTL, as Redis does, and never decides a check.
 	expires int64
+	// The padding makes an entry 128 bytes, a size class of its own whose
+	// objects start on 128-byte boundaries: two counters never share a
+	// cache line or its prefetched pair. At 112 bytes, counters made one
+	// after another sat side by side, and two goroutines each counting its
+	// own id ran at 68-110 ns an Allow instead of 56 (VersusRate, 2026-11-26).
+	_ [16]byte
 }
 
 const forever = math.MaxInt64
