@@ -468,3 +468,55 @@ func TestNoFailureOptionsNoStats(t *testing.T) {
 		t.Errorf("Stats without failure options = %+v, want zero", s)
 	}
 }
+
+// nowStore records the Now of every request it is given.
+type nowStore struct {
+	*clockStore
+	mu   sync.Mutex
+	nows []time.Time
+}
+
+func (s *nowStore) Do(ctx context.Context, reqs []*countlimit.Request) error {
+	s.mu.Lock()
+	for _, r := range reqs {
+		s.nows = append(s.nows, r.Now)
+	}
+	s.mu.Unlock()
+	return s.clockStore.Do(ctx, reqs)
+}
+
+// TestClockReadingsAreMicroseconds: whatever the clock given to WithClock
+// returns (nanoseconds, a monotonic reading) and whatever offset the
+// store's clock adds (nanoseconds too), the time a store is given and
+// Limiter.Now are whole microseconds without a monotonic reading.
+func TestClockReadingsAreMicroseconds(t *testing.T) {
+	t.Parallel()
+	local := newStubClock()
+	local.advance(123_456_789 * time.Nanosecond)
+	clocks := map[string]func() time.Time{"stub": local.now, "time.Now": time.Now}
+	for name, clock := range clocks {
+		for _, skew := range []time.Duration{0, 90*time.Second + 789, -30*time.Second - 789} {
+			cs := &clockStore{Store: memstore.New(memstore.WithJanitorInterval(0)), local: local}
+			cs.skew.Store(int64(skew))
+			ns := &nowStore{clockStore: cs}
+			opts := []countlimit.Option{countlimit.WithClock(clock)}
+			if skew != 0 {
+				opts = append(opts, countlimit.WithStoreClock(time.Minute))
+			}
+			l := countlimit.New(ns, opts...)
+			for range 3 {
+				if _, err := l.Allow(context.Background(), perMinute, "u1"); err != nil {
+					t.Fatal(err)
+				}
+				local.advance(1001 * time.Nanosecond)
+			}
+			ns.nows = append(ns.nows, l.Now())
+			for _, got := range ns.nows {
+				if got != got.Truncate(time.Microsecond) || got != got.Round(0) {
+					t.Errorf("%s clock, store skew %v: a time of %v, want whole microseconds and no monotonic reading", name, skew, got)
+				}
+			}
+			cs.Close()
+		}
+	}
+}

@@ -11,7 +11,10 @@ import (
 // state is the store, the clock and what its failure options count. Make
 // one with New: the zero Limiter has no store, and its methods panic.
 type Limiter struct {
-	store   Store
+	store Store
+	// now reads the clock at the stores' precision: to the microsecond,
+	// without a monotonic reading (wallClock, or WithClock's clock cut by
+	// micro), so the hot path cuts nothing.
 	now     func() time.Time
 	guarded *guarded    // nil without WithStoreTimeout, WithCircuitBreaker, WithFallback
 	sclock  *storeClock // nil without WithStoreClock
@@ -25,13 +28,14 @@ type Option func(*Limiter)
 // WithClock sets the Limiter's clock. The default is the system's wall
 // clock, the one time.Now reads, read at the microsecond (the stores keep
 // no finer time) and without time.Now's monotonic reading, which no
-// decision uses. It is the clock that decides: stores take "now" from the
-// Limiter, so two Limiters sharing a store should share a clock too, or
-// correct theirs by the store's with [WithStoreClock].
+// decision uses. Readings of a clock set here are cut to the microsecond
+// too. It is the clock that decides: stores take "now" from the Limiter,
+// so two Limiters sharing a store should share a clock too, or correct
+// theirs by the store's with [WithStoreClock].
 func WithClock(now func() time.Time) Option {
 	return func(l *Limiter) {
 		if now != nil {
-			l.now = now
+			l.now = func() time.Time { return micro(now()) }
 		}
 	}
 }

@@ -59,7 +59,7 @@ type storeClock struct {
 	store  StoreClock
 	resync time.Duration
 
-	offset     atomic.Int64 // nanoseconds to add to the Limiter's clock
+	offset     atomic.Int64 // nanoseconds to add to the Limiter's clock: whole microseconds, as its readings are
 	next       atomic.Int64 // when to refresh, Unix nanoseconds of the Limiter's clock; 0: never synced
 	refreshing atomic.Bool
 	first      sync.Mutex   // serialises the first read
@@ -83,7 +83,7 @@ func (l *Limiter) clockFor(ctx context.Context) (time.Time, error) {
 		}
 		t = t.Add(time.Duration(sc.offset.Load()))
 	}
-	return micro(t), nil
+	return t, nil
 }
 
 // clock reads the Limiter's clock, corrected to the store's when
@@ -93,7 +93,7 @@ func (l *Limiter) clock() time.Time {
 	if l.sclock != nil {
 		t = t.Add(time.Duration(l.sclock.offset.Load()))
 	}
-	return micro(t)
+	return t
 }
 
 // syncClock makes sure the offset is known and not stale at local time
@@ -148,7 +148,7 @@ func (l *Limiter) readStoreClock(ctx context.Context) error {
 		return fmt.Errorf("reading the store's clock: %w", Unavailable(err))
 	}
 	mid := t0.Add(t1.Sub(t0) / 2)
-	sc.offset.Store(int64(st.Sub(mid)))
+	sc.offset.Store(int64(truncMicro(st.Sub(mid))))
 	sc.next.Store(t1.Add(sc.resync).UnixNano())
 	return nil
 }
