@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 
@@ -123,7 +124,7 @@ func TestFastScriptIsApplyForOneRule(t *testing.T) {
 			if oneRule {
 				desc = fmt.Sprintf("%s: n=%d limit=%d begin=%d length=%d block=%d", desc, n, limit, begin, length, block)
 				if i == 1 {
-					script, args = fast, []any{now, n, 20000, limit, begin, length, block}
+					script, args = fast, []any{20000, now, n, limit, begin, length, block}
 				}
 			}
 			// One transaction: nothing expires between the script and
@@ -164,5 +165,172 @@ func TestFastScriptIsApplyForOneRule(t *testing.T) {
 	}
 	if fastAllowed < 300 {
 		t.Errorf("seed %d: only %d Allows counted by fast.lua", seed, fastAllowed)
+	}
+}
+
+// TestFastScriptCombinedIsOneByOne runs the same random Allows (fixed,
+// rolling and lifetime windows, limits that change, weights, penalties,
+// the calls of one script on the same few ids) on two sets of keys: one
+// fast.lua script a call on one side, and on the other one script for
+// each run of 1 to 9 calls, as a pipeline on one server sends them. Every
+// call gets the same reply, and after each script the hashes are the same,
+// with the same TTLs; a script of several calls keeps its reply when one
+// of them counted. One id's key is now and then a string: its call fails
+// alone and, in a script of several, is left undone (verdict -1) without
+// touching what the others do. A script sent again under the same reply key
+// gets its first reply and counts nothing.
+func TestFastScriptCombinedIsOneByOne(t *testing.T) {
+	c := client(t)
+	ctx := context.Background()
+	fast := redis.NewScript(redisstore.FastSource)
+	ut := string(storetest.UseType(t, "combined"))
+	ids := []string{"a", "b", "c", "bad"}
+	hash := func(side, id string) string { return "{" + ut + "}:" + side + ":" + id }
+	t.Cleanup(func() {
+		for _, side := range []string{"alone", "combined"} {
+			for _, id := range ids {
+				c.Del(context.Background(), hash(side, id), hash(side, id)+":log")
+			}
+		}
+	})
+	seed := *fastSeed
+	if seed == 0 {
+		seed = uint64(time.Now().UnixNano())
+	}
+	rng := rand.New(rand.NewPCG(seed, 12))
+	const sec = int64(time.Second / time.Microsecond)
+	now := time.Now().UnixMicro()
+	limit := int64(4)
+	replies, counted, undone := 0, 0, 0
+	for step := range 300 {
+		bad := rng.IntN(4) == 0
+		for _, side := range []string{"alone", "combined"} {
+			k := hash(side, "bad")
+			if err := c.Del(ctx, k).Err(); err != nil {
+				t.Fatal(err)
+			}
+			if bad {
+				if err := c.Set(ctx, k, "not a hash", time.Minute).Err(); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		type call struct {
+			id   string
+			args []any // fast.lua's six for the call
+		}
+		calls := make([]call, 1+rng.IntN(9))
+		var scriptAs func(side string, calls []call, reply int) *redis.Cmd
+		for i := range calls {
+			now += rng.Int64N(sec)
+			if rng.IntN(12) == 0 {
+				limit = rng.Int64N(7)
+			}
+			var block int64
+			if rng.IntN(3) == 0 {
+				block = 5 * sec
+			}
+			var begin, length int64
+			switch kind := rng.IntN(10); {
+			case kind < 5:
+				begin, length = now-now%(7*sec), 7*sec
+			case kind < 8:
+				begin, length = now, 10*sec
+			default:
+				begin = now
+			}
+			id := ids[rng.IntN(3)]
+			if rng.IntN(8) == 0 {
+				id = "bad"
+			}
+			calls[i] = call{id, []any{now, 1 + rng.Int64N(3), limit, begin, length, block}}
+		}
+		script := func(side string, calls []call) *redis.Cmd {
+			replies++
+			return scriptAs(side, calls, replies)
+		}
+		scriptAs = func(side string, calls []call, reply int) *redis.Cmd {
+			keys := make([]string, 0, 2*len(calls)+1)
+			args := []any{20000}
+			for _, cl := range calls {
+				keys = append(keys, hash(side, cl.id), hash(side, cl.id)+":log")
+				args = append(args, cl.args...)
+			}
+			keys = append(keys, fmt.Sprintf("{%s}:reply:%d", ut, reply))
+			return fast.Eval(ctx, c, keys, args...)
+		}
+		var alone []string
+		for _, cl := range calls {
+			res := script("alone", []call{cl})
+			if err := res.Err(); err != nil {
+				if cl.id != "bad" || !bad {
+					t.Fatalf("seed %d step %d: %v: %v", seed, step, cl, err)
+				}
+				alone = append(alone, "failed")
+				continue
+			}
+			alone = append(alone, fmt.Sprint(res.Val()))
+		}
+		res := script("combined", calls)
+		vals, err := res.Slice()
+		if len(calls) == 1 && alone[0] == "failed" {
+			// A script of one call fails with the call's error.
+			if err == nil || !strings.Contains(err.Error(), "WRONGTYPE") {
+				t.Fatalf("seed %d step %d: one call on a string key: %v, %v; want WRONGTYPE", seed, step, vals, err)
+			}
+			vals, err = []any{0, 0, 0, 0, 0, "failed"}, nil
+		}
+		if err != nil || len(vals) != 6*len(calls) {
+			t.Fatalf("seed %d step %d: %d calls: %v, %v", seed, step, len(calls), vals, err)
+		}
+		anyCounted := false
+		for i, cl := range calls {
+			got := fmt.Sprint(vals[6*i : 6*i+6])
+			switch {
+			case vals[6*i+5] == "failed":
+				got = "failed"
+			case len(calls) > 1 && vals[6*i+5] == int64(-1):
+				got = "failed"
+				undone++
+			}
+			if vals[6*i+5] == int64(1) {
+				anyCounted = true
+				counted++
+			}
+			if got != alone[i] {
+				t.Fatalf("seed %d step %d: call %d of %d (%v): alone %s, combined %s", seed, step, i+1, len(calls), cl, alone[i], got)
+			}
+		}
+		kept, err := c.Get(ctx, fmt.Sprintf("{%s}:reply:%d", ut, replies)).Result()
+		if anyCounted != (err == nil) || (err != nil && err != redis.Nil) {
+			t.Fatalf("seed %d step %d: kept reply %q, %v; a call counted: %v", seed, step, kept, err, anyCounted)
+		}
+		if anyCounted {
+			// A repeat of the script (a reply lost, the command sent
+			// again) gets the kept reply and counts nothing: the hashes
+			// below must still match the other side's.
+			again, err := scriptAs("combined", calls, replies).Slice()
+			if err != nil || fmt.Sprint(again) != fmt.Sprint(vals) {
+				t.Fatalf("seed %d step %d: the repeat of a script got %v, %v; want %v", seed, step, again, err, vals)
+			}
+		}
+		for _, id := range ids[:3] {
+			var state [2]string
+			var ttl [2]time.Duration
+			for j, side := range []string{"alone", "combined"} {
+				h, err := c.HGetAll(ctx, hash(side, id)).Result()
+				if err != nil {
+					t.Fatal(err)
+				}
+				state[j] = fmt.Sprint(h)
+				ttl[j] = c.PTTL(ctx, hash(side, id)).Val()
+			}
+			if d := ttl[0] - ttl[1]; state[0] != state[1] || (ttl[0] < 0) != (ttl[1] < 0) || d < -time.Second || d > time.Second {
+				t.Fatalf("seed %d step %d: %s: alone %s (TTL %v), combined %s (TTL %v)", seed, step, id, state[0], ttl[0], state[1], ttl[1])
+			}
+		}
+	}
+	if counted < 100 || undone < 5 {
+		t.Errorf("seed %d: %d calls counted, %d left undone: the test did not reach enough states", seed, counted, undone)
 	}
 }

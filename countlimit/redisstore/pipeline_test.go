@@ -19,13 +19,15 @@ import (
 	"github.com/countlimit/countlimit/internal/testbackend"
 )
 
-// pipeHook records the size of every pipeline of scripts a client sends
-// and, while armed, holds the next plain command until the test releases
-// it. beforePipeline, if set, runs once before the next pipeline is sent.
+// pipeHook records every round trip of scripts a client sends that
+// carries more than one call: a pipeline, or one fast.lua script of
+// several calls. While armed, it holds the next plain command until the
+// test releases it. beforePipeline, if set, runs once before the next
+// pipeline is sent.
 type pipeHook struct {
 	mu             sync.Mutex
-	sizes          []int
-	names          [][]string
+	sizes          []int      // calls a round trip carried
+	names          [][]string // its commands' names
 	beforePipeline func()
 
 	hold    chan struct{} // closed by the test to release; nil: not armed
@@ -49,20 +51,28 @@ func (h *pipeHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 			close(holding)
 			<-hold
 		}
+		if n := callsIn(cmd); n > 1 {
+			h.mu.Lock()
+			h.sizes = append(h.sizes, n)
+			h.names = append(h.names, []string{cmd.Name()})
+			h.mu.Unlock()
+		}
 		return next(ctx, cmd)
 	}
 }
 func (h *pipeHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		names := make([]string, len(cmds))
+		calls := 0
 		for i, c := range cmds {
 			names[i] = c.Name()
+			calls += callsIn(c)
 		}
 		if !strings.HasPrefix(names[0], "eval") {
 			return next(ctx, cmds) // a connection's handshake
 		}
 		h.mu.Lock()
-		h.sizes = append(h.sizes, len(cmds))
+		h.sizes = append(h.sizes, calls)
 		h.names = append(h.names, names)
 		before := h.beforePipeline
 		h.beforePipeline = nil
@@ -73,6 +83,19 @@ func (h *pipeHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 		return next(ctx, cmds)
 	}
 }
+
+// callsIn returns how many calls a command carries: a fast.lua script
+// may carry several (KEYS: two a call, then the reply key), any other one.
+func callsIn(cmd redis.Cmder) int {
+	args := cmd.Args()
+	if len(args) < 3 || (args[1] != fastScript.Hash() && args[1] != redisstore.FastSource) {
+		return 1
+	}
+	nkeys, _ := args[2].(int)
+	return (nkeys - 1) / 2
+}
+
+var fastScript = redis.NewScript(redisstore.FastSource)
 
 // gathered holds one call in flight on a Store with one pipeline slot,
 // starts calls while it is held, waits until they all queue, and releases
@@ -112,15 +135,32 @@ func gathered(t *testing.T, s *redisstore.Store, h *pipeHook, first func() error
 	return errs
 }
 
-// TestFailingScriptFailsOnlyItsCaller sends five calls in one pipeline, one
-// of them on a key that someone made a string: that one fails with
-// ErrUnavailable and WRONGTYPE, the four others count as usual.
+// TestFailingScriptFailsOnlyItsCaller sends five calls in one round trip,
+// one of them on a key that someone made a string: that one fails with
+// ErrUnavailable and WRONGTYPE, the four others count as usual. On one
+// server the five go as one fast.lua script, which leaves the failing call
+// undone, to be sent again alone (and fail there); with a script a call,
+// as on a Cluster, they go as a pipeline of five scripts.
 func TestFailingScriptFailsOnlyItsCaller(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name  string
+		opts  []redisstore.Option
+		names [][]string
+	}{
+		{"one script", nil, [][]string{{"evalsha"}}},
+		{"script per call", []redisstore.Option{redisstore.WithScriptPerCall()}, [][]string{{"evalsha", "evalsha", "evalsha", "evalsha", "evalsha"}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) { testFailingScript(t, tc.opts, tc.names) })
+	}
+}
+
+func testFailingScript(t *testing.T, opts []redisstore.Option, names [][]string) {
 	t.Parallel()
 	c := client(t)
 	h := &pipeHook{}
 	c.AddHook(h)
-	s := redisstore.New(c, redisstore.WithMaxInFlight(1))
+	s := redisstore.New(c, append(opts, redisstore.WithMaxInFlight(1))...)
 	l := countlimit.New(s)
 	ctx := context.Background()
 	rule := countlimit.Rule{UseType: storetest.UseType(t, "wrongtype"), Limit: 5, Window: countlimit.Fixed(time.Hour)}
@@ -136,8 +176,8 @@ func TestFailingScriptFailsOnlyItsCaller(t *testing.T) {
 	errs := gathered(t, s, h, func() error { _, err := l.Allow(ctx, rule, "first"); return err }, calls...)
 
 	h.mu.Lock()
-	if !slices.Contains(h.sizes, len(ids)) {
-		t.Errorf("pipelines of %v commands sent, want one of %d", h.sizes, len(ids))
+	if !slices.Equal(h.sizes, []int{len(ids)}) || !slices.EqualFunc(h.names, names, slices.Equal) {
+		t.Errorf("round trips of %v calls (%v) sent, want one of %d (%v)", h.sizes, h.names, len(ids), names)
 	}
 	h.mu.Unlock()
 	for i, id := range ids {
