@@ -330,7 +330,8 @@ func TestFastScriptCombinedIsOneByOne(t *testing.T) {
 			}
 		}
 	}
-	if counted < 100 || undone < 5 {
+	// Across 80 seeds: 94-149 counted, 26-52 undone.
+	if counted < 50 || undone < 10 {
 		t.Errorf("seed %d: %d calls counted, %d left undone: the test did not reach enough states", seed, counted, undone)
 	}
 }
