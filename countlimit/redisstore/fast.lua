@@ -21,11 +21,13 @@
 -- length (µs; 0 = lifetime), block (µs; 0 = none).
 -- Returns apply.lua's reply for each call, one after another: {used,
 -- begin, end, blocked_until, NONE, verdict}; and keeps it under the reply
--- key, as apply.lua does, when a call counted. A call of many whose keys
--- hold something the script cannot read (a hash key made a string, a field
--- that is not a number) fails before it writes anything: its verdict is -1
--- and it changed nothing, so the caller sends it again alone, to get the
--- error. A script of one call fails with that error.
+-- key, as apply.lua does, when a call counted (with the replies of the
+-- script's other calls, denials too). A call of many whose keys hold
+-- something the script cannot read or write (a hash key made a string, a
+-- field that is not a number; a hand edit) fails before it writes
+-- anything: each branch's first write is the only one that can fail. Its
+-- verdict is then -1 and it changed nothing, so the caller sends it again
+-- alone, to get the error. A script of one call fails with that error.
 local NONE = -9007199254740992 -- -2^53: no time
 
 -- allow applies the call whose hash is h, log lg and arguments ARGV[a..a+5]
@@ -73,6 +75,9 @@ local function allow(h, lg, a)
     end
     e = we
   else
+    -- The tally first: the one write of a denial that can fail (a field
+    -- that is not an integer), before any other.
+    redis.call('HINCRBY', h, 'd', 1)
     if exists then
       redis.call('HSET', h, 'l', ARGV[a+2])
     else
@@ -86,7 +91,6 @@ local function allow(h, lg, a)
       x = blocked
       redis.call('HSET', h, 'x', string.format('%.0f', blocked))
     end
-    redis.call('HINCRBY', h, 'd', 1)
   end
 
   -- The hash lives as long as its window and its penalty (nil: a lifetime
@@ -127,6 +131,7 @@ for i = 1, calls do
     out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5], out[o + 6] = 0, NONE, NONE, NONE, NONE, -1
   end
 end
--- As in apply.lua, a denial is not remembered.
+-- As in apply.lua, a denial alone is not remembered: its repeat counts
+-- nothing either.
 if counted then redis.call('SET', reply, cmsgpack.pack(out), 'PX', ARGV[1]) end
 return out

@@ -137,7 +137,9 @@ func gathered(t *testing.T, s *redisstore.Store, h *pipeHook, first func() error
 
 // TestFailingScriptFailsOnlyItsCaller sends five calls in one round trip,
 // one of them on a key that someone made a string: that one fails with
-// ErrUnavailable and WRONGTYPE, the four others count as usual. On one
+// ErrUnavailable and WRONGTYPE, the four others count as usual, each from
+// its own count (0 to 3 before), so a reply given to the wrong caller shows.
+// On one
 // server the five go as one fast.lua script, which leaves the failing call
 // undone, to be sent again alone (and fail there); with a script a call,
 // as on a Cluster, they go as a pipeline of five scripts.
@@ -168,6 +170,12 @@ func testFailingScript(t *testing.T, opts []redisstore.Option, names [][]string)
 		t.Fatal(err)
 	}
 	ids := []string{"a", "b", "bad", "c", "d"}
+	before := map[string]int64{"b": 1, "c": 2, "d": 3}
+	for id, n := range before {
+		if _, err := l.AllowN(ctx, rule, id, n); err != nil {
+			t.Fatal(err)
+		}
+	}
 	results := make([]countlimit.Result, len(ids))
 	calls := make([]func() error, len(ids))
 	for i, id := range ids {
@@ -187,14 +195,16 @@ func testFailingScript(t *testing.T, opts []redisstore.Option, names [][]string)
 			}
 			continue
 		}
-		if errs[i] != nil || !results[i].Allowed || results[i].Used != 1 {
-			t.Errorf("Allow(%q) in the pipeline with the failing call = %+v, %v; want allowed, Used 1", id, results[i], errs[i])
+		if want := before[id] + 1; errs[i] != nil || !results[i].Allowed || results[i].Used != want {
+			t.Errorf("Allow(%q) in the pipeline with the failing call = %+v, %v; want allowed, Used %d", id, results[i], errs[i], want)
 		}
 	}
 }
 
-// TestNoScriptInAPipeline flushes the scripts while calls gather: every call
-// of the pipeline gets NOSCRIPT and is sent again, once, with EVAL.
+// TestNoScriptInAPipeline flushes the scripts while calls gather: every
+// command of the pipeline (the two fixed-window Allows' one script, the
+// sliding Allow's, the Peek's and the Reset's) gets NOSCRIPT and is sent
+// again, once, with EVAL, and each call gets its own reply.
 func TestNoScriptInAPipeline(t *testing.T) {
 	c := client(t)
 	other := client(t)
@@ -215,21 +225,23 @@ func TestNoScriptInAPipeline(t *testing.T) {
 			t.Error(err)
 		}
 	}
-	var res [3]countlimit.Result
+	var res [4]countlimit.Result
 	errs := gathered(t, s, h,
 		func() error { _, err := l.Allow(ctx, fixed, "first"); return err },
 		func() (err error) { res[0], err = l.Allow(ctx, fixed, "x"); return err },
 		func() (err error) { res[1], err = l.AllowN(ctx, sliding, "x", 2); return err },
 		func() (err error) { res[2], err = l.Peek(ctx, fixed, "once"); return err },
 		func() error { return l.Reset(ctx, fixed, "gone") },
+		func() (err error) { res[3], err = l.AllowN(ctx, fixed, "once", 3); return err },
 	)
 	for i, err := range errs {
 		if err != nil {
 			t.Errorf("call %d after SCRIPT FLUSH: %v", i, err)
 		}
 	}
-	if res[0].Used != 1 || res[1].Used != 2 || res[2].Used != 1 {
-		t.Errorf("Used after SCRIPT FLUSH = %d, %d, %d; want 1, 2, 1", res[0].Used, res[1].Used, res[2].Used)
+	// The Peek of "once" and its AllowN of 3 are concurrent: either order.
+	if res[0].Used != 1 || res[1].Used != 2 || (res[2].Used != 1 && res[2].Used != 4) || res[3].Used != 4 {
+		t.Errorf("Used after SCRIPT FLUSH = %d, %d, %d, %d; want 1, 2, 1 or 4, 4", res[0].Used, res[1].Used, res[2].Used, res[3].Used)
 	}
 	h.mu.Lock()
 	want := [][]string{{"evalsha", "evalsha", "evalsha", "evalsha"}, {"eval", "eval", "eval", "eval"}}
@@ -439,6 +451,83 @@ func testManyIDs(t *testing.T, s countlimit.Store) {
 		slices.Sort(u)
 		if !slices.Equal(u, []int64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}) {
 			t.Errorf("%s: allowed with Used %v, want 1..10 each once", id, u)
+		}
+	}
+}
+
+// refuseHook answers every script of several calls with CROSSSLOT, as a
+// Cluster node (or a proxy that checks slots) does, without sending it.
+type refuseHook struct{ refused atomic.Int32 }
+
+type slotError struct{}
+
+func (slotError) Error() string { return "CROSSSLOT Keys in request don't hash to the same slot" }
+func (slotError) RedisError()   {}
+
+func (h *refuseHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *refuseHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if callsIn(cmd) > 1 {
+			h.refused.Add(1)
+			cmd.SetErr(slotError{})
+			return cmd.Err()
+		}
+		return next(ctx, cmd)
+	}
+}
+func (h *refuseHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		var send []redis.Cmder
+		for _, cmd := range cmds {
+			if callsIn(cmd) > 1 {
+				h.refused.Add(1)
+				cmd.SetErr(slotError{})
+				continue
+			}
+			send = append(send, cmd)
+		}
+		if len(send) == 0 {
+			return nil
+		}
+		return next(ctx, send)
+	}
+}
+
+// TestRefusedCombinedScript: a server that refuses a script whose keys
+// span slots (CROSSSLOT) refuses the combined script once; its calls go
+// again, each its own script, and count once each, and the Store sends
+// every later call as a script of its own.
+func TestRefusedCombinedScript(t *testing.T) {
+	t.Parallel()
+	c := client(t)
+	refuse := &refuseHook{}
+	c.AddHook(refuse)
+	h := &pipeHook{}
+	c.AddHook(h)
+	s := redisstore.New(c, redisstore.WithMaxInFlight(1))
+	l := countlimit.New(s)
+	ctx := context.Background()
+	rule := countlimit.Rule{UseType: storetest.UseType(t, "refused"), Limit: 5, Window: countlimit.Fixed(time.Hour)}
+	ids := []string{"a", "b", "c", "d"}
+	for round := int64(1); round <= 2; round++ {
+		results := make([]countlimit.Result, len(ids))
+		calls := make([]func() error, len(ids))
+		for i, id := range ids {
+			calls[i] = func() (err error) { results[i], err = l.Allow(ctx, rule, id); return err }
+		}
+		errs := gathered(t, s, h, func() error { _, err := l.Allow(ctx, rule, "first"); return err }, calls...)
+		for i, id := range ids {
+			if errs[i] != nil || !results[i].Allowed || results[i].Used != round {
+				t.Errorf("round %d: Allow(%q) = %+v, %v; want allowed, Used %d", round, id, results[i], errs[i], round)
+			}
+		}
+	}
+	if n := refuse.refused.Load(); n != 1 {
+		t.Errorf("%d combined scripts refused, want 1: the first refusal turns combining off", n)
+	}
+	for _, id := range ids {
+		if n, err := c.HGet(ctx, redisstore.Key(rule.UseType, id), "c").Int64(); err != nil || n != 2 {
+			t.Errorf("stored count of %q: %d, %v; want 2", id, n, err)
 		}
 	}
 }

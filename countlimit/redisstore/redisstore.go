@@ -42,12 +42,17 @@
 // fixed cost, its arguments' framing and its lost-reply memo are paid once
 // for them all. At 64 callers Redis spent 11-12 µs of CPU an Allow against
 // 18-19 with a script a call, and did 1.6 times the Allows a second (see
-// docs/benchmarks.md, "Redis"). Every other call, and every call on a
-// Cluster or a Ring, whose keys live on different nodes, is its own script.
-// WithScriptPerCall turns the combining off, for a proxy that shards by
-// key. Each call gets its own outcome: a call that fails (a key of the
-// wrong type, say) fails only its caller (in a combined script it is left
-// undone, having counted nothing, and sent again alone to get its error);
+// docs/benchmarks.md, "Redis"). Every other call, every request of a Do of
+// several, and every call on a Cluster or a Ring, whose keys live on
+// different nodes, is its own script. A server that refuses a combined
+// script whose keys span slots (CROSSSLOT, MOVED: a Cluster node reached
+// through a *redis.Client, or a proxy that checks slots) has its calls sent
+// again alone, and the Store combines no more. A proxy that routes a script
+// by its first key without a check (twemproxy, Envoy's Redis proxy) would
+// put other ids' counters on the wrong shard: give WithScriptPerCall there.
+// Each call gets its own outcome: a call that fails (a key of the wrong
+// type, say) fails only its caller (in a combined script it is left
+// undone, having written nothing, and sent again alone to get its error);
 // a connection that breaks fails every call of that pipeline with
 // countlimit.ErrUnavailable, once go-redis's retries are spent. If the
 // server answers NOSCRIPT, the commands that got it are sent again at
@@ -168,9 +173,11 @@ func newCallPrefix() string {
 
 // Store is a countlimit.Store on Redis. It is safe for concurrent use.
 type Store struct {
-	client  redis.UniversalClient
-	gather  *gather.Batcher // nil: no pipelining
-	combine bool            // a pipeline's fast-path calls go in one script
+	client redis.UniversalClient
+	gather *gather.Batcher // nil: no pipelining
+	// A pipeline's fast-path calls go in one script: on one server, until
+	// it answers that the keys of one script must share a slot.
+	combine atomic.Bool
 }
 
 // Option configures a Store.
@@ -199,10 +206,11 @@ func WithMaxInFlight(n int) Option { return func(c *config) { c.maxInFlight = n 
 
 // WithScriptPerCall makes every call of a pipeline a script of its own,
 // as on a Redis Cluster or a Ring, instead of one fast.lua script for a
-// pipeline's fast-path calls (see the package doc). Use it for a
+// pipeline's fast-path calls (see the package doc). Give it for a
 // *redis.Client whose "server" routes each command by its first key to one
-// of several servers: a proxy (twemproxy, Envoy's Redis proxy) in front
-// of a shard set.
+// of several servers without checking the others: a proxy (twemproxy,
+// Envoy's Redis proxy) in front of a shard set. The countlimit command
+// gives it for a URL with script_per_call=true.
 func WithScriptPerCall() Option { return func(c *config) { c.scriptPerCall = true } }
 
 // New returns a Store on client. It pipelines concurrent calls; options
@@ -213,7 +221,8 @@ func New(client redis.UniversalClient, opts ...Option) *Store {
 		o(&cfg)
 	}
 	_, single := client.(*redis.Client) // one server, or Sentinel's master
-	s := &Store{client: client, combine: single && !cfg.scriptPerCall}
+	s := &Store{client: client}
+	s.combine.Store(single && !cfg.scriptPerCall)
 	if cfg.maxBatch > 1 {
 		s.gather = gather.New(s.send, cfg.maxBatch, cfg.maxInFlight)
 		// go-redis ends a call at its context's deadline (with
@@ -268,7 +277,7 @@ func escape(s string) string {
 
 // Do implements countlimit.Store. One request joins a pipeline (see the
 // package doc); several are sent together in one pipeline of their own, on
-// the caller's goroutine. Either way each request is one script.
+// the caller's goroutine, in their order, each its own script.
 func (s *Store) Do(ctx context.Context, reqs []*countlimit.Request) error {
 	if len(reqs) == 1 && s.gather != nil {
 		return wrap(s.gather.Do(ctx, reqs[0]))
@@ -287,7 +296,7 @@ func (s *Store) Do(ctx context.Context, reqs []*countlimit.Request) error {
 		calls[i].Req = *r // shares r.Checks: the states land there
 		ptrs[i] = &calls[i]
 	}
-	s.run(ctx, ptrs)
+	s.run(ctx, ptrs, false)
 	for i := range calls {
 		if err := calls[i].Err; err != nil {
 			return wrap(err)
@@ -325,13 +334,13 @@ func (s *Store) send(ctx context.Context, calls []*gather.Call) {
 		ctx, cancel = context.WithDeadline(ctx, latest)
 		defer cancel()
 	}
-	s.run(ctx, calls)
+	s.run(ctx, calls, s.combine.Load())
 }
 
 // run sends calls in one round trip and gives each call its outcome. Each
-// call is a script of its own, but for the fast path's calls on a single
-// server (see combine): two or more of them go as one fast.lua script.
-func (s *Store) run(ctx context.Context, calls []*gather.Call) {
+// call is a script of its own but, with combine, two or more fast-path
+// calls go as one fast.lua script.
+func (s *Store) run(ctx context.Context, calls []*gather.Call, combine bool) {
 	var one [1]redis.Cmder
 	cmds := one[:] // the commands sent; calls[i]'s is cmds[of[i]]
 	// of nil: calls[i]'s command is cmds[i]. cmds[0] is the combined
@@ -340,7 +349,7 @@ func (s *Store) run(ctx context.Context, calls []*gather.Call) {
 	var nfast int
 	if len(calls) > 1 {
 		cmds = make([]redis.Cmder, 0, len(calls))
-		if s.combine {
+		if combine {
 			cmds, of, at, nfast = combined(ctx, cmds, calls)
 		}
 	}
@@ -351,13 +360,18 @@ func (s *Store) run(ctx context.Context, calls []*gather.Call) {
 		}
 	}
 	s.execLoading(ctx, cmds)
+	refused := of != nil && s.refused(cmds[0])
 
-	var alone []*gather.Call // calls a combined script left undone
+	var alone []*gather.Call // calls to send again, each a script of its own
 	for i, c := range calls {
 		j, pos, k := i, 0, 1
 		if of != nil {
 			j = int(of[i])
 			if j == 0 {
+				if refused {
+					alone = append(alone, c)
+					continue
+				}
 				pos, k = int(at[i]), nfast
 			}
 		}
@@ -369,19 +383,37 @@ func (s *Store) run(ctx context.Context, calls []*gather.Call) {
 	if alone == nil {
 		return
 	}
-	// Each one sent again as a script of its own, which fails as it did
-	// in the combined script, with its error (see fast.lua).
+	// A call that fails alone fails as it did in the combined script, with
+	// its error (see fast.lua).
 	cmds = cmds[:0]
 	for _, c := range alone {
 		cmds = append(cmds, fastCommand(ctx, &c.Req))
 	}
 	s.execLoading(ctx, cmds)
 	for i, c := range alone {
-		var done bool
-		if done, c.Err = finish(&c.Req, cmds[i], 0, 1); !done {
-			c.Err = errors.New("fast.lua left a call of its own undone")
+		_, c.Err = finish(&c.Req, cmds[i], 0, 1) // one call: never left undone
+	}
+}
+
+// refused reports whether the server refused cmd, a combined fast.lua
+// script, as a whole with an error of its own: the script then applied
+// nothing (each of its calls fails inside it on its own; the only writes
+// outside them, the reply kept, cannot fail once a call has written), and
+// its calls can go again alone. A server that wants a script's keys in one
+// slot (a Cluster node, or a proxy that checks) turns combining off for
+// good.
+func (s *Store) refused(cmd redis.Cmder) bool {
+	err := cmd.Err()
+	var rerr redis.Error
+	if err == nil || !errors.As(err, &rerr) {
+		return false // a reply, or a connection's error: nothing to send again
+	}
+	for _, p := range [...]string{"CROSSSLOT", "MOVED ", "ASK "} {
+		if redis.HasErrorPrefix(err, p) {
+			s.combine.Store(false)
 		}
 	}
+	return true
 }
 
 // combined appends to cmds one fast.lua script for the nfast fast-path
@@ -389,28 +421,29 @@ func (s *Store) run(ctx context.Context, calls []*gather.Call) {
 // call, and returns which command each call is (of) and its place in it
 // (at); of is nil when there is no such script.
 func combined(ctx context.Context, cmds []redis.Cmder, calls []*gather.Call) (_ []redis.Cmder, of, at []int32, nfast int) {
-	var fast []*countlimit.Request
 	for _, c := range calls {
 		if isFast(&c.Req) {
-			fast = append(fast, &c.Req)
+			nfast++
 		}
 	}
-	if len(fast) < 2 {
+	if nfast < 2 {
 		return cmds, nil, nil, 0
 	}
-	of, at = make([]int32, len(calls)), make([]int32, len(calls))
-	cmds = append(cmds, fastCommand(ctx, fast...))
-	var pos int32
+	fast := make([]*countlimit.Request, 0, nfast)
+	ofAt := make([]int32, 2*len(calls))
+	of, at = ofAt[:len(calls)], ofAt[len(calls):]
+	cmds = append(cmds, nil) // the combined script, below
 	for i, c := range calls {
 		if isFast(&c.Req) {
-			at[i] = pos
-			pos++
+			at[i] = int32(len(fast))
+			fast = append(fast, &c.Req)
 			continue
 		}
 		of[i] = int32(len(cmds))
 		cmds = append(cmds, command(ctx, &c.Req))
 	}
-	return cmds, of, at, len(fast)
+	cmds[0] = fastCommand(ctx, fast...)
+	return cmds, of, at, nfast
 }
 
 // execLoading sends cmds in one round trip (see exec) and sends those the
@@ -503,10 +536,15 @@ func isFast(r *countlimit.Request) bool {
 func fastCommand(ctx context.Context, rs ...*countlimit.Request) redis.Cmder {
 	args := make([]any, 3, 3+2*len(rs)+2+6*len(rs))
 	args[0], args[1], args[2] = "evalsha", fastSHA, 2*len(rs)+1
-	for _, r := range rs {
-		args = appendKeys(args, r, false)
+	if len(rs) == 1 {
+		args = appendKeys(args, rs[0], true)
+	} else {
+		for _, r := range rs {
+			args = appendKeys(args, r, false)
+		}
+		args = append(args, replyKey(escape(rs[0].ID)))
 	}
-	args = append(args, replyKey(escape(rs[0].ID)), replyMS)
+	args = append(args, replyMS)
 	for _, r := range rs {
 		c := &r.Checks[0]
 		begin, length := wire.Window(c)
@@ -624,7 +662,7 @@ func finish(r *countlimit.Request, cmd redis.Cmder, pos, k int) (done bool, err 
 		return true, fmt.Errorf("the script returned %d values for %d calls of %d checks, want %d", len(out), k, len(r.Checks), k*n)
 	}
 	out = out[pos*n : (pos+1)*n]
-	if out[n-1] == -1 {
+	if k > 1 && out[n-1] == -1 {
 		return false, nil
 	}
 	allowed := out[n-1] == 1

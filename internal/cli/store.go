@@ -87,7 +87,11 @@ func openStoreMaybeDown(ctx context.Context, url string, migrate bool, log *slog
 		}
 		return &opened{store: s, pg: s, pool: pool, ping: s.Ping, close: pool.Close, desc: desc}, nil
 	case strings.HasPrefix(url, "redis://"), strings.HasPrefix(url, "rediss://"), strings.HasPrefix(url, "unix://"):
-		c, err := redisurl.Open(url, failFast)
+		clientURL, opts, err := redisStoreOptions(url)
+		if err != nil {
+			return nil, badStoreURL(url, err)
+		}
+		c, err := redisurl.Open(clientURL, failFast)
 		if err != nil {
 			return nil, badStoreURL(url, err)
 		}
@@ -98,9 +102,36 @@ func openStoreMaybeDown(ctx context.Context, url string, migrate bool, log *slog
 			return nil, fmt.Errorf("--store %s: %w", desc, err)
 		}
 		ping := func(ctx context.Context) error { return c.Ping(ctx).Err() }
-		return &opened{store: redisstore.New(c), redis: c, ping: ping, close: func() { c.Close() }, desc: desc}, nil
+		return &opened{store: redisstore.New(c, opts...), redis: c, ping: ping, close: func() { c.Close() }, desc: desc}, nil
 	}
 	return nil, usageErrorf("--store: want memory, postgres://... or redis://..., got %q", desc)
+}
+
+// redisStoreOptions takes the URL's own parameters for redisstore out of a
+// Redis URL, which go-redis would refuse, and returns the rest of it and
+// the options they ask for: script_per_call=true gives
+// redisstore.WithScriptPerCall (for a proxy that shards by key).
+func redisStoreOptions(rawURL string) (string, []redisstore.Option, error) {
+	u, err := neturl.Parse(rawURL)
+	if err != nil {
+		return "", nil, err
+	}
+	q := u.Query()
+	if !q.Has("script_per_call") {
+		return rawURL, nil, nil
+	}
+	v := q.Get("script_per_call")
+	perCall, err := strconv.ParseBool(v)
+	if err != nil {
+		return "", nil, fmt.Errorf("script_per_call=%q: want true or false", v)
+	}
+	q.Del("script_per_call")
+	u.RawQuery = q.Encode()
+	var opts []redisstore.Option
+	if perCall {
+		opts = append(opts, redisstore.WithScriptPerCall())
+	}
+	return u.String(), opts, nil
 }
 
 // failFast sets what the URL leaves unset so that a Redis store that is
