@@ -132,8 +132,18 @@ if op == 'allow' then
         for j = seq - n + 1, seq do
           redis.call('ZADD', c.z, s(now), s(now) .. ':' .. s(j))
         end
-        -- The set keeps time order; a late clock read may not be the newest.
-        slide(c)
+        -- The log is now the c.used live events slide found (the trim
+        -- above dropped exactly those it did not count) and n more at now,
+        -- which a late clock read may put before the newest, or even the
+        -- oldest, of them. (No two checks share a key: the Limiter refuses
+        -- a use type twice.)
+        if c.used > 0 then
+          c.wbegin = math.min(c.wbegin, now)
+          c.wend = math.max(c.wend, now + c.span)
+        else
+          c.wbegin, c.wend = now, now + c.span
+        end
+        c.used = c.used + n
         redis.call('HSET', c.h, 'c', s(c.used), 'b', s(c.wbegin), 'e', s(c.wend), 'l', s(c.limit))
         expire(c.z, c.wend)
         c.e = c.wend
