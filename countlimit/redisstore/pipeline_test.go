@@ -97,6 +97,15 @@ func callsIn(cmd redis.Cmder) int {
 
 var fastScript = redis.NewScript(redisstore.FastSource)
 
+// oneSlot adds a pipeHook to c and returns it with a Store on c with one
+// pipeline slot (and opts) and its Limiter: what gathered works with.
+func oneSlot(c *redis.Client, opts ...redisstore.Option) (*pipeHook, *redisstore.Store, *countlimit.Limiter) {
+	h := &pipeHook{}
+	c.AddHook(h)
+	s := redisstore.New(c, append(opts, redisstore.WithMaxInFlight(1))...)
+	return h, s, countlimit.New(s)
+}
+
 // gathered holds one call in flight on a Store with one pipeline slot,
 // starts calls while it is held, waits until they all queue, and releases
 // the first call: the others then leave together in one pipeline. It
@@ -160,10 +169,7 @@ func TestFailingScriptFailsOnlyItsCaller(t *testing.T) {
 func testFailingScript(t *testing.T, opts []redisstore.Option, names [][]string) {
 	t.Parallel()
 	c := client(t)
-	h := &pipeHook{}
-	c.AddHook(h)
-	s := redisstore.New(c, append(opts, redisstore.WithMaxInFlight(1))...)
-	l := countlimit.New(s)
+	h, s, l := oneSlot(c, opts...)
 	ctx := context.Background()
 	rule := countlimit.Rule{UseType: storetest.UseType(t, "wrongtype"), Limit: 5, Window: countlimit.Fixed(time.Hour)}
 	if err := c.Set(ctx, redisstore.Key(rule.UseType, "bad"), "not a hash", time.Minute).Err(); err != nil {
@@ -208,10 +214,7 @@ func testFailingScript(t *testing.T, opts []redisstore.Option, names [][]string)
 func TestNoScriptInAPipeline(t *testing.T) {
 	c := client(t)
 	other := client(t)
-	h := &pipeHook{}
-	c.AddHook(h)
-	s := redisstore.New(c, redisstore.WithMaxInFlight(1))
-	l := countlimit.New(s)
+	h, s, l := oneSlot(c)
 	ctx := context.Background()
 	fixed := countlimit.Rule{UseType: storetest.UseType(t, "noscript"), Limit: 5, Window: countlimit.Fixed(time.Hour)}
 	sliding := countlimit.Rule{UseType: storetest.UseType(t, "noscript.sliding"), Limit: 5, Window: countlimit.Sliding(time.Hour)}
@@ -502,10 +505,7 @@ func TestRefusedCombinedScript(t *testing.T) {
 	c := client(t)
 	refuse := &refuseHook{}
 	c.AddHook(refuse)
-	h := &pipeHook{}
-	c.AddHook(h)
-	s := redisstore.New(c, redisstore.WithMaxInFlight(1))
-	l := countlimit.New(s)
+	h, s, l := oneSlot(c)
 	ctx := context.Background()
 	rule := countlimit.Rule{UseType: storetest.UseType(t, "refused"), Limit: 5, Window: countlimit.Fixed(time.Hour)}
 	ids := []string{"a", "b", "c", "d"}
