@@ -24,9 +24,9 @@ type StoreClock interface {
 // The store is not asked on every call. The Limiter reads the store's time
 // on its first call and then once per resync (default one minute when
 // resync <= 0), and adds the offset it measured to its own clock
-// ([WithClock], default the system clock). The offset is measured to within half
-// that read's round trip; between reads, the local clock's drift adds to
-// the error (NTP-disciplined clocks drift far less than a millisecond a
+// ([WithClock], default the system clock). The offset is measured to
+// within half that read's round trip; between reads, the local clock's
+// drift adds to the error (NTP-disciplined clocks drift far less than a millisecond a
 // minute). The read that refreshes the offset is made by the one call that
 // finds it stale, adding one round trip to that call; the others meanwhile
 // use the previous offset. If the very first read fails, the call fails
