@@ -1,0 +1,139 @@
+package redisstore_test
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/countlimit/countlimit/countlimit/redisstore"
+)
+
+// BenchmarkScriptServerCost measures what Redis itself spends on a call
+// (its own INFO commandstats, so the client's CPU and the round trips drop
+// out) when calls come 32 to a script from 2 goroutines, as the batcher
+// sends them at 64 callers (x32), and one to a script from one goroutine,
+// as one caller sends them (x1):
+//
+//   - fast.lua as it ships, each call counting one more in its window (the
+//     commonest path: HMGET, HINCRBY), with its lost-reply memo;
+//   - fast.lua without the memo (its GET and its SET of the packed replies);
+//   - a floor that decides nothing: the same HMGET and HINCRBY per call,
+//     with no arguments, no decision and no replies;
+//   - the bare script's INCR+PEXPIRE per call, looped the same way.
+//
+// calls/s is what the two goroutines got through, on this machine's two
+// cores; server-µs/call is Redis's time in EVALSHA over the calls it carried;
+// core-calls/s is how many calls one Redis core could do at that cost,
+// the most any client could get through it. docs/benchmarks.md compares it
+// with BenchmarkAllowVersusBareScript's bare rate at 64 callers.
+func BenchmarkScriptServerCost(b *testing.B) {
+	c := client(b)
+	ctx := context.Background()
+	memo := "if counted then redis.call('SET', reply, cmsgpack.pack(out), 'PX', ARGV[1]) end"
+	get := "local done = redis.call('GET', reply)"
+	if !strings.Contains(redisstore.FastSource, memo) || !strings.Contains(redisstore.FastSource, get) {
+		b.Fatal("fast.lua's memo lines changed: update this benchmark")
+	}
+	noMemo := strings.Replace(strings.Replace(redisstore.FastSource, memo, "", 1), get, "local done = false", 1)
+	floor := `for i = 1, #KEYS do
+  redis.call('HMGET', KEYS[i], 'c', 'b', 'e', 'x', 's', 'l')
+  redis.call('HINCRBY', KEYS[i], 'c', 1)
+end
+return #KEYS`
+	bare := `for i = 1, #KEYS do
+  redis.call('INCR', KEYS[i])
+  redis.call('PEXPIRE', KEYS[i], ARGV[1])
+end
+return #KEYS`
+	prefix := "countlimit-bench:cost:" + strconv.FormatInt(time.Now().UnixNano(), 36) + ":"
+	var seq atomic.Int64
+	// fastCall sends per calls of fast.lua (s) on the hashes named name.
+	fastCall := func(s *redis.Script, name string, per int) func(string) error {
+		return func(string) error {
+			keys := make([]string, 0, 2*per+1)
+			args := make([]any, 0, 1+6*per)
+			args = append(args, redisstore.ReplyTTL.Milliseconds())
+			now := time.Now().UnixMicro()
+			for i := range per {
+				keys = append(keys, prefix+name+":"+benchIDs[i], prefix+name+":log:"+benchIDs[i])
+				// now, n, limit, begin, length (0: lifetime), block.
+				args = append(args, now, 1, int64(1)<<50, now, 0, 0)
+			}
+			keys = append(keys, prefix+"reply:"+strconv.FormatInt(seq.Add(1), 10))
+			return s.EvalSha(ctx, c, keys, args...).Err()
+		}
+	}
+	loopCall := func(s *redis.Script, name string, per int) func(string) error {
+		keys := make([]string, per)
+		for i := range keys {
+			keys[i] = prefix + name + ":" + benchIDs[i]
+		}
+		return func(string) error { return s.EvalSha(ctx, c, keys, 3600000).Err() }
+	}
+	for _, v := range []struct {
+		name, src string
+		call      func(*redis.Script, string, int) func(string) error
+		per       []int
+	}{
+		{"fast.lua", redisstore.FastSource, fastCall, []int{1, 32}},
+		{"fast.lua_without_memo", noMemo, fastCall, []int{32}},
+		{"floor_HMGET+HINCRBY", floor, loopCall, []int{32}},
+		{"bare_INCR+PEXPIRE", bare, loopCall, []int{1, 32}},
+	} {
+		s := redis.NewScript(v.src)
+		if err := s.Load(ctx, c).Err(); err != nil {
+			b.Fatal(err)
+		}
+		for _, per := range v.per {
+			call := v.call(s, strings.ReplaceAll(v.name, "+", "_"), per)
+			b.Run(fmt.Sprintf("x%d/%s", per, v.name), func(b *testing.B) {
+				if err := c.ConfigResetStat(ctx).Err(); err != nil {
+					b.Fatal(err)
+				}
+				ns := runCallers(b, min(per, 2), call)
+				b.ReportMetric(1e9/ns*float64(per), "calls/s") // runCallers counted scripts
+				usec, scripts := evalshaStats(b, c)
+				if scripts == 0 {
+					b.Fatal("no EVALSHA in INFO commandstats")
+				}
+				cost := usec / float64(scripts*int64(per))
+				b.ReportMetric(cost, "server-µs/call")
+				b.ReportMetric(1e6/cost, "core-calls/s")
+			})
+		}
+	}
+	if err := c.Del(ctx, c.Keys(ctx, prefix+"*").Val()...).Err(); err != nil {
+		b.Log(err)
+	}
+}
+
+// evalshaStats returns the µs Redis spent in EVALSHA and how many it ran
+// since the last CONFIG RESETSTAT.
+func evalshaStats(b *testing.B, c *redis.Client) (usec float64, calls int64) {
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	for line := range strings.SplitSeq(info, "\n") {
+		rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_evalsha:")
+		if !ok {
+			continue
+		}
+		for field := range strings.SplitSeq(rest, ",") {
+			k, val, _ := strings.Cut(field, "=")
+			switch k {
+			case "calls":
+				calls, _ = strconv.ParseInt(val, 10, 64)
+			case "usec":
+				usec, _ = strconv.ParseFloat(val, 64)
+			}
+		}
+	}
+	return usec, calls
+}
