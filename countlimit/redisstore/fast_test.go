@@ -60,6 +60,9 @@ func TestFastScriptIsApplyForOneRule(t *testing.T) {
 	// one side before the other; the scripts decide from the hash's
 	// fields, never from its TTL.
 	const keep = 7 * time.Hour
+	// gone is PTTL's answer for a key that is not there; slack, how far
+	// apart the two sides' TTLs may be read (see the comparison below).
+	const gone, slack = time.Duration(-2), 500 * time.Millisecond
 	now := time.Now().UnixMicro()
 	limit := int64(4)
 	replies := 0
@@ -96,7 +99,7 @@ func TestFastScriptIsApplyForOneRule(t *testing.T) {
 		op := rng.IntN(25)
 		leaseX := now + rng.Int64N(2*sec) - sec
 		var desc string
-		outs := make([]string, len(sides))
+		replies, hashes, kepts := make([]string, len(sides)), make([]string, len(sides)), make([]string, len(sides))
 		ttls := make([]time.Duration, len(sides))
 		for i, s := range sides {
 			script, args := apply, []any{"allow", now, n, 20000, limit, begin, length, 0, block}
@@ -127,8 +130,11 @@ func TestFastScriptIsApplyForOneRule(t *testing.T) {
 					script, args = fast, []any{20000, now, n, limit, begin, length, block}
 				}
 			}
-			// One transaction: nothing expires between the script and
-			// the reads.
+			// One transaction, so that nothing else runs between the
+			// script and the reads. A hash the script left to expire in a
+			// millisecond (a denial's empty window) may still be gone by
+			// the reads when Redis stalls mid-transaction on a loaded
+			// machine: see gone below.
 			key := reply()
 			var res *redis.Cmd
 			var ttl *redis.DurationCmd
@@ -150,17 +156,37 @@ func TestFastScriptIsApplyForOneRule(t *testing.T) {
 				t.Fatalf("seed %d step %d: %s on %s: %v", seed, step, desc, s.name, err)
 			}
 			// fmt prints a map's keys sorted.
-			outs[i] = fmt.Sprintf("reply %v, hash %v, kept reply %q", res.Val(), h.Val(), kept.Val())
+			replies[i], hashes[i], kepts[i] = fmt.Sprint(res.Val()), fmt.Sprint(h.Val()), kept.Val()
 			ttls[i] = ttl.Val()
 			if vals, _ := res.Val().([]any); i == 1 && oneRule && len(vals) == 6 && vals[5] == int64(1) {
 				fastAllowed++
 			}
 		}
+		// A hash gone on one side and about to expire on the other (a TTL
+		// of at most slack) is gone on both: the other is deleted too, so
+		// that the next step starts alike.
+		if g0, g1 := ttls[0] == gone, ttls[1] == gone; g0 != g1 {
+			j := 0 // the side whose hash is still there
+			if g0 {
+				j = 1
+			}
+			if ttls[j] >= 0 && ttls[j] <= slack {
+				hashes[j], ttls[j] = fmt.Sprint(map[string]string{}), gone
+				if err := c.Del(ctx, sides[j].hash).Err(); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
 		// The same TTL, the one kept, or none on both (-1): set from the
-		// same arguments a few milliseconds apart.
-		if d := ttls[0] - ttls[1]; outs[0] != outs[1] || (ttls[0] < 0) != (ttls[1] < 0) || d < -50*time.Millisecond || d > 50*time.Millisecond {
-			t.Fatalf("seed %d step %d: %s\n%s: %s, TTL %v\n%s: %s, TTL %v", seed, step, desc,
-				sides[0].name, outs[0], ttls[0], sides[1].name, outs[1], ttls[1])
+		// same arguments, each read in its side's own transaction, which a
+		// loaded machine may stall (by 113 ms, seen under -race with the
+		// cores oversubscribed).
+		out := func(i int) string {
+			return fmt.Sprintf("reply %s, hash %s, kept reply %q, TTL %v", replies[i], hashes[i], kepts[i], ttls[i])
+		}
+		if d := ttls[0] - ttls[1]; replies[0] != replies[1] || hashes[0] != hashes[1] || kepts[0] != kepts[1] ||
+			(ttls[0] < 0) != (ttls[1] < 0) || (ttls[0] < 0 && ttls[0] != ttls[1]) || d < -slack || d > slack {
+			t.Fatalf("seed %d step %d: %s\n%s: %s\n%s: %s", seed, step, desc, sides[0].name, out(0), sides[1].name, out(1))
 		}
 	}
 	if fastAllowed < 300 {
@@ -201,7 +227,10 @@ func TestFastScriptCombinedIsOneByOne(t *testing.T) {
 	const sec = int64(time.Second / time.Microsecond)
 	now := time.Now().UnixMicro()
 	limit := int64(4)
-	replies, counted, undone := 0, 0, 0
+	replies, counted, undone, resynced := 0, 0, 0, 0
+	// gone is PTTL's answer for a key that is not there; slack, a TTL
+	// short enough that the hash may be gone before it is read again.
+	const gone, slack = time.Duration(-2), 500 * time.Millisecond
 	for step := range 300 {
 		bad := rng.IntN(4) == 0
 		for _, side := range []string{"alone", "combined"} {
@@ -249,7 +278,7 @@ func TestFastScriptCombinedIsOneByOne(t *testing.T) {
 			replies++
 			return scriptAs(side, calls, replies)
 		}
-		scriptAs = func(side string, calls []call, reply int) *redis.Cmd {
+		scriptOn := func(p redis.Scripter, side string, calls []call, reply int) *redis.Cmd {
 			keys := make([]string, 0, 2*len(calls)+1)
 			args := []any{20000}
 			for _, cl := range calls {
@@ -257,11 +286,31 @@ func TestFastScriptCombinedIsOneByOne(t *testing.T) {
 				args = append(args, cl.args...)
 			}
 			keys = append(keys, fmt.Sprintf("{%s}:reply:%d", ut, reply))
-			return fast.Eval(ctx, c, keys, args...)
+			return fast.Eval(ctx, p, keys, args...)
 		}
+		scriptAs = func(side string, calls []call, reply int) *redis.Cmd {
+			return scriptOn(c, side, calls, reply)
+		}
+		// An id whose hash a lone call left to expire at once (a denial's
+		// empty window lives 1 ms) is fuzzy for this step: its next lone
+		// call finds the hash, or not, as real time goes, where a call
+		// later in the combined script always finds it (a script's clock
+		// stands still). Its hashes may then differ in the tally and the
+		// empty window's bounds, and are set alike again below.
+		fuzzy := map[string]bool{}
 		var alone []string
 		for _, cl := range calls {
-			res := script("alone", []call{cl})
+			var res *redis.Cmd
+			var ttl *redis.DurationCmd
+			_, _ = c.TxPipelined(ctx, func(p redis.Pipeliner) error {
+				replies++
+				res = scriptOn(p, "alone", []call{cl}, replies)
+				ttl = p.PTTL(ctx, hash("alone", cl.id))
+				return nil
+			})
+			if d := ttl.Val(); d >= 0 && d <= slack {
+				fuzzy[cl.id] = true
+			}
 			if err := res.Err(); err != nil {
 				if cl.id != "bad" || !bad {
 					t.Fatalf("seed %d step %d: %v: %v", seed, step, cl, err)
@@ -318,17 +367,43 @@ func TestFastScriptCombinedIsOneByOne(t *testing.T) {
 			var state [2]string
 			var ttl [2]time.Duration
 			for j, side := range []string{"alone", "combined"} {
-				h, err := c.HGetAll(ctx, hash(side, id)).Result()
-				if err != nil {
+				var h *redis.MapStringStringCmd
+				var d *redis.DurationCmd
+				if _, err := c.TxPipelined(ctx, func(p redis.Pipeliner) error {
+					h, d = p.HGetAll(ctx, hash(side, id)), p.PTTL(ctx, hash(side, id))
+					return nil
+				}); err != nil {
 					t.Fatal(err)
 				}
-				state[j] = fmt.Sprint(h)
-				ttl[j] = c.PTTL(ctx, hash(side, id)).Val()
+				state[j], ttl[j] = fmt.Sprint(h.Val()), d.Val()
 			}
-			if d := ttl[0] - ttl[1]; state[0] != state[1] || (ttl[0] < 0) != (ttl[1] < 0) || d < -time.Second || d > time.Second {
+			// A hash about to expire (a TTL of at most slack) on one side
+			// and gone on the other is gone on both.
+			short := func(d time.Duration) bool { return d == gone || d >= 0 && d <= slack }
+			if short(ttl[0]) && short(ttl[1]) && (ttl[0] == gone) != (ttl[1] == gone) {
+				state[0], state[1], ttl[0], ttl[1] = "map[]", "map[]", gone, gone
+			}
+			d := ttl[0] - ttl[1]
+			differ := state[0] != state[1] || (ttl[0] < 0) != (ttl[1] < 0) || d < -time.Second || d > time.Second
+			switch {
+			case differ && fuzzy[id]:
+				resynced++
+			case differ:
 				t.Fatalf("seed %d step %d: %s: alone %s (TTL %v), combined %s (TTL %v)", seed, step, id, state[0], ttl[0], state[1], ttl[1])
 			}
+			if differ || short(ttl[0]) || short(ttl[1]) {
+				// Both start the next step without it, whichever side's
+				// would have expired first.
+				if err := c.Del(ctx, hash("alone", id), hash("combined", id)).Err(); err != nil {
+					t.Fatal(err)
+				}
+			}
 		}
+	}
+	// A handful of fuzzy ids a run on a loaded machine, none on an idle one;
+	// many would mean the comparison had stopped comparing.
+	if resynced > 30 {
+		t.Errorf("seed %d: %d of %d comparisons set alike again after a hash expired on one side", seed, resynced, 300*3)
 	}
 	// Across 80 seeds: 94-149 counted, 26-52 undone.
 	if counted < 50 || undone < 10 {
