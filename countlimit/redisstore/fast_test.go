@@ -99,7 +99,7 @@ func TestFastScriptIsApplyForOneRule(t *testing.T) {
 		op := rng.IntN(25)
 		leaseX := now + rng.Int64N(2*sec) - sec
 		var desc string
-		replies, hashes, kepts := make([]string, len(sides)), make([]string, len(sides)), make([]string, len(sides))
+		got, hashes, kepts := make([]string, len(sides)), make([]string, len(sides)), make([]string, len(sides)) // reply, hash, kept reply
 		ttls := make([]time.Duration, len(sides))
 		for i, s := range sides {
 			script, args := apply, []any{"allow", now, n, 20000, limit, begin, length, 0, block}
@@ -156,7 +156,7 @@ func TestFastScriptIsApplyForOneRule(t *testing.T) {
 				t.Fatalf("seed %d step %d: %s on %s: %v", seed, step, desc, s.name, err)
 			}
 			// fmt prints a map's keys sorted.
-			replies[i], hashes[i], kepts[i] = fmt.Sprint(res.Val()), fmt.Sprint(h.Val()), kept.Val()
+			got[i], hashes[i], kepts[i] = fmt.Sprint(res.Val()), fmt.Sprint(h.Val()), kept.Val()
 			ttls[i] = ttl.Val()
 			if vals, _ := res.Val().([]any); i == 1 && oneRule && len(vals) == 6 && vals[5] == int64(1) {
 				fastAllowed++
@@ -182,9 +182,9 @@ func TestFastScriptIsApplyForOneRule(t *testing.T) {
 		// loaded machine may stall (by 113 ms, seen under -race with the
 		// cores oversubscribed).
 		out := func(i int) string {
-			return fmt.Sprintf("reply %s, hash %s, kept reply %q, TTL %v", replies[i], hashes[i], kepts[i], ttls[i])
+			return fmt.Sprintf("reply %s, hash %s, kept reply %q, TTL %v", got[i], hashes[i], kepts[i], ttls[i])
 		}
-		if d := ttls[0] - ttls[1]; replies[0] != replies[1] || hashes[0] != hashes[1] || kepts[0] != kepts[1] ||
+		if d := ttls[0] - ttls[1]; got[0] != got[1] || hashes[0] != hashes[1] || kepts[0] != kepts[1] ||
 			(ttls[0] < 0) != (ttls[1] < 0) || (ttls[0] < 0 && ttls[0] != ttls[1]) || d < -slack || d > slack {
 			t.Fatalf("seed %d step %d: %s\n%s: %s\n%s: %s", seed, step, desc, sides[0].name, out(0), sides[1].name, out(1))
 		}
