@@ -41,8 +41,8 @@
 // order they came, each exactly as a script of its own would: the script's
 // fixed cost, its arguments' framing and its lost-reply memo are paid once
 // for them all. At 64 callers Redis spent 11-12 µs of CPU an Allow against
-// 18-19 with a script a call, and did 1.6 times the Allows a second (see
-// docs/benchmarks.md, "Redis"). Every other call, every request of a Do of
+// 18-19 with a script a call, and did 1.6 times the Allows a second
+// (2026-11-26; see docs/benchmarks.md, "Redis"). Every other call, every request of a Do of
 // several, and every call on a Cluster or a Ring, whose keys live on
 // different nodes, is its own script. A server that refuses a combined
 // script whose keys span slots (CROSSSLOT, MOVED: a Cluster node reached
