@@ -31,7 +31,9 @@ type Option func(*Limiter)
 // decision uses. Readings of a clock set here are cut to the microsecond
 // too. It is the clock that decides: stores take "now" from the Limiter,
 // so two Limiters sharing a store should share a clock too, or correct
-// theirs by the store's with [WithStoreClock].
+// theirs by the store's with [WithStoreClock]. A call that reads the clock
+// outside 1970 until 2150 (UTC) fails with ErrInvalid naming the clock:
+// beyond that range not every store keeps time exactly.
 func WithClock(now func() time.Time) Option {
 	return func(l *Limiter) {
 		if now != nil {
@@ -235,13 +237,15 @@ func (l *Limiter) AllowAll(ctx context.Context, id string, rules ...Rule) ([]Res
 }
 
 // CheckLimit is the generic CheckLimit(useType, id, limit, duration,
-// beginTime) model many systems use for business limits: the window is [beginTime,
-// beginTime+duration), and a zero beginTime means now. If the stored window
-// is current and has counted limit events it returns false; otherwise it
-// counts the event (a stale window restarts at beginTime) and returns true.
-// Pass today's midnight as beginTime for a natural-day limit. It shares its
-// counter with Allow for the same useType and id. Limit 0 allows nothing
-// (some implementations of the model treat it as no limit).
+// beginTime) model many systems use for business limits: the window is
+// [beginTime, beginTime+duration), and a zero beginTime means now. If the
+// stored window is current and has counted limit events it returns false;
+// otherwise it counts the event (a stale window restarts at beginTime) and
+// returns true. Pass today's midnight as beginTime for a natural-day limit.
+// It shares its counter with Allow for the same useType and id. Limit 0
+// allows nothing (some implementations of the model treat it as no limit).
+// beginTime must lie from 1970 until 2150 (UTC), as the Limiter's clock
+// must: outside that range it is ErrInvalid and nothing is written.
 func (l *Limiter) CheckLimit(ctx context.Context, useType UseType, id string, limit int64, duration time.Duration, beginTime time.Time) (bool, error) {
 	if err := validateKey(useType, id); err != nil {
 		return false, wrap(OpAllow, useType, err)
@@ -251,6 +255,11 @@ func (l *Limiter) CheckLimit(ctx context.Context, useType UseType, id string, li
 	}
 	if duration < time.Microsecond || duration > MaxDuration {
 		return false, wrap(OpAllow, useType, invalidf("duration", "must be 1µs to 100 years, got %v", duration))
+	}
+	if !beginTime.IsZero() {
+		if err := checkTime("beginTime", beginTime); err != nil {
+			return false, wrap(OpAllow, useType, err)
+		}
 	}
 	now, err := l.clockFor(ctx)
 	if err != nil {

@@ -74,7 +74,9 @@ var errClockUnknown = fmt.Errorf("%w: the store's clock is not known yet (its fi
 func (sc *storeClock) synced() bool { return sc.next.Load() != 0 }
 
 // clockFor reads the clock for a call about to go to the store: once,
-// however many things need it.
+// however many things need it. A reading outside the range every store
+// keeps exactly (see checkTime) is ErrInvalid naming the clock: a clock
+// set wrong is not a store failure.
 func (l *Limiter) clockFor(ctx context.Context) (time.Time, error) {
 	t := l.now()
 	if sc := l.sclock; sc != nil {
@@ -82,6 +84,9 @@ func (l *Limiter) clockFor(ctx context.Context) (time.Time, error) {
 			return time.Time{}, err
 		}
 		t = t.Add(time.Duration(sc.offset.Load()))
+	}
+	if err := checkTime("clock", t); err != nil {
+		return time.Time{}, err
 	}
 	return t, nil
 }
