@@ -10,6 +10,7 @@ import (
 
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/storetest"
+	"github.com/countlimit/countlimit/internal/leaseforge"
 	"github.com/countlimit/countlimit/internal/testbackend"
 )
 
@@ -76,6 +77,53 @@ func TestTimesOutsideTheRangeAreInvalid(t *testing.T) {
 			}
 			if res, err := l.Allow(ctx, rule, "another"); err != nil || !res.Allowed {
 				t.Errorf("Allow of another id afterwards = %+v, %v; want allowed", res, err)
+			}
+		})
+	}
+}
+
+// TestLeaseLivesByItsRule: the holder of an unsigned lease string cannot
+// make the lease outlive its rule's ttl by editing the string, on every
+// store.
+func TestLeaseLivesByItsRule(t *testing.T) {
+	for _, b := range testbackend.Backends() {
+		t.Run(b.Name, func(t *testing.T) {
+			t.Parallel()
+			store := b.Open(t)
+			ctx := context.Background()
+			clock := storetest.NewClock(time.Date(2026, 11, 26, 12, 0, 0, 0, time.UTC))
+			l := countlimit.New(store, countlimit.WithClock(clock.Now))
+			rule := countlimit.Rule{UseType: storetest.UseType(t, "edge.lease"), Limit: 1, Window: countlimit.Concurrent(10 * time.Second)}
+			ls, res, err := l.Acquire(ctx, rule, "holder")
+			if err != nil || !res.Allowed {
+				t.Fatalf("Acquire = %+v, %v", res, err)
+			}
+			forged := leaseforge.WithTTL(ls.String(), 100*365*24*time.Hour)
+			if forged == "" {
+				t.Fatalf("lease string %q is not an unsigned lease string", ls.String())
+			}
+			if fl, err := l.ParseLease(forged, rule); err == nil {
+				// Today's code takes it: the extend below is what the forgery buys.
+				clock.Set(clock.Now().Add(5 * time.Second))
+				if err := fl.Extend(ctx); err != nil {
+					t.Fatalf("Extend of the forged lease: %v", err)
+				}
+			} else if !errors.Is(err, countlimit.ErrInvalid) || !strings.Contains(err.Error(), "ttl") {
+				t.Errorf("ParseLease of a lease whose ttl was edited = %v; want ErrInvalid naming the ttl", err)
+			}
+			// Past the rule's ttl from the last real grant, the slot is free.
+			clock.Set(clock.Now().Add(11 * time.Second))
+			if res, err := l.Peek(ctx, rule, "holder"); err != nil || res.Used != 0 {
+				t.Errorf("Peek 16 s after a 10 s lease was taken (its string edited to 100 years and extended) = %+v, %v; want the slot free", res, err)
+			}
+			// The genuine string still parses, and lives by the rule.
+			if _, err := l.ParseLease(ls.String(), rule); err != nil {
+				t.Errorf("ParseLease of the genuine string: %v", err)
+			}
+			other := rule
+			other.Window = countlimit.Concurrent(time.Hour)
+			if _, err := l.ParseLease(ls.String(), other); !errors.Is(err, countlimit.ErrInvalid) {
+				t.Errorf("ParseLease with a rule of another ttl = %v; want ErrInvalid", err)
 			}
 		})
 	}

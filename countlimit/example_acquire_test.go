@@ -58,13 +58,13 @@ func ExampleLimiter_ParseLease() {
 	queued := lease.String() // e.g. put in the job's message
 
 	// In the worker:
-	held, err := limiter.ParseLease(queued)
+	held, err := limiter.ParseLease(queued, jobs)
 	if err != nil {
 		fmt.Println(err) // a malformed or edited string: ErrInvalid
 		return
 	}
 	fmt.Println("release:", held.Release(ctx))
-	_, err = limiter.ParseLease(queued[:len(queued)-1])
+	_, err = limiter.ParseLease(queued[:len(queued)-1], jobs)
 	fmt.Println("edited:", err)
 	// Output:
 	// release: <nil>

@@ -153,16 +153,27 @@ func (ls Lease) String() string {
 }
 
 // ParseLease reads a lease written by [Lease.String] and returns it bound to
-// l. A string that is malformed, was edited, or names another key than its
+// l and to its rule: the one of rules whose UseType the string names and
+// whose ttl it carries. The lease then lives by that rule's ttl, never by
+// what the string says: a string whose ttl is not the rule's (it was
+// edited, or the rule's ttl changed since the lease was taken) is
+// ErrInvalid, and so is a string of a UseType none of rules has, and a
+// call with no rules. Pass the rule the lease was taken under; a service
+// with many rules may pass them all.
+//
+// A string that is malformed, was edited, or names another key than its
 // token was taken for (its checksum binds the token to the rule and id) is
 // ErrInvalid naming the field "lease". With a lease key ([WithLeaseKey]) l
 // takes only strings signed with that key, so a forged string is
 // ErrInvalid too; without one, l takes only unsigned strings, and what
 // guards a lease is its unguessable token: a token the store does not hold
-// releases nothing.
-func (l *Limiter) ParseLease(s string) (Lease, error) {
+// releases nothing, and the rule bounds how long any lease lives.
+func (l *Limiter) ParseLease(s string, rules ...Rule) (Lease, error) {
 	bad := func(format string, args ...any) (Lease, error) {
 		return Lease{}, fmt.Errorf("countlimit: parse lease: %w", invalidf("lease", format, args...))
+	}
+	if len(rules) == 0 {
+		return Lease{}, fmt.Errorf("countlimit: parse lease: %w", invalidf("rules", "none given: pass the rule the lease was taken under, whose ttl the lease lives by"))
 	}
 	if len(s) > 4*MaxIDLen {
 		return bad("is %d bytes, longer than any lease", len(s))
@@ -204,7 +215,25 @@ func (l *Limiter) ParseLease(s string) (Lease, error) {
 	default:
 		return bad("checksum does not match: the string was edited or names another rule or id than its token was taken for")
 	}
-	return Lease{l: l, useType: UseType(ut), id: string(id), token: parts[4], ttl: time.Duration(us) * time.Microsecond}, nil
+	ttl := time.Duration(us) * time.Microsecond
+	var ruleTTLs []string
+	for _, r := range rules {
+		if r.UseType != UseType(ut) || r.Window.kind != kindConcurrent {
+			continue
+		}
+		if err := r.Validate(); err != nil {
+			return Lease{}, fmt.Errorf("countlimit: parse lease: %w", err)
+		}
+		if d := truncMicro(r.Window.d); d != ttl {
+			ruleTTLs = append(ruleTTLs, d.String())
+			continue
+		}
+		return Lease{l: l, useType: UseType(ut), id: string(id), token: parts[4], ttl: ttl}, nil
+	}
+	if ruleTTLs == nil {
+		return bad("is a slot of %q, and no Concurrent rule of that UseType was given", ut)
+	}
+	return bad("ttl %v is not the rule's (%s): the string was edited, or the rule's ttl changed since the lease was taken", ttl, strings.Join(ruleTTLs, ", "))
 }
 
 // leaseCheck binds a token to its key and ttl: without a lease key, 48

@@ -73,7 +73,7 @@ func TestLeasesNeverFallBack(t *testing.T) {
 	if _, err := l.Peek(ctx, slots, "u"); !errors.Is(err, countlimit.ErrUnavailable) {
 		t.Errorf("Peek of a Concurrent rule with the store down = %v, want ErrUnavailable (the fallback holds no leases)", err)
 	}
-	moved, err := l.ParseLease(lease.String())
+	moved, err := l.ParseLease(lease.String(), slots)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -140,7 +140,7 @@ func TestSignedLeases(t *testing.T) {
 		"a signed string, to a Limiter with no key":      {unkeyed, alice.String()},
 		"a signed string, to a Limiter with another key": {otherKey, alice.String()},
 	} {
-		ls, err := c.l.ParseLease(c.s)
+		ls, err := c.l.ParseLease(c.s, slots, other)
 		if !errors.Is(err, countlimit.ErrInvalid) || !strings.Contains(err.Error(), "lease") {
 			t.Errorf("ParseLease of %s = %v, %v; want ErrInvalid naming the lease", name, ls, err)
 		}
@@ -155,7 +155,7 @@ func TestSignedLeases(t *testing.T) {
 	}
 	// Another process with the same key.
 	same := countlimit.New(s, countlimit.WithLeaseKey(key))
-	moved, err := same.ParseLease(alice.String())
+	moved, err := same.ParseLease(alice.String(), slots)
 	if err != nil {
 		t.Fatalf("ParseLease with the same key = %v", err)
 	}

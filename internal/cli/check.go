@@ -154,6 +154,7 @@ func leaseCmd(ctx context.Context, verb string, args []string, stdout io.Writer)
 	o, _ := ruleops.ParseOp(verb)
 	fs := newFlagSet(verb)
 	storeURL := storeFlag(fs, "", "postgres://... or redis://...")
+	rulesPath := fs.String("rules", "", "YAML rule `FILE` that holds the lease's rule, whose ttl the lease lives by (default: the built-in example rules)")
 	asJSON := fs.Bool("json", false, "print the result as the HTTP API's JSON")
 	leaseKey := leaseKeyFlag(fs)
 	pos, err := parseMixed(fs, args)
@@ -170,6 +171,10 @@ func leaseCmd(ctx context.Context, verb string, args []string, stdout io.Writer)
 	if url == "memory" {
 		return false, usageErrorf("%s: --store memory holds no lease taken by another process; name postgres://... or redis://...", verb)
 	}
+	rf, err := loadRules(*rulesPath)
+	if err != nil {
+		return false, err
+	}
 	opts, err := leaseKey()
 	if err != nil {
 		return false, err
@@ -179,7 +184,7 @@ func leaseCmd(ctx context.Context, verb string, args []string, stdout io.Writer)
 		return false, err
 	}
 	defer st.close()
-	ls, err := ruleops.ParseLease(countlimit.New(st.store, opts...), nil, pos[0], "", "")
+	ls, err := ruleops.ParseLease(countlimit.New(st.store, opts...), rf, pos[0], "", "")
 	if err != nil {
 		return false, fmt.Errorf("%s: %w", verb, err)
 	}

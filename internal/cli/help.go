@@ -89,14 +89,16 @@ lease when the command exits). Exit status: 0 when allowed, 1 when denied,
 		usage: "countlimit release LEASE --store URL [flags]",
 		about: `Gives back the slot of LEASE, the string acquire printed. Releasing a lease
 that was already released, or that expired, is not an error and frees
-nothing else; a malformed or edited lease is. Exit status: 0 once released,
-2 on an error.`,
+nothing else; a malformed or edited lease is, and so is one whose rule is
+not in --rules or has another ttl now. Exit status: 0 once released, 2 on
+an error.`,
 	},
 	"extend": {
 		usage: "countlimit extend LEASE --store URL [flags]",
 		about: `Keeps the slot of LEASE, the string acquire printed, for the rule's ttl from
-now. A lease that expired (its slot may be someone else's now) or was
-released is not held: extend says so and exits 1; acquire a new one.
+now: the ttl of its rule in --rules, which the lease string must match. A
+lease that expired (its slot may be someone else's now) or was released is
+not held: extend says so and exits 1; acquire a new one.
 Exit status: 0 when extended, 1 when not held, 2 on an error.`,
 	},
 	"top": {

@@ -186,19 +186,22 @@ func Acquire(ctx context.Context, l *countlimit.Limiter, rules []countlimit.Rule
 }
 
 // ParseLease reads the lease a release or extend names, as acquire's
-// answer gave it. rule and id are optional: when given, they must be the
-// lease's own (rule's UseType is the lease's), else a FieldError names the
-// one that differs. A malformed, edited or forged lease string is a
-// FieldError naming "lease". A lease whose rule the file no longer holds
-// still parses, so that its slot can be given back. rf is read only when
-// rule is given.
+// answer gave it, bound to its rule in rf: the lease lives by that rule's
+// ttl (see countlimit.Limiter.ParseLease). rule and id are optional: when
+// given, they must be the lease's own (rule's UseType is the lease's),
+// else a FieldError names the one that differs. A malformed, edited or
+// forged lease string, or one whose rule rf no longer holds or whose ttl
+// is not its rule's, is a FieldError naming "lease": its slot frees itself
+// when its ttl runs out.
 func ParseLease(l *countlimit.Limiter, rf *rulefile.File, s, rule, id string) (countlimit.Lease, error) {
 	if s == "" {
 		return countlimit.Lease{}, fieldErr("lease", "lease is required: the lease string acquire returned")
 	}
-	ls, err := l.ParseLease(s)
-	if err != nil {
-		return countlimit.Lease{}, &FieldError{Field: "lease", msg: err.Error()}
+	var all []countlimit.Rule // every rule that takes slots
+	for _, name := range rf.Names() {
+		if r := rf.Rules[name]; r != nil && r.Window.IsConcurrent() {
+			all = append(all, countlimit.Rule{UseType: r.UseType, Window: r.Window})
+		}
 	}
 	if rule != "" {
 		r, ok := rf.Rules[rule]
@@ -206,11 +209,32 @@ func ParseLease(l *countlimit.Limiter, rf *rulefile.File, s, rule, id string) (c
 		case !ok && rf.Groups[rule] == nil:
 			return countlimit.Lease{}, fieldErr("rule", "unknown rule %q", rule)
 		case !ok:
-			return countlimit.Lease{}, fieldErr("rule", "the lease is a slot of %q, not of the group %s", ls.UseType(), rule)
-		case r.UseType != ls.UseType():
-			return countlimit.Lease{}, fieldErr("rule", "the lease is a slot of %q, not of rule %s", ls.UseType(), rule)
+			return countlimit.Lease{}, fieldErr("rule", "%s is a group; a lease is a slot of one rule", rule)
+		case !r.Window.IsConcurrent():
+			return countlimit.Lease{}, fieldErr("rule", "rule %s counts events; a lease is a slot of a rule with a concurrent window", rule)
 		}
+		ls, err := l.ParseLease(s, countlimit.Rule{UseType: r.UseType, Window: r.Window})
+		if err != nil {
+			if other, err2 := l.ParseLease(s, all...); err2 == nil {
+				return countlimit.Lease{}, fieldErr("rule", "the lease is a slot of %q, not of rule %s", other.UseType(), rule)
+			}
+			return countlimit.Lease{}, &FieldError{Field: "lease", msg: err.Error()}
+		}
+		return checkID(ls, id)
 	}
+	if len(all) == 0 {
+		return countlimit.Lease{}, fieldErr("lease", "no rule of %s takes slots (none has a concurrent window)", rf.Name)
+	}
+	ls, err := l.ParseLease(s, all...)
+	if err != nil {
+		return countlimit.Lease{}, &FieldError{Field: "lease", msg: err.Error()}
+	}
+	return checkID(ls, id)
+}
+
+// checkID returns ls, or a FieldError naming "id" when id is given and is
+// not the lease's.
+func checkID(ls countlimit.Lease, id string) (countlimit.Lease, error) {
 	if id != "" && id != ls.ID() {
 		return countlimit.Lease{}, fieldErr("id", "the lease was taken for another id than %q", id)
 	}

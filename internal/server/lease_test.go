@@ -12,6 +12,7 @@ import (
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/memstore"
 	"github.com/countlimit/countlimit/countlimit/storetest"
+	"github.com/countlimit/countlimit/internal/leaseforge"
 	"github.com/countlimit/countlimit/internal/rulefile"
 	"github.com/countlimit/countlimit/internal/server"
 )
@@ -143,6 +144,7 @@ func TestLeases(t *testing.T) {
 			{l2 + "x", "", "lease"},
 			{edited, "", "lease"},
 			{strings.Replace(l2, parts[2], "dTI", 1), "", "lease"}, // another id, same token
+			{leaseforge.WithTTL(l2, 100*365*24*time.Hour), "", "lease"}, // its ttl edited, its checksum made anew
 			{l2, `, "rule": "sms.code"`, "rule"},
 			{l2, `, "rule": "conversation.create"`, "rule"},
 			{l2, `, "rule": "nope"`, "rule"},
