@@ -16,6 +16,18 @@ import (
 // failure.
 var ErrCircuitOpen = fmt.Errorf("%w: circuit breaker open", ErrUnavailable)
 
+// ErrLocked is returned, wrapped, by a check that was not decided because
+// another transaction holds the id's state locked, typically a check made
+// inside a caller's own pgx.Tx that has not committed yet, and the call's
+// context (or [WithStoreTimeout]'s bound) ended before the lock was
+// released. pgstore's group commit returns it: it waits for such a row on
+// its own, never holding other ids' calls behind the lock. It wraps
+// ErrUnavailable, so a fail-open or fail-closed policy applies as for any
+// call that could not be decided; but the store is not failing: it does
+// not count toward the circuit breaker (nor as a failure or timeout in
+// Stats), and the fallback store does not answer for it.
+var ErrLocked = fmt.Errorf("%w: the id's state is locked by another transaction", ErrUnavailable)
+
 // WithStoreTimeout bounds every store call the Limiter makes to d, on top of
 // the caller's own context: a store that does not answer within d fails the
 // call with ErrUnavailable (wrapping context.DeadlineExceeded), so a stalled
@@ -105,7 +117,8 @@ func WithCircuitBreaker(cb CircuitBreaker) Option {
 
 // WithFallback makes the Limiter decide with fallback (typically a
 // memstore.Store) while its store is unavailable: when a call to the store
-// fails with ErrUnavailable, or the circuit breaker is open, Allow, AllowN,
+// fails with ErrUnavailable (but not [ErrLocked]: the store is up, and
+// another transaction holds the id), or the circuit breaker is open, Allow, AllowN,
 // AllowAll, Peek and CheckLimit are answered by fallback instead, as
 // rate-limiter-flexible's "insurance" limiter does.
 //
@@ -140,6 +153,9 @@ type Stats struct {
 	Rejected uint64
 	// Fallbacks is how many calls the fallback store answered.
 	Fallbacks uint64
+	// Locked is how many calls ended waiting for a lock another
+	// transaction held on their id's state (ErrLocked).
+	Locked uint64
 	// Breaker is the circuit breaker's state now, and BreakerOpenings how
 	// many times it has opened.
 	Breaker         BreakerState
@@ -158,6 +174,7 @@ func (l *Limiter) Stats() Stats {
 		Timeouts:  g.timeouts.Load(),
 		Rejected:  g.rejected.Load(),
 		Fallbacks: g.fallbacks.Load(),
+		Locked:    g.locked.Load(),
 	}
 	if b := g.breaker; b != nil {
 		b.mu.Lock()
@@ -174,7 +191,7 @@ type guarded struct {
 	breaker  *breaker
 	fallback Store
 
-	failures, timeouts, rejected, fallbacks atomic.Uint64
+	failures, timeouts, rejected, fallbacks, locked atomic.Uint64
 }
 
 func (l *Limiter) guard() *guarded {
@@ -199,7 +216,12 @@ func (l *Limiter) do(ctx context.Context, op Op, reqs []*Request) error {
 		err = errClockUnknown
 	} else if probe, ok := g.breaker.admit(now); ok {
 		err = g.call(ctx, l.store, reqs)
-		failed := err != nil && ctx.Err() == nil
+		locked := errors.Is(err, ErrLocked)
+		if locked {
+			g.locked.Add(1)
+		}
+		// A lock that another transaction holds is not the store failing.
+		failed := err != nil && ctx.Err() == nil && !locked
 		if failed {
 			g.failures.Add(1)
 		}
@@ -209,8 +231,10 @@ func (l *Limiter) do(ctx context.Context, op Op, reqs []*Request) error {
 		err = fmt.Errorf("%w (%d failures in a row; next probe in %v)", ErrCircuitOpen, g.breaker.cfg.Failures, g.breaker.wait(now).Round(time.Millisecond))
 	}
 	// Only counting calls fall back: not Refund or Reset, nor anything of a
-	// Concurrent rule, whose slots are the store's alone.
-	if err == nil || g.fallback == nil || (op != OpAllow && op != OpPeek) || reqs[0].Checks[0].TTL > 0 || ctx.Err() != nil {
+	// Concurrent rule, whose slots are the store's alone; and only when the
+	// store is unavailable, not when another transaction holds the id.
+	if err == nil || g.fallback == nil || (op != OpAllow && op != OpPeek) || reqs[0].Checks[0].TTL > 0 || ctx.Err() != nil ||
+		errors.Is(err, ErrLocked) {
 		return err
 	}
 	if ferr := g.call(ctx, g.fallback, reqs); ferr != nil {
@@ -228,8 +252,13 @@ func (g *guarded) call(ctx context.Context, s Store, reqs []*Request) error {
 	tctx, cancel := context.WithTimeout(ctx, g.timeout)
 	err := s.Do(tctx, reqs)
 	if err != nil && ctx.Err() == nil && errors.Is(tctx.Err(), context.DeadlineExceeded) {
-		g.timeouts.Add(1)
-		err = fmt.Errorf("no answer within the store timeout of %v: %w", g.timeout, err)
+		what := "no answer"
+		if errors.Is(err, ErrLocked) {
+			what = "the lock not released" // not the store's timeout: Stats.Locked counts it
+		} else {
+			g.timeouts.Add(1)
+		}
+		err = fmt.Errorf("%s within the store timeout of %v: %w", what, g.timeout, err)
 	}
 	cancel()
 	return Unavailable(err)

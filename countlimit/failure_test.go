@@ -520,3 +520,37 @@ func TestClockReadingsAreMicroseconds(t *testing.T) {
 		}
 	}
 }
+
+// lockedStore answers every call as pgstore does for a row another
+// transaction holds: it waits until the call's context ends, then fails
+// with ErrLocked.
+type lockedStore struct{}
+
+func (lockedStore) Do(ctx context.Context, _ []*countlimit.Request) error {
+	<-ctx.Done()
+	return fmt.Errorf("%w: %w", countlimit.ErrLocked, ctx.Err())
+}
+
+// TestLockedIsNoStoreFailure: calls that wait out the store timeout on
+// another transaction's lock fail with ErrLocked (an ErrUnavailable), but
+// never open the breaker, count as failures or timeouts, or go to the
+// fallback store.
+func TestLockedIsNoStoreFailure(t *testing.T) {
+	t.Parallel()
+	fallback := memstore.New(memstore.WithJanitorInterval(0))
+	defer fallback.Close()
+	l := countlimit.New(lockedStore{}, countlimit.WithStoreTimeout(time.Millisecond),
+		countlimit.WithCircuitBreaker(countlimit.CircuitBreaker{Failures: 2}), countlimit.WithFallback(fallback))
+	for i := range 5 {
+		res, err := l.Allow(context.Background(), perMinute, "u1")
+		if !errors.Is(err, countlimit.ErrLocked) || !errors.Is(err, countlimit.ErrUnavailable) || !errors.Is(err, context.DeadlineExceeded) || res.Allowed {
+			t.Fatalf("call %d: %+v, %v; want ErrLocked within the store timeout", i+1, res, err)
+		}
+	}
+	if s := l.Stats(); s.Breaker != countlimit.BreakerClosed || s.Failures != 0 || s.Timeouts != 0 || s.Fallbacks != 0 || s.Locked != 5 {
+		t.Errorf("Stats = %+v; want the breaker closed, no failure, timeout or fallback, 5 locked", s)
+	}
+	if fallback.Len() != 0 {
+		t.Errorf("the fallback store holds %d counters, want none", fallback.Len())
+	}
+}

@@ -5,7 +5,8 @@
 -- deadlock:
 --
 --   1. lock the rows that exist, in key order (unique_id, then use_type,
---      byte order; Go sorts the keys and passes them in that order);
+--      byte order; Go sorts the keys and passes them in that order),
+--      skipping any that another transaction holds (see AllowBatch);
 --   2. insert the rows that do not, in key order, ON CONFLICT DO NOTHING:
 --      this waits only for other inserts of the same key, never for a row
 --      lock. A key someone else created since the statement began is left
@@ -146,6 +147,14 @@ CROSS JOIN LATERAL (SELECT CASE WHEN s.cur THEN y.already_count ELSE 0 END AS us
 -- transaction after the statement began is left alone and its calls are
 -- not returned: send them again.
 --
+-- A row another transaction holds locked (a check inside a caller's
+-- transaction that has not committed, a DBA's hand edit) is skipped, never
+-- waited for: the statement would hold every other call of the batch
+-- behind that lock. Its calls come back with busy set and nothing of them
+-- applied; the caller sends them again later, alone or in another batch.
+-- A key that no committed row holds is inserted, which waits only when
+-- another transaction has inserted the same key and not yet committed.
+--
 -- CASE WHEN random() >= 0 THEN ... END is the array itself, but the planner
 -- cannot see through it: it estimates the batch at 10 calls whatever its
 -- size, as it must for the generic plan, so PostgreSQL keeps the generic
@@ -160,13 +169,19 @@ WITH RECURSIVE keys AS (
         unnest(@ns::bigint[]), unnest(@limits::bigint[]), unnest(@begins::timestamptz[]),
         unnest(@window_ends::timestamptz[]), unnest(@penalty_ends::timestamptz[]))
         AS c(k, seq, now, n, lim, b, e, pe)
-), locked AS (
-    -- Phase 1.
+), locked AS MATERIALIZED (
+    -- Phase 1, skipping the rows another transaction holds.
     SELECT k.k, c.already_count, c.begin_time, c.end_time, c.blocked_until
     FROM keys k
     JOIN count_limit c ON c.use_type = k.use_type AND c.unique_id = k.unique_id
     ORDER BY k.k
-    FOR NO KEY UPDATE OF c
+    FOR NO KEY UPDATE OF c SKIP LOCKED
+), busy AS MATERIALIZED (
+    -- Rows the statement's snapshot shows that phase 1 did not lock.
+    SELECT k.k
+    FROM keys k
+    JOIN count_limit c ON c.use_type = k.use_type AND c.unique_id = k.unique_id
+    WHERE NOT EXISTS (SELECT FROM locked l WHERE l.k = k.k)
 ), fold (k, seq, existed, ex, cnt, wb, we, bu, den, counted, lim, allowed, used, ob, oe, obu) AS (
     -- Step 0 is each key's state as locked (or absent); step i applies
     -- call i to the state after step i-1.
@@ -175,6 +190,7 @@ WITH RECURSIVE keys AS (
         false, 0::bigint, NULL::timestamptz, NULL::timestamptz, NULL::timestamptz
     FROM keys k
     LEFT JOIN locked l ON l.k = k.k
+    WHERE NOT EXISTS (SELECT FROM busy y WHERE y.k = k.k)
     UNION ALL
     SELECT f.k, c.seq, f.existed, true,
         CASE WHEN d.fits THEN d.used + c.n ELSE f.cnt END,
@@ -232,11 +248,15 @@ WITH RECURSIVE keys AS (
     UNION ALL
     SELECT k.k FROM inserted i JOIN keys k ON k.use_type = i.use_type AND k.unique_id = i.unique_id
 )
-SELECT f.k::int AS key_of, f.seq::int AS seq, f.allowed::boolean AS allowed, f.used::bigint AS used,
+SELECT f.k::int AS key_of, f.seq::int AS seq, false AS busy, f.allowed::boolean AS allowed, f.used::bigint AS used,
     f.ob::timestamptz AS window_begin, f.oe::timestamptz AS window_end, f.obu::timestamptz AS blocked_until
 FROM fold f
 JOIN applied a ON a.k = f.k
-WHERE f.seq > 0;
+WHERE f.seq > 0
+UNION ALL
+SELECT c.k, c.seq, true, false, 0, NULL, NULL, NULL
+FROM calls c
+JOIN busy y ON y.k = c.k;
 
 -- name: AllowBatchDistinct :many
 -- AllowBatchDistinct is AllowBatch for a batch whose calls all have keys of
@@ -245,8 +265,10 @@ WHERE f.seq > 0;
 -- without AllowBatch's recursive fold: a smaller plan and less work per
 -- call. Calls are given sorted by key, one per key; a call is named by its
 -- 1-based position (key_of). The statement returns one row per call it
--- applied; a call whose key a concurrent transaction created after the
--- statement began is left alone and not returned: send it again.
+-- applied, and one with busy set per call whose row another transaction
+-- holds locked (see AllowBatch); a call whose key a concurrent transaction
+-- created after the statement began is left alone and not returned: send
+-- it again.
 --
 -- The CASE WHEN random() >= 0 is AllowBatch's: it keeps the generic plan.
 WITH calls AS MATERIALIZED (
@@ -256,12 +278,18 @@ WITH calls AS MATERIALIZED (
         unnest(@begins::timestamptz[]), unnest(@window_ends::timestamptz[]), unnest(@penalty_ends::timestamptz[]))
         WITH ORDINALITY AS c(use_type, unique_id, now, n, lim, b, e, pe, ord)
 ), locked AS MATERIALIZED (
-    -- Phase 1.
+    -- Phase 1, skipping the rows another transaction holds.
     SELECT c.k, r.already_count, r.begin_time, r.end_time, r.blocked_until
     FROM calls c
     JOIN count_limit r ON r.use_type = c.use_type AND r.unique_id = c.unique_id
     ORDER BY c.k
-    FOR NO KEY UPDATE OF r
+    FOR NO KEY UPDATE OF r SKIP LOCKED
+), busy AS MATERIALIZED (
+    -- Rows the statement's snapshot shows that phase 1 did not lock.
+    SELECT c.k
+    FROM calls c
+    JOIN count_limit r ON r.use_type = c.use_type AND r.unique_id = c.unique_id
+    WHERE NOT EXISTS (SELECT FROM locked l WHERE l.k = c.k)
 ), decided AS MATERIALIZED (
     -- Each call applied to its row as locked (or absent): AllowBatch's
     -- fold step 1, from its step 0.
@@ -282,6 +310,7 @@ WITH calls AS MATERIALIZED (
             coalesce(l.begin_time < coalesce(l.end_time, 'infinity') AND coalesce(l.end_time > c.now, true), false) AS cur,
             coalesce(l.blocked_until > c.now, false) AS blocked) s
         CROSS JOIN LATERAL (SELECT CASE WHEN s.cur THEN l.already_count ELSE 0 END AS used) u) d
+    WHERE NOT EXISTS (SELECT FROM busy y WHERE y.k = c.k)
 ), inserted AS (
     -- Phase 2: the count(*) makes every lock of phase 1 be taken first.
     INSERT INTO count_limit (use_type, unique_id, already_count, begin_time, end_time, limit_value, denied_count, blocked_until)
@@ -311,7 +340,10 @@ WITH calls AS MATERIALIZED (
     UNION ALL
     SELECT d.k FROM inserted i JOIN decided d ON d.use_type = i.use_type AND d.unique_id = i.unique_id
 )
-SELECT d.k::int AS key_of, d.allowed::boolean AS allowed, d.used::bigint AS used,
+SELECT d.k::int AS key_of, false AS busy, d.allowed::boolean AS allowed, d.used::bigint AS used,
     d.ob::timestamptz AS window_begin, d.oe::timestamptz AS window_end, d.obu::timestamptz AS blocked_until
 FROM decided d
-JOIN applied a ON a.k = d.k;
+JOIN applied a ON a.k = d.k
+UNION ALL
+SELECT y.k, true, false, 0, NULL, NULL, NULL
+FROM busy y;

@@ -63,7 +63,14 @@ func TestAllowOneDecidesOnTheLatestRow(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			admin := testbackend.Postgres(t)
-			l := countlimit.New(pgstore.New(testbackend.Postgres(t)))
+			// On a connection of its own: on a pool, a lone call never
+			// waits for another transaction's row lock.
+			conn, err := pgx.ConnectConfig(context.Background(), testbackend.PoolConfig(t).ConnConfig.Copy())
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { conn.Close(context.Background()) })
+			l := countlimit.New(pgstore.New(conn))
 			rule := countlimit.Rule{UseType: storetest.UseType(t, "one.latest"), Limit: 3, Window: countlimit.Rolling(time.Hour)}
 			ctx := context.Background()
 			if _, err := l.AllowN(ctx, rule, "z", tc.before); err != nil {
@@ -84,7 +91,7 @@ func TestAllowOneDecidesOnTheLatestRow(t *testing.T) {
 				t.Errorf("Allow: %+v, %v; want allowed %v, Used %d", o.res, o.err, tc.allowed, tc.used)
 			}
 			var n, den int64
-			err := admin.QueryRow(ctx, `SELECT already_count, denied_count FROM count_limit WHERE use_type = $1 AND unique_id = 'z'`,
+			err = admin.QueryRow(ctx, `SELECT already_count, denied_count FROM count_limit WHERE use_type = $1 AND unique_id = 'z'`,
 				string(rule.UseType)).Scan(&n, &den)
 			if err != nil || n != tc.used || den != tc.deniedCount {
 				t.Errorf("row: already_count %d, denied_count %d (%v); want %d, %d", n, den, err, tc.used, tc.deniedCount)

@@ -2,6 +2,7 @@ package pgstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/countlimit/countlimit/countlimit"
@@ -9,24 +10,32 @@ import (
 )
 
 // AllowBatchForTest sends reqs, in this order, as one group commit and
-// writes each request's state: what a batch of concurrent calls does.
+// writes the state of each request it applied: what a batch of concurrent
+// calls does. Its error names each call that failed, was busy (ErrBusy)
+// or was left for a retry.
 func (s *Store) AllowBatchForTest(ctx context.Context, reqs []*countlimit.Request) error {
 	calls := make([]*gather.Call, len(reqs))
 	for i, r := range reqs {
 		calls[i] = &gather.Call{Req: *r}
 	}
 	s.sendBatch(ctx, calls)
+	var errs []error
 	for i, c := range calls {
 		switch {
 		case c.Err != nil:
-			return c.Err
+			errs = append(errs, fmt.Errorf("call %d: %w", i, c.Err))
 		case c.Retried():
-			return fmt.Errorf("call %d was left for a retry", i)
+			errs = append(errs, fmt.Errorf("call %d was left for a retry", i))
+		default:
+			reqs[i].Checks[0].State = c.Req.Checks[0].State
 		}
-		reqs[i].Checks[0].State = c.Req.Checks[0].State
 	}
-	return nil
+	return errors.Join(errs...)
 }
+
+// ErrBusy is the outcome of a batched call whose row another transaction
+// holds locked.
+var ErrBusy = errBusy
 
 // QueuedForTest reports how many calls wait for a group commit.
 func (s *Store) QueuedForTest() int { return s.gather.Queued() }

@@ -22,6 +22,48 @@ import (
 // concurrent transaction created its row (see queries/fast.sql).
 const maxAttempts = 8
 
+// errBusy is the outcome of a group-committed call whose row another
+// transaction holds locked: nothing of it was applied (see AllowBatch in
+// queries/fast.sql).
+var errBusy = errors.New("pgstore: the row is locked by another transaction")
+
+// The pauses of a call whose row is locked, before it is sent again: from
+// the first, doubling up to the last. The lock is another transaction's, a
+// caller's business transaction say, which commits in its own time: the
+// call waits for it without a connection or a group commit's slot.
+const (
+	firstBusyPause = time.Millisecond
+	lastBusyPause  = 32 * time.Millisecond
+)
+
+// gathered sends r, which takes the fast path, through group commit. A
+// call whose row another transaction holds locked is sent again, after a
+// pause, until its row is free or its context ends; then it fails with
+// countlimit.ErrLocked, which is not a store failure.
+func (s *Store) gathered(ctx context.Context, r *countlimit.Request) error {
+	err := s.gather.Do(ctx, r)
+	for pause := firstBusyPause; err == errBusy; pause = min(2*pause, lastBusyPause) {
+		t := time.NewTimer(pause)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return locked(r, ctx.Err())
+		case <-t.C:
+		}
+		if err = s.gather.Do(ctx, r); err != nil && ctx.Err() != nil {
+			// It ended while sent again: still waiting for the lock.
+			return locked(r, err)
+		}
+	}
+	return err
+}
+
+// locked is the error of a call that waited for its row, locked by another
+// transaction, until its context ended with err.
+func locked(r *countlimit.Request, err error) error {
+	return fmt.Errorf("%w (%s, %s): %w", countlimit.ErrLocked, r.Checks[0].UseType, r.ID, err)
+}
+
 // fast reports whether r takes the plain-SQL path: one rule whose window is
 // not sliding, allowed or peeked.
 func fast(r *countlimit.Request) bool {
@@ -112,8 +154,8 @@ func state(allowed bool, used int64, begin, end, blocked pgtype.Timestamptz) cou
 // another transaction created meanwhile are sent again.
 func (s *Store) sendBatch(ctx context.Context, calls []*gather.Call) {
 	if len(calls) == 1 {
-		c := calls[0]
-		c.Err = interpretError(s.allowOne(ctx, s.db, &c.Req))
+		// Not AllowOne, which waits for a row another transaction holds.
+		s.sendDistinct(ctx, calls, []int{0})
 		return
 	}
 	// Keys in lock order; calls of one key in arrival order.
@@ -177,6 +219,10 @@ func (s *Store) sendBatch(ctx context.Context, calls []*gather.Call) {
 		}
 		i := order[j]
 		done[i] = true
+		if row.Busy {
+			calls[i].Err = errBusy
+			continue
+		}
 		calls[i].Req.Checks[0].State = state(row.Allowed, row.Used, row.WindowBegin, row.WindowEnd, row.BlockedUntil)
 	}
 	settle(calls, done, err)
@@ -217,6 +263,10 @@ func (s *Store) sendDistinct(ctx context.Context, calls []*gather.Call, order []
 		}
 		i := order[j]
 		done[i] = true
+		if row.Busy {
+			calls[i].Err = errBusy
+			continue
+		}
 		calls[i].Req.Checks[0].State = state(row.Allowed, row.Used, row.WindowBegin, row.WindowEnd, row.BlockedUntil)
 	}
 	settle(calls, done, err)

@@ -38,7 +38,17 @@
 // waits leaves the batch and is never counted. A call that may leave at once
 // and finds no call waiting runs its statement on its caller's goroutine,
 // with its caller's context: a lone call costs no hand-off between
-// goroutines. Other calls (sliding windows, AllowAll over several rules,
+// goroutines.
+//
+// A batch never waits for a row that another transaction holds locked (a
+// check inside a caller's pgx.Tx that has not committed, a DBA's UPDATE):
+// it skips that row, and its calls alone wait, without a connection or a
+// batch's slot, sent again after short pauses until the row is free. When
+// a waiting call's context ends first, it fails with countlimit.ErrLocked,
+// which the Limiter does not count as a store failure. Other ids' calls are
+// never held behind such a lock. (A batch does wait when another
+// transaction has inserted the row of a brand-new id and not yet committed:
+// PostgreSQL offers no way to skip an insert's conflict.) Other calls (sliding windows, AllowAll over several rules,
 // Peek, Refund, Reset) are not batched: each is one statement in its own
 // transaction. A Store on a *pgx.Conn or a pgx.Tx never batches.
 //
@@ -156,7 +166,7 @@ func (s *Store) do(ctx context.Context, d DBTX, r *countlimit.Request, batch boo
 	case r.Op == countlimit.OpPeek:
 		return s.peekOne(ctx, d, r)
 	case batch && s.gather != nil:
-		return s.gather.Do(ctx, r)
+		return s.gathered(ctx, r)
 	}
 	return s.allowOne(ctx, d, r)
 }
