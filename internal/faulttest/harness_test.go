@@ -66,8 +66,13 @@ type fault struct {
 	// restart): counts are then not compared.
 	keepsData bool
 	// noErrors demands that every call succeeds (SCRIPT FLUSH is handled
-	// transparently).
+	// transparently), but those of held.
 	noErrors bool
+	// held names the caller and the id (of its idsPerCaller) whose row
+	// inject holds locked from another transaction: its calls may wait out
+	// their deadline with countlimit.ErrLocked, and are tallied apart
+	// (the table's held column). Empty for other faults.
+	held string
 	// inject breaks the store and mends it, calling p.back each time the
 	// server is back, which waits for the first success after it.
 	inject func(t *testing.T, p *phase)
@@ -77,6 +82,7 @@ type fault struct {
 type phase struct {
 	target *target
 	hotID  string
+	heldID string // the id of fault.held, or ""
 
 	stop    atomic.Bool
 	hot     atomic.Bool // callers hammer hotID too
@@ -157,6 +163,7 @@ type tally struct {
 	hotAcked, hotUnknown int64
 	panicked             string
 	deadlineUnavail      int // failures that carry both ErrUnavailable and DeadlineExceeded
+	held                 int // failed calls of the held id, all ErrLocked
 }
 
 func (p *phase) work(tl *tally) {
@@ -217,7 +224,11 @@ func (p *phase) call(tl *tally, r countlimit.Rule, id string) (countlimit.Result
 		p.succeeded()
 		return res, nil
 	}
-	tl.failed++
+	if id == p.heldID && errors.Is(err, countlimit.ErrLocked) {
+		tl.held++
+	} else {
+		tl.failed++
+	}
 	tl.maxFail = max(tl.maxFail, took)
 	if took > callTimeout+lateSlack {
 		tl.late++
@@ -250,12 +261,15 @@ func (p *phase) call(tl *tally, r countlimit.Rule, id string) (countlimit.Result
 func run(t *testing.T, tg *target, f fault) {
 	t.Run(f.name, func(t *testing.T) {
 		p := &phase{target: tg, hotID: tg.store + "-" + f.name}
+		if f.held != "" {
+			p.heldID = tg.store + "-" + f.name + "/" + f.held
+		}
 		tallies := make([]*tally, callers)
 		var wg sync.WaitGroup
 		for w := range callers {
 			tl := &tally{errs: map[string]int{}}
 			for k := range idsPerCaller {
-				tl.ids = append(tl.ids, &idState{id: fmt.Sprintf("%s-%s/c%02d/%d", tg.store, f.name, w, k)})
+				tl.ids = append(tl.ids, &idState{id: fmt.Sprintf("%s-%s/%s", tg.store, f.name, heldName(w, k))})
 			}
 			tallies[w] = tl
 			wg.Go(func() { p.work(tl) })
@@ -280,11 +294,16 @@ func run(t *testing.T, tg *target, f fault) {
 	})
 }
 
+// heldName is the name of caller w's k-th id within a fault's ids, as
+// fault.held spells it.
+func heldName(w, k int) string { return fmt.Sprintf("c%02d/%d", w, k) }
+
 // figures is one row of the results table.
 type figures struct {
 	store, fault     string
 	took             time.Duration
 	calls, failed    int
+	held             int // failed calls of fault.held's id (ErrLocked); -1 without one
 	late, notUnavail int
 	checked          bool // counts were compared
 	lost, double     int64
@@ -303,7 +322,10 @@ var (
 func check(t *testing.T, p *phase, f fault, tallies []*tally, took time.Duration) {
 	t.Helper()
 	fg := figures{store: p.target.store, fault: f.name, took: took, checked: f.keepsData, recoveries: p.recoveries, hotStored: -1,
-		schedLate: time.Duration(p.schedLate.Load())}
+		schedLate: time.Duration(p.schedLate.Load()), held: -1}
+	if f.held != "" {
+		fg.held = 0
+	}
 	var (
 		ids       []*idState
 		notUnav   []string
@@ -319,6 +341,9 @@ func check(t *testing.T, p *phase, f fault, tallies []*tally, took time.Duration
 		ids = append(ids, tl.ids...)
 		fg.calls += tl.calls
 		fg.failed += tl.failed
+		if f.held != "" {
+			fg.held += tl.held
+		}
 		fg.late += tl.late
 		fg.notUnavail += tl.notUnavailableN
 		fg.maxFail = max(fg.maxFail, tl.maxFail)
@@ -348,6 +373,9 @@ func check(t *testing.T, p *phase, f fault, tallies []*tally, took time.Duration
 	}
 	if f.noErrors && fg.failed > 0 {
 		t.Errorf("%d of %d calls failed, want none; errors: %v", fg.failed, fg.calls, topErrors(errs, 3))
+	}
+	if f.held != "" {
+		t.Logf("the held id %s: %d calls failed with ErrLocked", p.heldID, fg.held)
 	}
 	if denied > 0 {
 		t.Errorf("%d accounting calls were denied, but their Limit is never reached", denied)
@@ -439,8 +467,8 @@ func topErrors(errs map[string]int, n int) []string {
 func first(s []string, n int) []string { return s[:min(n, len(s))] }
 
 func header() string {
-	return fmt.Sprintf("%-8s %-11s %6s %7s %6s %4s %6s %5s %6s %9s %8s %6s  %s\n",
-		"store", "fault", "time", "calls", "failed", "late", "!unav", "lost", "double", "limit100", "max-fail", "sched", "recovery (max of n)")
+	return fmt.Sprintf("%-8s %-11s %6s %7s %6s %5s %4s %6s %5s %6s %9s %8s %6s  %s\n",
+		"store", "fault", "time", "calls", "failed", "held", "late", "!unav", "lost", "double", "limit100", "max-fail", "sched", "recovery (max of n)")
 }
 
 func (f figures) row() string {
@@ -458,8 +486,12 @@ func (f figures) row() string {
 			rec = fmt.Sprintf("%v (of %d)", worst.Round(time.Millisecond), len(f.recoveries))
 		}
 	}
-	return fmt.Sprintf("%-8s %-11s %5.1fs %7d %6d %4d %6d %5s %6s %9s %8v %6v  %s\n",
-		f.store, f.fault, f.took.Seconds(), f.calls, f.failed, f.late, f.notUnavail, lost, double, limit,
+	held := "-"
+	if f.held >= 0 {
+		held = fmt.Sprint(f.held)
+	}
+	return fmt.Sprintf("%-8s %-11s %5.1fs %7d %6d %5s %4d %6d %5s %6s %9s %8v %6v  %s\n",
+		f.store, f.fault, f.took.Seconds(), f.calls, f.failed, held, f.late, f.notUnavail, lost, double, limit,
 		f.maxFail.Round(time.Millisecond), f.schedLate.Round(time.Millisecond), rec)
 }
 
@@ -472,6 +504,7 @@ func printTable() {
 	}
 	var b strings.Builder
 	b.WriteString("\nfault suite figures (limit100 = acknowledged/stored on the Limit 100 key; lost and double from stored counts;\n" +
+		"held = calls of the id another transaction held locked, which waited out their deadline (ErrLocked), not in failed;\n" +
 		"sched = how late a 5 ms sleep woke at worst, the scheduling noise in max-fail):\n")
 	b.WriteString(header())
 	for _, f := range table {

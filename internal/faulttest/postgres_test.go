@@ -78,6 +78,19 @@ func TestPostgres(t *testing.T) {
 	for _, f := range faults {
 		run(t, tg, f)
 	}
+
+	// One id's row held locked by another transaction for a second, under
+	// a Limiter set as the service sets one (a store timeout, the circuit
+	// breaker): only that id's calls wait, and none is a store failure.
+	guarded := *tg
+	guarded.limiter = countlimit.New(pgstore.New(pool), countlimit.WithStoreTimeout(200*time.Millisecond),
+		countlimit.WithCircuitBreaker(countlimit.CircuitBreaker{}))
+	run(t, &guarded, fault{name: "rowlock", keepsData: true, noErrors: true, held: heldName(0, 0), inject: func(t *testing.T, p *phase) {
+		srv.lockRow(t, acctRule.UseType, p.heldID, time.Second)
+		if st := p.target.limiter.Stats(); st.BreakerOpenings != 0 || st.Failures != 0 {
+			t.Errorf("with one row locked: %+v; want no store failure, the breaker never opened", st)
+		}
+	}})
 	pool.Close()
 	checkGoroutines(t, base)
 }
@@ -244,6 +257,22 @@ func (s *pgServer) terminate(t *testing.T) {
 // stalls behind it.
 func (s *pgServer) lockTable(t *testing.T, d time.Duration) {
 	t.Helper()
+	s.holding(t, d, `LOCK TABLE count_limit IN ACCESS EXCLUSIVE MODE`)
+}
+
+// lockRow holds the row of (ut, id) locked FOR UPDATE for d, as a check
+// inside a caller's transaction does until it commits.
+func (s *pgServer) lockRow(t *testing.T, ut countlimit.UseType, id string, d time.Duration) {
+	t.Helper()
+	if n := s.holding(t, d, `SELECT FROM count_limit WHERE use_type = $1 AND unique_id = $2 FOR UPDATE`, string(ut), id); n != 1 {
+		t.Fatalf("locking the row of (%s, %s): %d rows", ut, id, n)
+	}
+}
+
+// holding runs sql in a transaction of its own, holds the transaction open
+// for d, and returns the rows sql affected.
+func (s *pgServer) holding(t *testing.T, d time.Duration, sql string, args ...any) int64 {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), d+10*time.Second)
 	defer cancel()
 	c, err := s.admin(ctx)
@@ -256,13 +285,15 @@ func (s *pgServer) lockTable(t *testing.T, d time.Duration) {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx)
-	if _, err := tx.Exec(ctx, `LOCK TABLE count_limit IN ACCESS EXCLUSIVE MODE`); err != nil {
+	tag, err := tx.Exec(ctx, sql, args...)
+	if err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(d)
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
+	return tag.RowsAffected()
 }
 
 // counts reads already_count of every given id that has a row.
