@@ -15,59 +15,16 @@ FROM countlimit_apply(
 ) AS r;
 
 -- name: Reset :exec
--- Reset deletes one id's rows, locking them first in key order as every
--- statement does, so that resetting several rules cannot deadlock.
-DELETE FROM count_limit c
-USING (
-    SELECT l.use_type, l.unique_id
-    FROM count_limit l
-    WHERE l.unique_id = @unique_id::text AND l.use_type = ANY(@use_types::text[])
-    ORDER BY l.use_type COLLATE "C"
-    FOR UPDATE
-) d
-WHERE c.use_type = d.use_type AND c.unique_id = d.unique_id;
+-- Reset deletes one id's rows for the given use types, leases with them
+-- (countlimit_reset).
+SELECT countlimit_reset(@unique_id::text, @use_types::text[]);
 
 -- name: PurgeExpired :one
--- PurgeExpired deletes at most batch_size expired leases and at most
--- batch_size rows whose window, penalty and leases are over, skipping rows
--- that live checks hold locked, and returns how many of both it deleted
--- (a row whose leases this batch deletes goes in the next). A row's
--- lease_until is read at its latest version, so a row whose key an Acquire
--- or Extend has just written is kept.
-WITH leases AS (
-    SELECT l.use_type, l.unique_id, l.lease_token
-    FROM count_limit_lease l
-    WHERE l.expires_at <= @now::timestamptz
-    ORDER BY l.expires_at
-    LIMIT @batch_size::int
-    FOR UPDATE SKIP LOCKED
-), gone_leases AS (
-    DELETE FROM count_limit_lease l
-    USING leases d
-    WHERE l.use_type = d.use_type AND l.unique_id = d.unique_id AND l.lease_token = d.lease_token
-    RETURNING 1
-), doomed AS (
-    SELECT c.use_type, c.unique_id
-    FROM count_limit c
-    WHERE c.end_time <= @now::timestamptz
-      AND (c.blocked_until IS NULL OR c.blocked_until <= @now::timestamptz)
-      AND (c.lease_until IS NULL OR c.lease_until <= @now::timestamptz)
-      -- A row goes once its leases have: its cascade then waits for no
-      -- lease another purge (or an open Release) holds, so purges running
-      -- at once cannot deadlock. A lease taken since the snapshot raised
-      -- lease_until, which is checked again on the locked row.
-      AND NOT EXISTS (SELECT FROM count_limit_lease l
-          WHERE l.use_type = c.use_type AND l.unique_id = c.unique_id)
-    ORDER BY c.end_time
-    LIMIT @batch_size::int
-    FOR UPDATE SKIP LOCKED
-), gone AS (
-    DELETE FROM count_limit c
-    USING doomed d
-    WHERE c.use_type = d.use_type AND c.unique_id = d.unique_id
-    RETURNING 1
-)
-SELECT ((SELECT count(*) FROM gone_leases) + (SELECT count(*) FROM gone))::bigint AS deleted;
+-- PurgeExpired is one batch of a purge (countlimit_purge): at most
+-- batch_size expired leases and at most batch_size rows whose window,
+-- penalty and leases are over, skipping rows live checks hold locked. It
+-- returns how many of both it deleted.
+SELECT countlimit_purge(@now::timestamptz, @batch_size::int)::bigint AS deleted;
 
 -- name: StatusNearestLimit :many
 -- The ids nearest their limits now (a full scan of the view: an audit tool).
@@ -89,13 +46,12 @@ ORDER BY blocked_until DESC, use_type, unique_id
 LIMIT @max_rows::int;
 
 -- name: SchemaReady :one
--- SchemaReady reports whether countlimit's table and function are on the
--- search path.
-SELECT (to_regclass('count_limit') IS NOT NULL AND EXISTS (
-    SELECT 1 FROM pg_catalog.pg_proc p
-    JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
-    WHERE p.proname = 'countlimit_apply' AND n.nspname = ANY(current_schemas(false))
-))::boolean AS ready;
+-- SchemaReady reports whether countlimit's schema, at its latest migration,
+-- is on the search path: its tables and the newest migration's function
+-- (an older schema lacks it; update this with every migration).
+SELECT (to_regclass('count_limit') IS NOT NULL AND to_regclass('count_limit_lease') IS NOT NULL
+    AND to_regprocedure('countlimit_allow_one(text, text, timestamptz, bigint, bigint, timestamptz, timestamptz, timestamptz, boolean)') IS NOT NULL
+)::boolean AS ready;
 
 -- name: StoreTime :one
 -- StoreTime is the server's clock, for Limiters that take "now" from the

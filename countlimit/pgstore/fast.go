@@ -79,9 +79,13 @@ func penaltyEnd(r *countlimit.Request, c *countlimit.Check) pgtype.Timestamptz {
 	return timestamptz(r.Now.Add(c.Block))
 }
 
-func (s *Store) allowOne(ctx context.Context, d DBTX, r *countlimit.Request) error {
+// allowOne runs r, which takes the fast path, as one AllowOne statement.
+// With skipLocked a row another transaction holds locked is not waited
+// for: the call fails with errBusy, nothing written.
+func (s *Store) allowOne(ctx context.Context, d DBTX, r *countlimit.Request, skipLocked bool) error {
 	c := &r.Checks[0]
 	p := db.AllowOneParams{
+		SkipLocked: skipLocked,
 		N:          r.N,
 		BeginTime:  timestamptz(c.Begin),
 		WindowEnd:  nullTime(c.End),
@@ -98,6 +102,9 @@ func (s *Store) allowOne(ctx context.Context, d DBTX, r *countlimit.Request) err
 		}
 		if err != nil {
 			return err
+		}
+		if row.Busy {
+			return errBusy
 		}
 		c.State = rowState(r.Now, c, row)
 		return nil
@@ -154,8 +161,12 @@ func state(allowed bool, used int64, begin, end, blocked pgtype.Timestamptz) cou
 // another transaction created meanwhile are sent again.
 func (s *Store) sendBatch(ctx context.Context, calls []*gather.Call) {
 	if len(calls) == 1 {
-		// Not AllowOne, which waits for a row another transaction holds.
-		s.sendDistinct(ctx, calls, []int{0})
+		c := calls[0]
+		if err := s.allowOne(ctx, s.db, &c.Req, true); err != errBusy {
+			c.Err = interpretError(err)
+		} else {
+			c.Err = errBusy
+		}
 		return
 	}
 	// Keys in lock order; calls of one key in arrival order.

@@ -168,7 +168,7 @@ func (s *Store) do(ctx context.Context, d DBTX, r *countlimit.Request, batch boo
 	case batch && s.gather != nil:
 		return s.gathered(ctx, r)
 	}
-	return s.allowOne(ctx, d, r)
+	return s.allowOne(ctx, d, r, false)
 }
 
 // several runs reqs in one transaction. The requests are sorted by their
@@ -260,7 +260,7 @@ func (s *Store) Ping(ctx context.Context) error {
 		return interpretError(err)
 	}
 	if !ready {
-		return countlimit.Unavailable(errors.New(`pgstore: countlimit's schema is missing here (run pgstore.Migrate or "countlimit migrate up")`))
+		return countlimit.Unavailable(errors.New(`pgstore: countlimit's schema is missing here or not at its latest migration (run pgstore.Migrate or "countlimit migrate up")`))
 	}
 	return nil
 }

@@ -91,40 +91,7 @@ func (q *Queries) Apply(ctx context.Context, db DBTX, arg ApplyParams) ([]ApplyR
 }
 
 const purgeExpired = `-- name: PurgeExpired :one
-WITH leases AS (
-    SELECT l.use_type, l.unique_id, l.lease_token
-    FROM count_limit_lease l
-    WHERE l.expires_at <= $1::timestamptz
-    ORDER BY l.expires_at
-    LIMIT $2::int
-    FOR UPDATE SKIP LOCKED
-), gone_leases AS (
-    DELETE FROM count_limit_lease l
-    USING leases d
-    WHERE l.use_type = d.use_type AND l.unique_id = d.unique_id AND l.lease_token = d.lease_token
-    RETURNING 1
-), doomed AS (
-    SELECT c.use_type, c.unique_id
-    FROM count_limit c
-    WHERE c.end_time <= $1::timestamptz
-      AND (c.blocked_until IS NULL OR c.blocked_until <= $1::timestamptz)
-      AND (c.lease_until IS NULL OR c.lease_until <= $1::timestamptz)
-      -- A row goes once its leases have: its cascade then waits for no
-      -- lease another purge (or an open Release) holds, so purges running
-      -- at once cannot deadlock. A lease taken since the snapshot raised
-      -- lease_until, which is checked again on the locked row.
-      AND NOT EXISTS (SELECT FROM count_limit_lease l
-          WHERE l.use_type = c.use_type AND l.unique_id = c.unique_id)
-    ORDER BY c.end_time
-    LIMIT $2::int
-    FOR UPDATE SKIP LOCKED
-), gone AS (
-    DELETE FROM count_limit c
-    USING doomed d
-    WHERE c.use_type = d.use_type AND c.unique_id = d.unique_id
-    RETURNING 1
-)
-SELECT ((SELECT count(*) FROM gone_leases) + (SELECT count(*) FROM gone))::bigint AS deleted
+SELECT countlimit_purge($1::timestamptz, $2::int)::bigint AS deleted
 `
 
 type PurgeExpiredParams struct {
@@ -132,12 +99,10 @@ type PurgeExpiredParams struct {
 	BatchSize int32
 }
 
-// PurgeExpired deletes at most batch_size expired leases and at most
-// batch_size rows whose window, penalty and leases are over, skipping rows
-// that live checks hold locked, and returns how many of both it deleted
-// (a row whose leases this batch deletes goes in the next). A row's
-// lease_until is read at its latest version, so a row whose key an Acquire
-// or Extend has just written is kept.
+// PurgeExpired is one batch of a purge (countlimit_purge): at most
+// batch_size expired leases and at most batch_size rows whose window,
+// penalty and leases are over, skipping rows live checks hold locked. It
+// returns how many of both it deleted.
 func (q *Queries) PurgeExpired(ctx context.Context, db DBTX, arg PurgeExpiredParams) (int64, error) {
 	row := db.QueryRow(ctx, purgeExpired, arg.Now, arg.BatchSize)
 	var deleted int64
@@ -146,15 +111,7 @@ func (q *Queries) PurgeExpired(ctx context.Context, db DBTX, arg PurgeExpiredPar
 }
 
 const reset = `-- name: Reset :exec
-DELETE FROM count_limit c
-USING (
-    SELECT l.use_type, l.unique_id
-    FROM count_limit l
-    WHERE l.unique_id = $1::text AND l.use_type = ANY($2::text[])
-    ORDER BY l.use_type COLLATE "C"
-    FOR UPDATE
-) d
-WHERE c.use_type = d.use_type AND c.unique_id = d.unique_id
+SELECT countlimit_reset($1::text, $2::text[])
 `
 
 type ResetParams struct {
@@ -162,23 +119,22 @@ type ResetParams struct {
 	UseTypes []string
 }
 
-// Reset deletes one id's rows, locking them first in key order as every
-// statement does, so that resetting several rules cannot deadlock.
+// Reset deletes one id's rows for the given use types, leases with them
+// (countlimit_reset).
 func (q *Queries) Reset(ctx context.Context, db DBTX, arg ResetParams) error {
 	_, err := db.Exec(ctx, reset, arg.UniqueID, arg.UseTypes)
 	return err
 }
 
 const schemaReady = `-- name: SchemaReady :one
-SELECT (to_regclass('count_limit') IS NOT NULL AND EXISTS (
-    SELECT 1 FROM pg_catalog.pg_proc p
-    JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
-    WHERE p.proname = 'countlimit_apply' AND n.nspname = ANY(current_schemas(false))
-))::boolean AS ready
+SELECT (to_regclass('count_limit') IS NOT NULL AND to_regclass('count_limit_lease') IS NOT NULL
+    AND to_regprocedure('countlimit_allow_one(text, text, timestamptz, bigint, bigint, timestamptz, timestamptz, timestamptz, boolean)') IS NOT NULL
+)::boolean AS ready
 `
 
-// SchemaReady reports whether countlimit's table and function are on the
-// search path.
+// SchemaReady reports whether countlimit's schema, at its latest migration,
+// is on the search path: its tables and the newest migration's function
+// (an older schema lacks it; update this with every migration).
 func (q *Queries) SchemaReady(ctx context.Context, db DBTX) (bool, error) {
 	row := db.QueryRow(ctx, schemaReady)
 	var ready bool

@@ -45,22 +45,10 @@ type AcquireLeaseRow struct {
 	BlockedUntil pgtype.Timestamptz
 }
 
-// Concurrency limits: leases in count_limit_lease (migrations/00004). Each
-// statement that adds or extends leases locks the key's count_limit row
-// first, as countlimit_acquire does, and touches that one key's leases only
-// after, so the parent row is the key's one lock and lease statements cannot
-// deadlock with checks or with each other. The count(*) >= 0 conditions
-// make PostgreSQL take that lock before anything else runs. ReleaseLease,
-// which only deletes a lease, takes no row lock first (see it below);
-// nor does PurgeExpired (queries/count_limit.sql), which skips rows that
-// others hold locked.
-//
-// A statement's snapshot is taken before it waits for the lock. Its
-// verdict does not depend on it: a lease row is found, and rechecked, at
-// its latest version. The state it reports besides the verdict (live
-// leases, their first and last expiry, the penalty) is read from that
-// snapshot with the statement's own change applied: exact unless another
-// call on the key committed while this one waited.
+// Concurrency limits: leases in count_limit_lease. Every statement is one
+// call of a function: countlimit_acquire (migrations/00004_leases.sql) and
+// the others of migrations/00005_plans.sql, where the SQL, its locking and
+// its comments live.
 // AcquireLease takes a lease when a slot is free, or counts the denial and
 // sets the penalty; see countlimit_acquire for why it is a function.
 func (q *Queries) AcquireLease(ctx context.Context, db DBTX, arg AcquireLeaseParams) (AcquireLeaseRow, error) {
@@ -86,46 +74,18 @@ func (q *Queries) AcquireLease(ctx context.Context, db DBTX, arg AcquireLeasePar
 }
 
 const extendLease = `-- name: ExtendLease :one
-WITH parent AS (
-    SELECT c.blocked_until
-    FROM count_limit c
-    WHERE c.use_type = $4::text AND c.unique_id = $5::text
-    FOR NO KEY UPDATE
-), extended AS (
-    UPDATE count_limit_lease l SET expires_at = $3::timestamptz
-    WHERE l.use_type = $4::text AND l.unique_id = $5::text AND l.lease_token = $2::text
-      AND l.expires_at > $1::timestamptz
-      AND (SELECT count(*) FROM parent) >= 0
-    RETURNING l.lease_token
-), raised AS (
-    UPDATE count_limit c SET
-        lease_until = greatest(c.lease_until, $3::timestamptz),
-        updated_at  = now()
-    WHERE c.use_type = $4::text AND c.unique_id = $5::text
-      AND EXISTS (SELECT FROM extended)
-)
-SELECT
-    x.done::boolean AS allowed,
-    h.held::bigint AS used,
-    h.first_expiry::timestamptz AS first_expiry,
-    h.last_expiry::timestamptz AS last_expiry,
-    (SELECT p.blocked_until FROM parent p WHERE p.blocked_until > $1::timestamptz)::timestamptz AS blocked_until
-FROM (SELECT EXISTS (SELECT FROM extended) AS done) x
-CROSS JOIN LATERAL (
-    SELECT count(*) AS held,
-        min(CASE WHEN x.done AND l.lease_token = $2::text THEN $3::timestamptz ELSE l.expires_at END) AS first_expiry,
-        max(CASE WHEN x.done AND l.lease_token = $2::text THEN $3::timestamptz ELSE l.expires_at END) AS last_expiry
-    FROM count_limit_lease l
-    WHERE l.use_type = $4::text AND l.unique_id = $5::text AND l.expires_at > $1::timestamptz
-) h
+SELECT r.o_allowed::boolean AS allowed, r.o_used::bigint AS used, r.o_first_expiry::timestamptz AS first_expiry,
+    r.o_last_expiry::timestamptz AS last_expiry, r.o_blocked_until::timestamptz AS blocked_until
+FROM countlimit_extend_lease($1::text, $2::text, $3::timestamptz, $4::text,
+    $5::timestamptz) AS r
 `
 
 type ExtendLeaseParams struct {
+	UseType    string
+	UniqueID   string
 	Now        pgtype.Timestamptz
 	LeaseToken string
 	ExpiresAt  pgtype.Timestamptz
-	UseType    string
-	UniqueID   string
 }
 
 type ExtendLeaseRow struct {
@@ -136,17 +96,15 @@ type ExtendLeaseRow struct {
 	BlockedUntil pgtype.Timestamptz
 }
 
-// ExtendLease moves the expiry of the lease named lease_token to
-// expires_at when the lease is live at now, and raises the key's
-// lease_until to match so that purges keep the key; it reports whether it
-// did. It writes nothing when the lease is gone or expired.
+// ExtendLease moves the expiry of a live lease to expires_at and reports
+// whether it did (countlimit_extend_lease).
 func (q *Queries) ExtendLease(ctx context.Context, db DBTX, arg ExtendLeaseParams) (ExtendLeaseRow, error) {
 	row := db.QueryRow(ctx, extendLease,
+		arg.UseType,
+		arg.UniqueID,
 		arg.Now,
 		arg.LeaseToken,
 		arg.ExpiresAt,
-		arg.UseType,
-		arg.UniqueID,
 	)
 	var i ExtendLeaseRow
 	err := row.Scan(
@@ -160,27 +118,16 @@ func (q *Queries) ExtendLease(ctx context.Context, db DBTX, arg ExtendLeaseParam
 }
 
 const peekLeases = `-- name: PeekLeases :one
-SELECT
-    (NOT b.blocked AND h.held < $1::bigint)::boolean AS allowed,
-    h.held::bigint AS used,
-    h.first_expiry::timestamptz AS first_expiry,
-    h.last_expiry::timestamptz AS last_expiry,
-    (CASE WHEN b.blocked THEN c.blocked_until END)::timestamptz AS blocked_until
-FROM (SELECT) AS one
-LEFT JOIN count_limit c ON c.use_type = $2::text AND c.unique_id = $3::text
-CROSS JOIN LATERAL (SELECT coalesce(c.blocked_until > $4::timestamptz, false) AS blocked) b
-CROSS JOIN LATERAL (
-    SELECT count(*) AS held, min(l.expires_at) AS first_expiry, max(l.expires_at) AS last_expiry
-    FROM count_limit_lease l
-    WHERE l.use_type = $2::text AND l.unique_id = $3::text AND l.expires_at > $4::timestamptz
-) h
+SELECT r.o_allowed::boolean AS allowed, r.o_used::bigint AS used, r.o_first_expiry::timestamptz AS first_expiry,
+    r.o_last_expiry::timestamptz AS last_expiry, r.o_blocked_until::timestamptz AS blocked_until
+FROM countlimit_peek_leases($1::text, $2::text, $3::timestamptz, $4::bigint) AS r
 `
 
 type PeekLeasesParams struct {
-	LimitValue int64
 	UseType    string
 	UniqueID   string
 	Now        pgtype.Timestamptz
+	LimitValue int64
 }
 
 type PeekLeasesRow struct {
@@ -191,13 +138,14 @@ type PeekLeasesRow struct {
 	BlockedUntil pgtype.Timestamptz
 }
 
-// PeekLeases answers what AcquireLease would, writing and locking nothing.
+// PeekLeases answers what AcquireLease would, writing and locking nothing
+// (countlimit_peek_leases).
 func (q *Queries) PeekLeases(ctx context.Context, db DBTX, arg PeekLeasesParams) (PeekLeasesRow, error) {
 	row := db.QueryRow(ctx, peekLeases,
-		arg.LimitValue,
 		arg.UseType,
 		arg.UniqueID,
 		arg.Now,
+		arg.LimitValue,
 	)
 	var i PeekLeasesRow
 	err := row.Scan(
@@ -211,30 +159,15 @@ func (q *Queries) PeekLeases(ctx context.Context, db DBTX, arg PeekLeasesParams)
 }
 
 const releaseLease = `-- name: ReleaseLease :one
-WITH gone AS (
-    DELETE FROM count_limit_lease l
-    WHERE l.use_type = $2::text AND l.unique_id = $3::text AND l.lease_token = $4::text
-    RETURNING l.expires_at
-)
-SELECT
-    coalesce((SELECT g.expires_at > $1::timestamptz FROM gone g), false)::boolean AS allowed,
-    h.held::bigint AS used,
-    h.first_expiry::timestamptz AS first_expiry,
-    h.last_expiry::timestamptz AS last_expiry,
-    (SELECT c.blocked_until FROM count_limit c
-        WHERE c.use_type = $2::text AND c.unique_id = $3::text AND c.blocked_until > $1::timestamptz)::timestamptz AS blocked_until
-FROM (
-    SELECT count(*) AS held, min(l.expires_at) AS first_expiry, max(l.expires_at) AS last_expiry
-    FROM count_limit_lease l
-    WHERE l.use_type = $2::text AND l.unique_id = $3::text AND l.expires_at > $1::timestamptz
-      AND l.lease_token <> $4::text
-) h
+SELECT r.o_allowed::boolean AS allowed, r.o_used::bigint AS used, r.o_first_expiry::timestamptz AS first_expiry,
+    r.o_last_expiry::timestamptz AS last_expiry, r.o_blocked_until::timestamptz AS blocked_until
+FROM countlimit_release_lease($1::text, $2::text, $3::timestamptz, $4::text) AS r
 `
 
 type ReleaseLeaseParams struct {
-	Now        pgtype.Timestamptz
 	UseType    string
 	UniqueID   string
+	Now        pgtype.Timestamptz
 	LeaseToken string
 }
 
@@ -247,16 +180,12 @@ type ReleaseLeaseRow struct {
 }
 
 // ReleaseLease deletes the lease named lease_token, live or expired, and
-// reports whether it was live at now. It is the one lease statement that
-// does not lock the key's row: it only frees, so it cannot make a count
-// wrong, and Releases then never queue behind the Acquires of a busy key.
-// It waits only for another statement that holds the same lease row (an
-// Extend of it, or a Reset).
+// reports whether it was live at now (countlimit_release_lease).
 func (q *Queries) ReleaseLease(ctx context.Context, db DBTX, arg ReleaseLeaseParams) (ReleaseLeaseRow, error) {
 	row := db.QueryRow(ctx, releaseLease,
-		arg.Now,
 		arg.UseType,
 		arg.UniqueID,
+		arg.Now,
 		arg.LeaseToken,
 	)
 	var i ReleaseLeaseRow

@@ -1,0 +1,764 @@
+-- Plans that use the key whatever the statistics say, and the statements
+-- of the fast path, of Reset, of purges and of leases as functions.
+--
+-- PostgreSQL plans a prepared statement once for all ("generic plan") after
+-- a few runs, and keeps that plan until the table's statistics change. A
+-- statement planned while count_limit looked empty (a new deployment, a
+-- TRUNCATE, a VACUUM ANALYZE of an empty table) got a plan that reads the
+-- whole table, cheapest on an empty table, and kept it while the table
+-- grew: with autovacuum off it never recovered. No shape of a plain
+-- statement avoids that on an empty table, where a sequential scan costs
+-- nothing; so each statement lives in a PL/pgSQL function that plans it
+-- with enable_seqscan off, set for the function's run only. Every lookup
+-- then goes through an index whatever the statistics say, nothing is asked
+-- of the server's settings, and the caller's session is left alone. (A
+-- function's statements keep their plans for the session, as prepared
+-- statements do: the call costs a few microseconds more than the bare
+-- statement.) countlimit_apply and countlimit_acquire get the same setting.
+--
+-- The statements are those of queries/ before this migration, unchanged
+-- but for two: countlimit_allow_one can skip a row another transaction
+-- holds locked, and countlimit_reset and countlimit_purge return what they
+-- deleted. queries/ calls them.
+
+-- +goose Up
+ALTER FUNCTION countlimit_apply(text, text, timestamptz, bigint, text[], bigint[], timestamptz[], bigint[], bigint[], bigint[])
+    SET enable_seqscan = off;
+ALTER FUNCTION countlimit_acquire(text, text, timestamptz, text, bigint, timestamptz, timestamptz, boolean)
+    SET enable_seqscan = off;
+
+-- The fast path: one rule whose window is not sliding (rolling, fixed,
+-- calendar, lifetime, CheckLimit), one statement each. countlimit_allow_one
+-- holds one row lock at most; the batch statements take theirs in three
+-- phases, as countlimit_apply does, so concurrent statements over many keys
+-- cannot deadlock:
+--
+--   1. lock the rows that exist, in key order (unique_id, then use_type, byte
+--      order; Go sorts the keys and passes them in that order), skipping any
+--      that another transaction holds (see countlimit_allow_batch);
+--   2. insert the rows that do not, in key order, ON CONFLICT DO NOTHING:
+--      this waits only for other inserts of the same key, never for a row
+--      lock. A key someone else created since the statement began is left
+--      alone and reported as not applied; the caller sends it again;
+--   3. update the rows locked in phase 1, which waits for nothing.
+--
+-- The decision is made from the latest committed version of the row (as
+-- locked in phase 1, or as countlimit_allow_one's UPDATE reads it again or
+-- its ON CONFLICT locks it), never from the statement's snapshot, so it is
+-- exact under READ COMMITTED. A window is current when it is not empty and
+-- not over (begin is not compared with now; see countlimit.Store).
+--
+-- Twins: that rule (current, blocked, fits, then the count, window, tally and
+-- penalty written) is spelled out in countlimit_allow_one,
+-- countlimit_peek_one, countlimit_allow_batch's fold step and
+-- countlimit_allow_distinct's decided below, and again in countlimit_apply
+-- (migrations/00002_apply_locking.sql), apply.lua (and fast.lua) and
+-- memstore's Store.apply: change one, change them all. storetest.Run, in
+-- pgstore's TestConformance, holds them to it, the corners in
+-- RollingStartsAtFirstCountedEvent and LateClockReadJoinsWindow (fresh or
+-- current window), PenaltyOutlivesWindow, LimitChangedMidWindow and
+-- WindowKindChanged; the batch tests (countlimit/pgstore/batch_test.go) check
+-- each batch statement against calls made one by one.
+--
+-- Parameters common to all: p_now is the caller's clock; p_begin_time and
+-- p_window_end bound the window an allowed event opens (p_window_end NULL for a
+-- lifetime window); p_penalty_end is now + Block (NULL when the rule has none).
+
+-- countlimit_allow_one counts n events of one rule for one id, or tallies the
+-- denial and sets the penalty, in one statement of two steps:
+--
+--   a. the common case, a row that exists and has room: a plain UPDATE whose
+--      WHERE is the decision. Under READ COMMITTED, when the row as the
+--      statement's snapshot shows it passes that WHERE but another
+--      transaction has changed it since, the UPDATE waits for it and
+--      evaluates WHERE and SET again on the latest version, so a count is
+--      never taken from a stale row. Uncontended it writes one WAL record
+--      and takes no separate row lock (an upsert, or a SELECT ... FOR
+--      UPDATE before it, WAL-logs a lock first); contended, PostgreSQL
+--      locks the latest version before it checks again;
+--   i. everything else, only when a counted nothing: a row that is absent is
+--      inserted (allowed when n fits the limit, else denied with a tally of
+--      1 and the penalty); a row that exists is locked by ON CONFLICT, at
+--      its latest version, and, if it is full or blocked, gets the denial:
+--      limit recorded, tally up, penalty set. A row the snapshot showed full
+--      or blocked is passed by in a without a look at its latest version, so
+--      i decides it. If it has room after all (it changed since the
+--      snapshot), i writes nothing and no row is returned: send the call
+--      again, as for a row another transaction created after the statement
+--      began.
+--
+-- A statement holds at most one row lock, so it cannot deadlock with any
+-- other. The verdict: a's rows are allowed; i's row is allowed only when it
+-- was inserted with no denial (a denial of an existing row leaves its tally
+-- at 1 or more; the tally is never negative but by a hand-made edit).
+--
+-- In a caller's REPEATABLE READ or SERIALIZABLE transaction, a row that a
+-- concurrent Reset deleted after the snapshot fails the call with a
+-- serialization error when the snapshot showed it with room (a's UPDATE
+-- meets the deletion), and is counted afresh, as the row now is, when the
+-- snapshot showed it full (a passes it by; i finds no row to conflict with).
+--
+-- "cur" below is spelled out where it is used: the window is current when
+-- it is not empty and not over (begin_time < coalesce(end_time, infinity)
+-- AND coalesce(end_time > now, true)); "used" is already_count when it is,
+-- else 0; "blocked" is blocked_until > now.
+--
+-- With p_skip_locked (pgstore's pool, whose other calls must not wait
+-- behind a lock held elsewhere) the row is locked first, FOR NO KEY UPDATE
+-- SKIP LOCKED: a row the statement's snapshot shows that it could not lock
+-- is another transaction's, and the call writes nothing and returns one row
+-- with o_busy set. Without it (a Store on the caller's own connection or
+-- transaction) the statement waits for such a lock, as the caller's other
+-- statements do.
+-- +goose StatementBegin
+CREATE FUNCTION countlimit_allow_one(
+    p_use_type    text,
+    p_unique_id   text,
+    p_now         timestamptz,
+    p_n           bigint,
+    p_limit_value bigint,
+    p_begin_time  timestamptz,
+    p_window_end  timestamptz,
+    p_penalty_end timestamptz,
+    p_skip_locked boolean
+) RETURNS TABLE (
+    o_busy          boolean,
+    o_allowed       boolean,
+    o_already_count bigint,
+    o_begin_time    timestamptz,
+    o_end_time      timestamptz,
+    o_blocked_until timestamptz
+) LANGUAGE plpgsql SET enable_seqscan = off AS $fn$
+BEGIN
+    IF p_skip_locked THEN
+        RETURN QUERY
+        WITH l AS MATERIALIZED (
+            -- The row, locked unless another transaction holds it.
+            SELECT FROM count_limit c
+            WHERE c.use_type = p_use_type AND c.unique_id = p_unique_id
+            FOR NO KEY UPDATE SKIP LOCKED
+        ), p AS MATERIALIZED (
+            SELECT EXISTS (SELECT FROM l) AS mine,
+                EXISTS (SELECT FROM count_limit c WHERE c.use_type = p_use_type AND c.unique_id = p_unique_id) AS present
+        ), a AS (
+            UPDATE count_limit c SET
+                already_count = CASE WHEN c.begin_time < coalesce(c.end_time, 'infinity') AND coalesce(c.end_time > p_now, true)
+                    THEN c.already_count ELSE 0 END + p_n,
+                begin_time    = CASE WHEN c.begin_time < coalesce(c.end_time, 'infinity') AND coalesce(c.end_time > p_now, true)
+                    THEN c.begin_time ELSE p_begin_time END,
+                end_time      = CASE WHEN c.begin_time < coalesce(c.end_time, 'infinity') AND coalesce(c.end_time > p_now, true)
+                    THEN c.end_time ELSE p_window_end END,
+                limit_value   = p_limit_value,
+                events        = NULL,
+                updated_at    = now()
+            WHERE c.use_type = p_use_type AND c.unique_id = p_unique_id AND (SELECT mine FROM p)
+              AND NOT coalesce(c.blocked_until > p_now, false)
+              AND p_n <= p_limit_value - CASE WHEN c.begin_time < coalesce(c.end_time, 'infinity') AND coalesce(c.end_time > p_now, true)
+                    THEN c.already_count ELSE 0 END
+            RETURNING true AS allowed, c.already_count, c.begin_time, c.end_time, c.blocked_until
+        ), i AS (
+            INSERT INTO count_limit AS c (use_type, unique_id, already_count, begin_time, end_time, limit_value, denied_count, blocked_until)
+            SELECT p_use_type, p_unique_id,
+                CASE WHEN f.fits THEN p_n ELSE 0 END,
+                CASE WHEN f.fits THEN p_begin_time ELSE p_now END,
+                CASE WHEN f.fits THEN p_window_end ELSE p_now END,
+                p_limit_value,
+                CASE WHEN f.fits THEN 0 ELSE 1 END,
+                CASE WHEN f.fits THEN NULL ELSE p_penalty_end END
+            FROM (SELECT p_n <= p_limit_value AS fits) f
+            WHERE NOT EXISTS (SELECT FROM a) AND (SELECT mine OR NOT present FROM p)
+            ON CONFLICT (use_type, unique_id) DO UPDATE SET
+                limit_value   = excluded.limit_value,
+                denied_count  = c.denied_count + 1,
+                blocked_until = CASE WHEN coalesce(c.blocked_until > p_now, false) OR p_penalty_end IS NULL
+                    THEN c.blocked_until ELSE p_penalty_end END,
+                updated_at    = now()
+            WHERE coalesce(c.blocked_until > p_now, false)
+               OR p_n > excluded.limit_value - CASE WHEN c.begin_time < coalesce(c.end_time, 'infinity') AND coalesce(c.end_time > p_now, true)
+                    THEN c.already_count ELSE 0 END
+            RETURNING c.denied_count = 0 AS allowed, c.already_count, c.begin_time, c.end_time, c.blocked_until
+        )
+        SELECT false, a.allowed::boolean, a.already_count::bigint, a.begin_time::timestamptz, a.end_time::timestamptz, a.blocked_until::timestamptz
+        FROM a
+        UNION ALL
+        SELECT false, i.allowed, i.already_count, i.begin_time, i.end_time, i.blocked_until
+        FROM i
+        UNION ALL
+        SELECT true, false, 0, NULL, NULL, NULL
+        FROM p
+        WHERE p.present AND NOT p.mine;
+    ELSE
+        RETURN QUERY
+        WITH a AS (
+            UPDATE count_limit c SET
+                already_count = CASE WHEN c.begin_time < coalesce(c.end_time, 'infinity') AND coalesce(c.end_time > p_now, true)
+                    THEN c.already_count ELSE 0 END + p_n,
+                begin_time    = CASE WHEN c.begin_time < coalesce(c.end_time, 'infinity') AND coalesce(c.end_time > p_now, true)
+                    THEN c.begin_time ELSE p_begin_time END,
+                end_time      = CASE WHEN c.begin_time < coalesce(c.end_time, 'infinity') AND coalesce(c.end_time > p_now, true)
+                    THEN c.end_time ELSE p_window_end END,
+                limit_value   = p_limit_value,
+                events        = NULL,
+                updated_at    = now()
+            WHERE c.use_type = p_use_type AND c.unique_id = p_unique_id
+              AND NOT coalesce(c.blocked_until > p_now, false)
+              AND p_n <= p_limit_value - CASE WHEN c.begin_time < coalesce(c.end_time, 'infinity') AND coalesce(c.end_time > p_now, true)
+                    THEN c.already_count ELSE 0 END
+            RETURNING true AS allowed, c.already_count, c.begin_time, c.end_time, c.blocked_until
+        ), i AS (
+            INSERT INTO count_limit AS c (use_type, unique_id, already_count, begin_time, end_time, limit_value, denied_count, blocked_until)
+            SELECT p_use_type, p_unique_id,
+                CASE WHEN f.fits THEN p_n ELSE 0 END,
+                CASE WHEN f.fits THEN p_begin_time ELSE p_now END,
+                CASE WHEN f.fits THEN p_window_end ELSE p_now END,
+                p_limit_value,
+                CASE WHEN f.fits THEN 0 ELSE 1 END,
+                CASE WHEN f.fits THEN NULL ELSE p_penalty_end END
+            FROM (SELECT p_n <= p_limit_value AS fits) f
+            WHERE NOT EXISTS (SELECT FROM a)
+            ON CONFLICT (use_type, unique_id) DO UPDATE SET
+                limit_value   = excluded.limit_value,
+                denied_count  = c.denied_count + 1,
+                blocked_until = CASE WHEN coalesce(c.blocked_until > p_now, false) OR p_penalty_end IS NULL
+                    THEN c.blocked_until ELSE p_penalty_end END,
+                updated_at    = now()
+            WHERE coalesce(c.blocked_until > p_now, false)
+               OR p_n > excluded.limit_value - CASE WHEN c.begin_time < coalesce(c.end_time, 'infinity') AND coalesce(c.end_time > p_now, true)
+                    THEN c.already_count ELSE 0 END
+            RETURNING c.denied_count = 0 AS allowed, c.already_count, c.begin_time, c.end_time, c.blocked_until
+        )
+        SELECT false, a.allowed::boolean, a.already_count::bigint, a.begin_time::timestamptz, a.end_time::timestamptz, a.blocked_until::timestamptz
+        FROM a
+        UNION ALL
+        SELECT false, i.allowed, i.already_count, i.begin_time, i.end_time, i.blocked_until
+        FROM i;
+    END IF;
+END
+$fn$;
+-- +goose StatementEnd
+
+-- countlimit_peek_one answers what countlimit_allow_one would for one event,
+-- writing and locking nothing.
+-- +goose StatementBegin
+CREATE FUNCTION countlimit_peek_one(
+    p_use_type    text,
+    p_unique_id   text,
+    p_now         timestamptz,
+    p_limit_value bigint,
+    p_begin_time  timestamptz,
+    p_window_end  timestamptz
+) RETURNS TABLE (
+    o_allowed       boolean,
+    o_used          bigint,
+    o_window_begin  timestamptz,
+    o_window_end    timestamptz,
+    o_blocked_until timestamptz
+) LANGUAGE plpgsql STABLE SET enable_seqscan = off AS $fn$
+BEGIN
+    RETURN QUERY
+        SELECT
+            (NOT s.blocked AND u.used < p_limit_value)::boolean AS allowed,
+            u.used::bigint AS used,
+            (CASE WHEN s.cur THEN y.begin_time ELSE p_begin_time END)::timestamptz AS window_begin,
+            (CASE WHEN s.cur THEN y.end_time ELSE p_window_end END)::timestamptz AS window_end,
+            (CASE WHEN s.blocked THEN y.blocked_until END)::timestamptz AS blocked_until
+        FROM (SELECT) AS one
+        LEFT JOIN count_limit y ON y.use_type = p_use_type AND y.unique_id = p_unique_id
+        CROSS JOIN LATERAL (SELECT
+            coalesce(y.begin_time < coalesce(y.end_time, 'infinity') AND coalesce(y.end_time > p_now, true), false) AS cur,
+            coalesce(y.blocked_until > p_now, false) AS blocked) s
+        CROSS JOIN LATERAL (SELECT CASE WHEN s.cur THEN y.already_count ELSE 0 END AS used) u;
+END
+$fn$;
+-- +goose StatementEnd
+
+-- countlimit_allow_batch is countlimit_allow_one for many calls at once:
+-- group commit. Keys are given once each, sorted; calls refer to their key by
+-- its 1-based position (key_of) and are numbered 1, 2, ... within a key in
+-- arrival order (seq). Calls for one key are decided one after another, in
+-- that order, by one row update: each gets the result it would have had
+-- alone. The statement returns one row per call it applied; a key created by
+-- a concurrent transaction after the statement began is left alone and its
+-- calls are not returned: send them again.
+--
+-- A row another transaction holds locked (a check inside a caller's
+-- transaction that has not committed, a DBA's hand edit) is skipped, never
+-- waited for: the statement would hold every other call of the batch
+-- behind that lock. Its calls come back with busy set and nothing of them
+-- applied; the caller sends them again later, alone or in another batch.
+-- A key that no committed row holds is inserted, which waits only when
+-- another transaction has inserted the same key and not yet committed.
+--
+-- CASE WHEN random() >= 0 THEN ... END is the array itself, but the planner
+-- cannot see through it: it estimates the batch at 10 calls whatever its
+-- size, as it must for the generic plan, so PostgreSQL keeps the generic
+-- plan instead of planning this statement anew for every small batch.
+-- +goose StatementBegin
+CREATE FUNCTION countlimit_allow_batch(
+    p_use_types    text[],
+    p_unique_ids   text[],
+    p_key_of       int[],
+    p_seq          int[],
+    p_nows         timestamptz[],
+    p_ns           bigint[],
+    p_limits       bigint[],
+    p_begins       timestamptz[],
+    p_window_ends  timestamptz[],
+    p_penalty_ends timestamptz[]
+) RETURNS TABLE (
+    o_key_of        int,
+    o_seq           int,
+    o_busy          boolean,
+    o_allowed       boolean,
+    o_used          bigint,
+    o_window_begin  timestamptz,
+    o_window_end    timestamptz,
+    o_blocked_until timestamptz
+) LANGUAGE plpgsql SET enable_seqscan = off AS $fn$
+BEGIN
+    RETURN QUERY
+        WITH RECURSIVE keys AS (
+            SELECT k.use_type, k.unique_id, k.ord::int AS k
+            FROM ROWS FROM (unnest(CASE WHEN random() >= 0 THEN p_use_types END), unnest(p_unique_ids))
+                WITH ORDINALITY AS k(use_type, unique_id, ord)
+        ), calls AS MATERIALIZED (
+            SELECT *
+            FROM ROWS FROM (unnest(CASE WHEN random() >= 0 THEN p_key_of END), unnest(p_seq), unnest(p_nows),
+                unnest(p_ns), unnest(p_limits), unnest(p_begins),
+                unnest(p_window_ends), unnest(p_penalty_ends))
+                AS c(k, seq, now, n, lim, b, e, pe)
+        ), locked AS MATERIALIZED (
+            -- Phase 1, skipping the rows another transaction holds.
+            SELECT k.k, c.already_count, c.begin_time, c.end_time, c.blocked_until
+            FROM keys k
+            JOIN count_limit c ON c.use_type = k.use_type AND c.unique_id = k.unique_id
+            ORDER BY k.k
+            FOR NO KEY UPDATE OF c SKIP LOCKED
+        ), busy AS MATERIALIZED (
+            -- Rows the statement's snapshot shows that phase 1 did not lock.
+            SELECT k.k
+            FROM keys k
+            JOIN count_limit c ON c.use_type = k.use_type AND c.unique_id = k.unique_id
+            WHERE NOT EXISTS (SELECT FROM locked l WHERE l.k = k.k)
+        ), fold (k, seq, existed, ex, cnt, wb, we, bu, den, counted, lim, allowed, used, ob, oe, obu) AS (
+            -- Step 0 is each key's state as locked (or absent); step i applies
+            -- call i to the state after step i-1.
+            SELECT k.k, 0, l.k IS NOT NULL, l.k IS NOT NULL, coalesce(l.already_count, 0),
+                l.begin_time, l.end_time, l.blocked_until, 0::bigint, false, 0::bigint,
+                false, 0::bigint, NULL::timestamptz, NULL::timestamptz, NULL::timestamptz
+            FROM keys k
+            LEFT JOIN locked l ON l.k = k.k
+            WHERE NOT EXISTS (SELECT FROM busy y WHERE y.k = k.k)
+            UNION ALL
+            SELECT f.k, c.seq, f.existed, true,
+                CASE WHEN d.fits THEN d.used + c.n ELSE f.cnt END,
+                CASE WHEN d.fits AND NOT d.cur THEN c.b WHEN f.ex THEN f.wb ELSE c.now END,
+                CASE WHEN d.fits AND NOT d.cur THEN c.e WHEN f.ex THEN f.we ELSE c.now END,
+                CASE WHEN d.fits OR d.blocked OR c.pe IS NULL THEN f.bu ELSE c.pe END,
+                f.den + CASE WHEN d.fits THEN 0 ELSE 1 END,
+                f.counted OR d.fits,
+                c.lim,
+                d.fits,
+                CASE WHEN d.fits THEN d.used + c.n ELSE d.used END,
+                CASE WHEN d.cur THEN f.wb ELSE c.b END,
+                CASE WHEN d.cur THEN f.we ELSE c.e END,
+                CASE WHEN d.blocked THEN f.bu WHEN d.fits THEN NULL ELSE c.pe END
+            FROM fold f
+            JOIN calls c ON c.k = f.k AND c.seq = f.seq + 1
+            CROSS JOIN LATERAL (SELECT s.cur, s.blocked, u.used, NOT s.blocked AND c.n <= c.lim - u.used AS fits
+                FROM (SELECT
+                    f.ex AND f.wb < coalesce(f.we, 'infinity') AND coalesce(f.we > c.now, true) AS cur,
+                    coalesce(f.bu > c.now, false) AS blocked) s
+                CROSS JOIN LATERAL (SELECT CASE WHEN s.cur THEN f.cnt ELSE 0 END AS used) u) d
+        ), final AS (
+            SELECT DISTINCT ON (f.k) f.k, f.existed, f.cnt, f.wb, f.we, f.bu, f.den, f.counted, f.lim
+            FROM fold f
+            WHERE f.seq > 0
+            ORDER BY f.k, f.seq DESC
+        ), inserted AS (
+            -- Phase 2.
+            INSERT INTO count_limit (use_type, unique_id, already_count, begin_time, end_time, limit_value, denied_count, blocked_until)
+            SELECT k.use_type, k.unique_id, f.cnt, f.wb, f.we, f.lim, f.den, f.bu
+            FROM final f
+            JOIN keys k ON k.k = f.k
+            WHERE NOT f.existed
+            ORDER BY f.k
+            ON CONFLICT DO NOTHING
+            RETURNING use_type, unique_id
+        ), updated AS (
+            -- Phase 3: the count(*) makes every insert happen first.
+            UPDATE count_limit c SET
+                already_count = f.cnt,
+                begin_time    = f.wb,
+                end_time      = f.we,
+                limit_value   = f.lim,
+                denied_count  = c.denied_count + f.den,
+                blocked_until = f.bu,
+                events        = CASE WHEN f.counted THEN NULL ELSE c.events END,
+                updated_at    = now()
+            FROM final f
+            JOIN keys k ON k.k = f.k
+            WHERE f.existed AND c.use_type = k.use_type AND c.unique_id = k.unique_id
+              AND (SELECT count(*) FROM inserted) >= 0
+            RETURNING f.k
+        ), applied AS (
+            SELECT u.k FROM updated u
+            UNION ALL
+            SELECT k.k FROM inserted i JOIN keys k ON k.use_type = i.use_type AND k.unique_id = i.unique_id
+        )
+        SELECT f.k::int AS key_of, f.seq::int AS seq, false AS busy, f.allowed::boolean AS allowed, f.used::bigint AS used,
+            f.ob::timestamptz AS window_begin, f.oe::timestamptz AS window_end, f.obu::timestamptz AS blocked_until
+        FROM fold f
+        JOIN applied a ON a.k = f.k
+        WHERE f.seq > 0
+        UNION ALL
+        SELECT c.k, c.seq, true, false, 0, NULL, NULL, NULL
+        FROM calls c
+        JOIN busy y ON y.k = c.k;
+END
+$fn$;
+-- +goose StatementEnd
+
+-- countlimit_allow_distinct is countlimit_allow_batch for a batch whose calls
+-- all have keys of their own, the common case over many ids. No call then
+-- waits on another's outcome, so each is decided from its row as locked, as
+-- countlimit_allow_one decides, without countlimit_allow_batch's recursive
+-- fold: a smaller plan and less work per call. Calls are given sorted by key,
+-- one per key; a call is named by its 1-based position (key_of). The
+-- statement returns one row per call it applied, and one with busy set per
+-- call whose row another transaction holds locked (see
+-- countlimit_allow_batch); a call whose key a concurrent transaction created
+-- after the statement began is left alone and not returned: send it again.
+--
+-- The CASE WHEN random() >= 0 is countlimit_allow_batch's: it keeps the
+-- generic plan.
+-- +goose StatementBegin
+CREATE FUNCTION countlimit_allow_distinct(
+    p_use_types    text[],
+    p_unique_ids   text[],
+    p_nows         timestamptz[],
+    p_ns           bigint[],
+    p_limits       bigint[],
+    p_begins       timestamptz[],
+    p_window_ends  timestamptz[],
+    p_penalty_ends timestamptz[]
+) RETURNS TABLE (
+    o_key_of        int,
+    o_busy          boolean,
+    o_allowed       boolean,
+    o_used          bigint,
+    o_window_begin  timestamptz,
+    o_window_end    timestamptz,
+    o_blocked_until timestamptz
+) LANGUAGE plpgsql SET enable_seqscan = off AS $fn$
+BEGIN
+    RETURN QUERY
+        WITH calls AS MATERIALIZED (
+            SELECT c.ord::int AS k, c.use_type, c.unique_id, c.now, c.n, c.lim, c.b, c.e, c.pe
+            FROM ROWS FROM (unnest(CASE WHEN random() >= 0 THEN p_use_types END), unnest(p_unique_ids),
+                unnest(p_nows), unnest(p_ns), unnest(p_limits),
+                unnest(p_begins), unnest(p_window_ends), unnest(p_penalty_ends))
+                WITH ORDINALITY AS c(use_type, unique_id, now, n, lim, b, e, pe, ord)
+        ), locked AS MATERIALIZED (
+            -- Phase 1, skipping the rows another transaction holds.
+            SELECT c.k, r.already_count, r.begin_time, r.end_time, r.blocked_until
+            FROM calls c
+            JOIN count_limit r ON r.use_type = c.use_type AND r.unique_id = c.unique_id
+            ORDER BY c.k
+            FOR NO KEY UPDATE OF r SKIP LOCKED
+        ), busy AS MATERIALIZED (
+            -- Rows the statement's snapshot shows that phase 1 did not lock.
+            SELECT c.k
+            FROM calls c
+            JOIN count_limit r ON r.use_type = c.use_type AND r.unique_id = c.unique_id
+            WHERE NOT EXISTS (SELECT FROM locked l WHERE l.k = c.k)
+        ), decided AS MATERIALIZED (
+            -- Each call applied to its row as locked (or absent):
+            -- countlimit_allow_batch's fold step 1, from its step 0.
+            SELECT c.k, c.use_type, c.unique_id, c.lim, l.k IS NOT NULL AS existed,
+                CASE WHEN d.fits THEN d.used + c.n ELSE coalesce(l.already_count, 0) END AS cnt,
+                CASE WHEN d.fits AND NOT d.cur THEN c.b WHEN l.k IS NOT NULL THEN l.begin_time ELSE c.now END AS wb,
+                CASE WHEN d.fits AND NOT d.cur THEN c.e WHEN l.k IS NOT NULL THEN l.end_time ELSE c.now END AS we,
+                CASE WHEN d.fits OR d.blocked OR c.pe IS NULL THEN l.blocked_until ELSE c.pe END AS bu,
+                d.fits AS allowed,
+                CASE WHEN d.fits THEN d.used + c.n ELSE d.used END AS used,
+                CASE WHEN d.cur THEN l.begin_time ELSE c.b END AS ob,
+                CASE WHEN d.cur THEN l.end_time ELSE c.e END AS oe,
+                CASE WHEN d.blocked THEN l.blocked_until WHEN d.fits THEN NULL ELSE c.pe END AS obu
+            FROM calls c
+            LEFT JOIN locked l ON l.k = c.k
+            CROSS JOIN LATERAL (SELECT s.cur, s.blocked, u.used, NOT s.blocked AND c.n <= c.lim - u.used AS fits
+                FROM (SELECT
+                    coalesce(l.begin_time < coalesce(l.end_time, 'infinity') AND coalesce(l.end_time > c.now, true), false) AS cur,
+                    coalesce(l.blocked_until > c.now, false) AS blocked) s
+                CROSS JOIN LATERAL (SELECT CASE WHEN s.cur THEN l.already_count ELSE 0 END AS used) u) d
+            WHERE NOT EXISTS (SELECT FROM busy y WHERE y.k = c.k)
+        ), inserted AS (
+            -- Phase 2: the count(*) makes every lock of phase 1 be taken first.
+            INSERT INTO count_limit (use_type, unique_id, already_count, begin_time, end_time, limit_value, denied_count, blocked_until)
+            SELECT d.use_type, d.unique_id, d.cnt, d.wb, d.we, d.lim, CASE WHEN d.allowed THEN 0 ELSE 1 END, d.bu
+            FROM decided d
+            WHERE NOT d.existed AND (SELECT count(*) FROM locked) >= 0
+            ORDER BY d.k
+            ON CONFLICT DO NOTHING
+            RETURNING use_type, unique_id
+        ), updated AS (
+            -- Phase 3: the count(*) makes every insert happen first.
+            UPDATE count_limit r SET
+                already_count = d.cnt,
+                begin_time    = d.wb,
+                end_time      = d.we,
+                limit_value   = d.lim,
+                denied_count  = r.denied_count + CASE WHEN d.allowed THEN 0 ELSE 1 END,
+                blocked_until = d.bu,
+                events        = CASE WHEN d.allowed THEN NULL ELSE r.events END,
+                updated_at    = now()
+            FROM decided d
+            WHERE d.existed AND r.use_type = d.use_type AND r.unique_id = d.unique_id
+              AND (SELECT count(*) FROM inserted) >= 0
+            RETURNING d.k
+        ), applied AS (
+            SELECT u.k FROM updated u
+            UNION ALL
+            SELECT d.k FROM inserted i JOIN decided d ON d.use_type = i.use_type AND d.unique_id = i.unique_id
+        )
+        SELECT d.k::int AS key_of, false AS busy, d.allowed::boolean AS allowed, d.used::bigint AS used,
+            d.ob::timestamptz AS window_begin, d.oe::timestamptz AS window_end, d.obu::timestamptz AS blocked_until
+        FROM decided d
+        JOIN applied a ON a.k = d.k
+        UNION ALL
+        SELECT y.k, true, false, 0, NULL, NULL, NULL
+        FROM busy y;
+END
+$fn$;
+-- +goose StatementEnd
+
+-- countlimit_reset deletes the rows of one id for the given use types,
+-- leases with them (Limiter.Reset), locking them first in key order as
+-- every statement does, so that resetting several rules cannot deadlock;
+-- it returns how many rows it deleted.
+-- +goose StatementBegin
+CREATE FUNCTION countlimit_reset(p_unique_id text, p_use_types text[])
+RETURNS bigint LANGUAGE plpgsql SET enable_seqscan = off AS $fn$
+DECLARE
+    deleted bigint;
+BEGIN
+    WITH gone AS (
+        DELETE FROM count_limit c
+        USING (
+            SELECT l.use_type, l.unique_id
+            FROM count_limit l
+            WHERE l.unique_id = p_unique_id AND l.use_type = ANY(p_use_types)
+            ORDER BY l.use_type COLLATE "C"
+            FOR UPDATE
+        ) d
+        WHERE c.use_type = d.use_type AND c.unique_id = d.unique_id
+        RETURNING 1
+    )
+    SELECT count(*) INTO deleted FROM gone;
+    RETURN deleted;
+END
+$fn$;
+-- +goose StatementEnd
+
+-- countlimit_purge deletes at most batch_size expired leases and at most
+-- batch_size rows whose window, penalty and leases are over, skipping rows
+-- that live checks hold locked, and returns how many of both it deleted
+-- (a row whose leases this batch deletes goes in the next). A row's
+-- lease_until is read at its latest version, so a row whose key an Acquire
+-- or Extend has just written is kept.
+-- +goose StatementBegin
+CREATE FUNCTION countlimit_purge(p_now timestamptz, p_batch_size int)
+RETURNS bigint LANGUAGE plpgsql SET enable_seqscan = off AS $fn$
+DECLARE
+    deleted bigint;
+BEGIN
+    WITH leases AS (
+        SELECT l.use_type, l.unique_id, l.lease_token
+        FROM count_limit_lease l
+        WHERE l.expires_at <= p_now
+        ORDER BY l.expires_at
+        LIMIT p_batch_size
+        FOR UPDATE SKIP LOCKED
+    ), gone_leases AS (
+        DELETE FROM count_limit_lease l
+        USING leases d
+        WHERE l.use_type = d.use_type AND l.unique_id = d.unique_id AND l.lease_token = d.lease_token
+        RETURNING 1
+    ), doomed AS (
+        SELECT c.use_type, c.unique_id
+        FROM count_limit c
+        WHERE c.end_time <= p_now
+          AND (c.blocked_until IS NULL OR c.blocked_until <= p_now)
+          AND (c.lease_until IS NULL OR c.lease_until <= p_now)
+          -- A row goes once its leases have: its cascade then waits for no
+          -- lease another purge (or an open Release) holds, so purges running
+          -- at once cannot deadlock. A lease taken since the snapshot raised
+          -- lease_until, which is checked again on the locked row.
+          AND NOT EXISTS (SELECT FROM count_limit_lease l
+              WHERE l.use_type = c.use_type AND l.unique_id = c.unique_id)
+        ORDER BY c.end_time
+        LIMIT p_batch_size
+        FOR UPDATE SKIP LOCKED
+    ), gone AS (
+        DELETE FROM count_limit c
+        USING doomed d
+        WHERE c.use_type = d.use_type AND c.unique_id = d.unique_id
+        RETURNING 1
+    )
+    SELECT (SELECT count(*) FROM gone_leases) + (SELECT count(*) FROM gone) INTO deleted;
+    RETURN deleted;
+END
+$fn$;
+-- +goose StatementEnd
+
+-- Concurrency limits: leases in count_limit_lease
+-- (migrations/00004_leases.sql). Each statement that adds or extends leases
+-- locks the key's count_limit row first, as countlimit_acquire does, and
+-- touches that one key's leases only after, so the parent row is the key's
+-- one lock and lease statements cannot deadlock with checks or with each
+-- other. The count(*) >= 0 conditions make PostgreSQL take that lock before
+-- anything else runs. ReleaseLease, which only deletes a lease, takes no row
+-- lock first (see it below); nor does countlimit_purge, which skips rows that
+-- others hold locked.
+--
+-- A statement's snapshot is taken before it waits for the lock. Its
+-- verdict does not depend on it: a lease row is found, and rechecked, at
+-- its latest version. The state it reports besides the verdict (live
+-- leases, their first and last expiry, the penalty) is read from that
+-- snapshot with the statement's own change applied: exact unless another
+-- call on the key committed while this one waited.
+
+-- countlimit_release_lease deletes the lease named lease_token, live or
+-- expired, and reports whether it was live at now. It is the one lease
+-- statement that does not lock the key's row: it only frees, so it cannot
+-- make a count wrong, and Releases then never queue behind the Acquires of a
+-- busy key. It waits only for another statement that holds the same lease row
+-- (an Extend of it, or a Reset).
+-- +goose StatementBegin
+CREATE FUNCTION countlimit_release_lease(p_use_type text, p_unique_id text, p_now timestamptz, p_lease_token text)
+RETURNS TABLE (
+    o_allowed       boolean,
+    o_used          bigint,
+    o_first_expiry  timestamptz,
+    o_last_expiry   timestamptz,
+    o_blocked_until timestamptz
+) LANGUAGE plpgsql SET enable_seqscan = off AS $fn$
+BEGIN
+    RETURN QUERY
+        WITH gone AS (
+            DELETE FROM count_limit_lease l
+            WHERE l.use_type = p_use_type AND l.unique_id = p_unique_id AND l.lease_token = p_lease_token
+            RETURNING l.expires_at
+        )
+        SELECT
+            coalesce((SELECT g.expires_at > p_now FROM gone g), false)::boolean AS allowed,
+            h.held::bigint AS used,
+            h.first_expiry::timestamptz AS first_expiry,
+            h.last_expiry::timestamptz AS last_expiry,
+            (SELECT c.blocked_until FROM count_limit c
+                WHERE c.use_type = p_use_type AND c.unique_id = p_unique_id AND c.blocked_until > p_now)::timestamptz AS blocked_until
+        FROM (
+            SELECT count(*) AS held, min(l.expires_at) AS first_expiry, max(l.expires_at) AS last_expiry
+            FROM count_limit_lease l
+            WHERE l.use_type = p_use_type AND l.unique_id = p_unique_id AND l.expires_at > p_now
+              AND l.lease_token <> p_lease_token
+        ) h;
+END
+$fn$;
+-- +goose StatementEnd
+
+-- countlimit_extend_lease moves the expiry of the lease named lease_token to
+-- expires_at when the lease is live at now, and raises the key's
+-- lease_until to match so that purges keep the key; it reports whether it
+-- did. It writes nothing when the lease is gone or expired.
+-- +goose StatementBegin
+CREATE FUNCTION countlimit_extend_lease(p_use_type text, p_unique_id text, p_now timestamptz, p_lease_token text, p_expires_at timestamptz)
+RETURNS TABLE (
+    o_allowed       boolean,
+    o_used          bigint,
+    o_first_expiry  timestamptz,
+    o_last_expiry   timestamptz,
+    o_blocked_until timestamptz
+) LANGUAGE plpgsql SET enable_seqscan = off AS $fn$
+BEGIN
+    RETURN QUERY
+        WITH parent AS (
+            SELECT c.blocked_until
+            FROM count_limit c
+            WHERE c.use_type = p_use_type AND c.unique_id = p_unique_id
+            FOR NO KEY UPDATE
+        ), extended AS (
+            UPDATE count_limit_lease l SET expires_at = p_expires_at
+            WHERE l.use_type = p_use_type AND l.unique_id = p_unique_id AND l.lease_token = p_lease_token
+              AND l.expires_at > p_now
+              AND (SELECT count(*) FROM parent) >= 0
+            RETURNING l.lease_token
+        ), raised AS (
+            UPDATE count_limit c SET
+                lease_until = greatest(c.lease_until, p_expires_at),
+                updated_at  = now()
+            WHERE c.use_type = p_use_type AND c.unique_id = p_unique_id
+              AND EXISTS (SELECT FROM extended)
+        )
+        SELECT
+            x.done::boolean AS allowed,
+            h.held::bigint AS used,
+            h.first_expiry::timestamptz AS first_expiry,
+            h.last_expiry::timestamptz AS last_expiry,
+            (SELECT p.blocked_until FROM parent p WHERE p.blocked_until > p_now)::timestamptz AS blocked_until
+        FROM (SELECT EXISTS (SELECT FROM extended) AS done) x
+        CROSS JOIN LATERAL (
+            SELECT count(*) AS held,
+                min(CASE WHEN x.done AND l.lease_token = p_lease_token THEN p_expires_at ELSE l.expires_at END) AS first_expiry,
+                max(CASE WHEN x.done AND l.lease_token = p_lease_token THEN p_expires_at ELSE l.expires_at END) AS last_expiry
+            FROM count_limit_lease l
+            WHERE l.use_type = p_use_type AND l.unique_id = p_unique_id AND l.expires_at > p_now
+        ) h;
+END
+$fn$;
+-- +goose StatementEnd
+
+-- countlimit_peek_leases answers what countlimit_acquire would, writing and
+-- locking nothing.
+-- +goose StatementBegin
+CREATE FUNCTION countlimit_peek_leases(p_use_type text, p_unique_id text, p_now timestamptz, p_limit_value bigint)
+RETURNS TABLE (
+    o_allowed       boolean,
+    o_used          bigint,
+    o_first_expiry  timestamptz,
+    o_last_expiry   timestamptz,
+    o_blocked_until timestamptz
+) LANGUAGE plpgsql STABLE SET enable_seqscan = off AS $fn$
+BEGIN
+    RETURN QUERY
+        SELECT
+            (NOT b.blocked AND h.held < p_limit_value)::boolean AS allowed,
+            h.held::bigint AS used,
+            h.first_expiry::timestamptz AS first_expiry,
+            h.last_expiry::timestamptz AS last_expiry,
+            (CASE WHEN b.blocked THEN c.blocked_until END)::timestamptz AS blocked_until
+        FROM (SELECT) AS one
+        LEFT JOIN count_limit c ON c.use_type = p_use_type AND c.unique_id = p_unique_id
+        CROSS JOIN LATERAL (SELECT coalesce(c.blocked_until > p_now, false) AS blocked) b
+        CROSS JOIN LATERAL (
+            SELECT count(*) AS held, min(l.expires_at) AS first_expiry, max(l.expires_at) AS last_expiry
+            FROM count_limit_lease l
+            WHERE l.use_type = p_use_type AND l.unique_id = p_unique_id AND l.expires_at > p_now
+        ) h;
+END
+$fn$;
+-- +goose StatementEnd
+
+-- +goose Down
+DROP FUNCTION countlimit_peek_leases(text, text, timestamptz, bigint);
+DROP FUNCTION countlimit_extend_lease(text, text, timestamptz, text, timestamptz);
+DROP FUNCTION countlimit_release_lease(text, text, timestamptz, text);
+DROP FUNCTION countlimit_purge(timestamptz, int);
+DROP FUNCTION countlimit_reset(text, text[]);
+DROP FUNCTION countlimit_allow_distinct(text[], text[], timestamptz[], bigint[], bigint[], timestamptz[], timestamptz[], timestamptz[]);
+DROP FUNCTION countlimit_allow_batch(text[], text[], int[], int[], timestamptz[], bigint[], bigint[], timestamptz[], timestamptz[], timestamptz[]);
+DROP FUNCTION countlimit_peek_one(text, text, timestamptz, bigint, timestamptz, timestamptz);
+DROP FUNCTION countlimit_allow_one(text, text, timestamptz, bigint, bigint, timestamptz, timestamptz, timestamptz, boolean);
+ALTER FUNCTION countlimit_acquire(text, text, timestamptz, text, bigint, timestamptz, timestamptz, boolean) RESET enable_seqscan;
+ALTER FUNCTION countlimit_apply(text, text, timestamptz, bigint, text[], bigint[], timestamptz[], bigint[], bigint[], bigint[]) RESET enable_seqscan;
