@@ -143,7 +143,7 @@ func TestLeases(t *testing.T) {
 			{"abc", "", "lease"},
 			{l2 + "x", "", "lease"},
 			{edited, "", "lease"},
-			{strings.Replace(l2, parts[2], "dTI", 1), "", "lease"}, // another id, same token
+			{strings.Replace(l2, parts[2], "dTI", 1), "", "lease"},      // another id, same token
 			{leaseforge.WithTTL(l2, 100*365*24*time.Hour), "", "lease"}, // its ttl edited, its checksum made anew
 			{l2, `, "rule": "sms.code"`, "rule"},
 			{l2, `, "rule": "conversation.create"`, "rule"},
