@@ -9,6 +9,10 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"reflect"
+	"slices"
+	"strings"
+	"sync"
 	"unicode/utf8"
 )
 
@@ -56,6 +60,91 @@ type wireLeaseRequest struct {
 	Lease json.RawMessage `json:"lease"`
 	Rule  json.RawMessage `json:"rule"`
 	ID    json.RawMessage `json:"id"`
+}
+
+// fieldError is a member of a request's JSON object that the decoder
+// would have taken for another, or twice.
+type fieldError struct {
+	field string // the member's name as sent
+	msg   string
+}
+
+func (e *fieldError) Error() string { return e.msg }
+
+// exactFields checks the member names of the JSON object in raw against
+// names, the JSON names of the fields of the struct the body decodes into.
+// encoding/json matches a name to a field without regard to case (Unicode
+// folding: "ID", "Id" and "iD" are id, and "coſt" is cost) and keeps the
+// last of a repeated member, so {"id": "u5", "id": "u6"} would count u6
+// while a proxy or log reading the first saw u5. Here a name must be one of
+// names exactly, once. A name is compared as JSON decodes it, so "i\u0064"
+// is id, and a repeat of it. A body that is not an object, or not JSON,
+// passes: the decoder reports it.
+func exactFields(raw []byte, names []string) *fieldError {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return nil
+	}
+	var seen uint64 // by index in names
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil
+		}
+		name, ok := tok.(string)
+		if !ok {
+			return nil
+		}
+		i := slices.Index(names, name)
+		switch {
+		case i < 0:
+			for _, n := range names {
+				if strings.EqualFold(n, name) {
+					return &fieldError{name, fmt.Sprintf("unknown field %q: field names are case-sensitive; did you mean %q?", name, n)}
+				}
+			}
+			return &fieldError{name, fmt.Sprintf("unknown field %q (this endpoint takes %s)", name, strings.Join(names, ", "))}
+		case seen&(1<<i) != 0:
+			return &fieldError{name, fmt.Sprintf("duplicate field %q: give each field once", name)}
+		}
+		seen |= 1 << i
+		var skip json.RawMessage
+		if dec.Decode(&skip) != nil {
+			return nil
+		}
+	}
+	return nil
+}
+
+// jsonNamesOf caches jsonNames by struct type.
+var jsonNamesOf sync.Map // reflect.Type → []string
+
+// jsonNames returns the JSON names of the fields of the struct *v points
+// to, as encoding/json reads them: a tag's name, else the Go name; fields
+// tagged "-" and unexported ones are left out. Bodies decode into flat
+// structs of at most 64 fields, which exactFields relies on.
+func jsonNames(v any) []string {
+	t := reflect.TypeOf(v).Elem()
+	if names, ok := jsonNamesOf.Load(t); ok {
+		return names.([]string)
+	}
+	var names []string
+	for i := range t.NumField() {
+		f := t.Field(i)
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		switch {
+		case !f.IsExported() || name == "-":
+			continue
+		case name == "":
+			name = f.Name
+		}
+		names = append(names, name)
+	}
+	if len(names) > 64 {
+		panic(fmt.Sprintf("server: %v has %d JSON fields; exactFields tracks 64", t, len(names)))
+	}
+	jsonNamesOf.Store(t, names)
+	return names
 }
 
 // jsonString decodes raw, one JSON value, into *dst when it is a string

@@ -355,12 +355,17 @@ func (s *Server) lease(o countlimit.Op) http.HandlerFunc {
 	}
 }
 
-// readJSON reads a body that holds one JSON object into v, which has no
-// fields beyond those the endpoint takes, answering 4xx itself when it
-// cannot. example shows the body an empty request lacks.
+// readJSON reads a body that holds one JSON object into v, a pointer to a
+// struct of the fields the endpoint takes, answering 4xx itself when it
+// cannot. Each member must name one of v's fields exactly, once (see
+// exactFields). example shows the body an empty request lacks.
 func (s *Server) readJSON(w http.ResponseWriter, r *http.Request, v any, example string) bool {
 	raw, ok := s.readBody(w, r)
 	if !ok {
+		return false
+	}
+	if fe := exactFields(raw, jsonNames(v)); fe != nil {
+		writeJSON(w, http.StatusBadRequest, apiError{Error: "bad JSON: " + fe.Error(), Field: fe.field})
 		return false
 	}
 	dec := json.NewDecoder(bytes.NewReader(raw))
