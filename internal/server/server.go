@@ -65,6 +65,9 @@ type Config struct {
 	// service then starts unhealthy, logs it once, and turns healthy when
 	// the store answers. Nil means the store answered.
 	StartErr error
+	// Conns, when not nil, is the cap on the connections the service's
+	// listeners hold open; /metrics then shows it at work.
+	Conns *ConnLimit
 }
 
 // limiterCollectors export the Limiter's failure counts (see
@@ -90,6 +93,32 @@ func limiterCollectors(l *countlimit.Limiter) []prometheus.Collector {
 			Name: "countlimit_breaker_state",
 			Help: "The circuit breaker: 0 closed, 1 open, 2 half-open.",
 		}, func() float64 { return float64(l.Stats().Breaker) }),
+	}
+}
+
+// connCollectors export what a ConnLimit does at its cap.
+func connCollectors(l *ConnLimit) []prometheus.Collector {
+	gauge := func(name, help string, v func(ConnStats) int) prometheus.Collector {
+		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help},
+			func() float64 { return float64(v(l.Stats())) })
+	}
+	counter := func(name, help string, v func(ConnStats) uint64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help},
+			func() float64 { return float64(v(l.Stats())) })
+	}
+	return []prometheus.Collector{
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "countlimit_http_connections_max",
+			Help: "The cap on open HTTP connections (--max-conns).",
+		}, func() float64 { return float64(l.Max()) }),
+		gauge("countlimit_http_connections_open", "HTTP connections open.",
+			func(s ConnStats) int { return s.Open }),
+		gauge("countlimit_http_connections_idle", "Open HTTP connections idle between requests.",
+			func(s ConnStats) int { return s.Idle }),
+		counter("countlimit_http_connections_idle_closed_total", "Idle HTTP connections closed to make room for new ones.",
+			func(s ConnStats) uint64 { return s.IdleClosed }),
+		counter("countlimit_http_connections_refused_total", "New HTTP connections refused (503) at the cap with none idle.",
+			func(s ConnStats) uint64 { return s.Refused }),
 	}
 }
 
@@ -157,6 +186,9 @@ func New(cfg Config) *Server {
 	s.reg.MustRegister(s.decided, s.latency, s.failed, up,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	s.reg.MustRegister(limiterCollectors(cfg.Limiter)...)
+	if cfg.Conns != nil {
+		s.reg.MustRegister(connCollectors(cfg.Conns)...)
+	}
 
 	for _, o := range ruleops.Ops {
 		h := s.check(o)
