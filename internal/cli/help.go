@@ -50,7 +50,15 @@ serve starts even when the store does not answer (except with --migrate);
 --store-timeout fails (503); after --breaker-failures failures in a row
 (0: never) checks answer 503 without calling the store for
 --breaker-cooldown, then one probes it. SIGINT or SIGTERM drains and stops
-it; a second one stops it at once.`,
+it; a second one stops it at once.
+
+--max-conns caps the open HTTP connections: each holds a file, and a
+process out of files accepts nothing. At the cap a new connection closes
+the keep-alive connection idle longest; when none is idle it is refused at
+once (503, Connection: close). 0, the default, is the file limit
+(RLIMIT_NOFILE) less the store's pool and an eighth of the limit (at least
+64) for the rest of the process, never below a quarter of the limit; no cap
+where the system sets no file limit. The "serving" log line says the cap.`,
 	},
 	"allow": {
 		usage: "countlimit allow RULE ID --store URL [flags]",

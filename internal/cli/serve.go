@@ -47,6 +47,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	storeTimeout := fs.Duration("store-timeout", time.Second, "give up on a store call after this long (503); 0: only the request's 5s bound")
 	breakerFailures := fs.Int("breaker-failures", 5, "open the circuit breaker after `N` store failures in a row; 0: no breaker")
 	breakerCoolDown := fs.Duration("breaker-cooldown", time.Second, "how long the open breaker answers 503 without calling the store before one probe")
+	maxConns := fs.Int("max-conns", 0, "keep at most `N` HTTP connections open (--addr's and --metrics-addr's together); 0: the file limit less headroom")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -64,6 +65,8 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return usageErrorf("serve: --breaker-failures must not be negative, got %d", *breakerFailures)
 	case *breakerCoolDown <= 0:
 		return usageErrorf("serve: --breaker-cooldown must be positive, got %v", *breakerCoolDown)
+	case *maxConns < 0:
+		return usageErrorf("serve: --max-conns must not be negative, got %d", *maxConns)
 	}
 	var lvl slog.Level
 	if err := lvl.UnmarshalText([]byte(*level)); err != nil {
@@ -103,6 +106,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("serve --migrate: the store must answer at start to be migrated (start without --migrate, and run \"countlimit migrate up\" when it answers): %w", storeDown)
 	}
 
+	conns := connLimit(*maxConns, st.conns(), log)
 	ln, err := net.Listen("tcp", *addr)
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)
@@ -131,13 +135,19 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		Token:       token,
 		OmitMetrics: metricsLn != nil,
 		StartErr:    storeDown,
+		Conns:       conns,
 	})
 	// Requests run under base, which is canceled if draining them takes too
 	// long, so a stuck store cannot hold shutdown.
 	base, cancelBase := context.WithCancel(context.Background())
 	defer cancelBase()
 	newServer := func(h http.Handler) *http.Server {
+		var connState func(net.Conn, http.ConnState)
+		if conns != nil {
+			connState = conns.ConnState
+		}
 		return &http.Server{
+			ConnState:         connState,
 			BaseContext:       func(net.Listener) context.Context { return base },
 			Handler:           h,
 			ReadHeaderTimeout: 5 * time.Second,
@@ -152,9 +162,15 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		srv *http.Server
 		ln  net.Listener
 	}
-	servers := []listening{{newServer(handler), ln}}
+	limited := func(ln net.Listener) net.Listener {
+		if conns == nil {
+			return ln
+		}
+		return conns.Listener(ln)
+	}
+	servers := []listening{{newServer(handler), limited(ln)}}
 	if metricsLn != nil {
-		servers = append(servers, listening{newServer(handler.Metrics()), metricsLn})
+		servers = append(servers, listening{newServer(handler.Metrics()), limited(metricsLn)})
 		fmt.Fprintf(stdout, "countlimit: metrics on http://%s/metrics\n", metricsLn.Addr())
 	}
 	if storeDown != nil {
@@ -172,6 +188,9 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	attrs := []any{"addr", ln.Addr().String(), "store", st.desc, "rules", rf.Name, "token", token != ""}
 	if metricsLn != nil {
 		attrs = append(attrs, "metrics_addr", metricsLn.Addr().String())
+	}
+	if conns != nil {
+		attrs = append(attrs, "max_conns", conns.Max())
 	}
 	log.Info("serving", attrs...)
 
@@ -210,6 +229,27 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	fmt.Fprintln(stdout, "countlimit: stopped")
 	return nil
+}
+
+// connLimit returns the cap on serve's open connections: n, else
+// server.DefaultMaxConns for the process's file limit and a store holding
+// up to storeConns connections; nil (no cap) when n is 0 and the file
+// limit is unknown or unlimited. Each connection holds a file, and a
+// process out of files accepts nothing: without a cap, idle keep-alive
+// connections alone could keep every new request waiting until they time
+// out.
+func connLimit(n, storeConns int, log *slog.Logger) *server.ConnLimit {
+	files := server.FileLimit()
+	if n == 0 {
+		n = server.DefaultMaxConns(files, storeConns)
+		if n == 0 {
+			return nil
+		}
+	} else if files > 0 && n+storeConns >= files {
+		log.Warn("--max-conns leaves no files for the rest of the process: at the file limit, idle connections are closed to accept new ones, and the store may fail to connect",
+			"max_conns", n, "file_limit", files, "store_conns", storeConns)
+	}
+	return server.NewConnLimit(n, log)
 }
 
 // breakerLog logs the breaker opening and closing, one line each; its

@@ -292,6 +292,7 @@ func TestServeFailureFlags(t *testing.T) {
 		{"serve", "--store-timeout", "-1s"},
 		{"serve", "--breaker-failures", "-1"},
 		{"serve", "--breaker-cooldown", "0s"},
+		{"serve", "--max-conns", "-1"},
 	} {
 		var stdout, stderr strings.Builder
 		if code := cli.Run(context.Background(), args, &stdout, &stderr); code != cli.ExitError || !strings.Contains(stderr.String(), args[1]) {

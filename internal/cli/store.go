@@ -107,6 +107,23 @@ func openStoreMaybeDown(ctx context.Context, url string, migrate bool, log *slog
 	return nil, usageErrorf("--store: want memory, postgres://... or redis://..., got %q", desc)
 }
 
+// conns returns how many connections the store may hold open at most,
+// each a file of the process; 0 for memory.
+func (o *opened) conns() int {
+	switch {
+	case o.pool != nil:
+		return int(o.pool.Config().MaxConns)
+	case o.redis != nil:
+		opt := o.redis.Options()
+		pipeline := opt.PipelinePoolSize
+		if pipeline == 0 {
+			pipeline = redis.DefaultPipelinePoolSize
+		}
+		return max(opt.PoolSize, opt.MaxActiveConns) + max(pipeline, 0)
+	}
+	return 0
+}
+
 // redisStoreOptions takes the URL's own parameters for redisstore out of a
 // Redis URL, which go-redis would refuse, and returns the rest of it and
 // the options they ask for: script_per_call=true gives
