@@ -2,6 +2,7 @@ package redisstore_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -76,6 +77,19 @@ func TestCluster(t *testing.T) {
 	// Pipelines of calls on ids of every node: go-redis sends each script to
 	// the node of its slot.
 	t.Run("many ids pipelined", func(t *testing.T) { testManyIDs(t, redisstore.New(clients[0])) })
+
+	// CheckEviction asks every master: one that evicts is found.
+	if err := redisstore.New(clients[0]).CheckEviction(ctx); err != nil {
+		t.Errorf("CheckEviction on a cluster of noeviction nodes = %v, want nil", err)
+	}
+	node := redis.NewClient(&redis.Options{Addr: addrs[len(addrs)-1]})
+	defer node.Close()
+	if err := node.ConfigSet(ctx, "maxmemory-policy", "volatile-lru").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := redisstore.New(clients[0]).CheckEviction(ctx); !errors.Is(err, redisstore.ErrEvictionPolicy) || !strings.Contains(err.Error(), "volatile-lru") {
+		t.Errorf("CheckEviction with one master on volatile-lru = %v, want ErrEvictionPolicy naming it", err)
+	}
 }
 
 // startCluster starts n cluster-enabled redis-server processes on free

@@ -1,5 +1,7 @@
 package redisstore
 
+import "time"
+
 // ReplyTTL is how long a write's reply is kept, for the tests.
 const ReplyTTL = replyTTL
 
@@ -11,3 +13,6 @@ var (
 	ApplySource = applySrc
 	FastSource  = fastSrc
 )
+
+// SetPolicyClock makes CheckEviction read the time from now.
+func SetPolicyClock(s *Store, now func() time.Time) { s.now = now }

@@ -23,6 +23,18 @@
 // with its window, penalty or newest sliding event; updates never drop it.
 // Lifetime counters are the exception: they have no end, so no TTL.
 //
+// # Eviction
+//
+// Redis must run with maxmemory-policy noeviction. Under any other policy a
+// Redis that reaches its maxmemory drops keys to make room, counters among
+// them (the volatile-* policies too, since counters carry TTLs), and an id
+// whose counter went starts over: it is allowed beyond its limit, and no
+// call returns an error. With noeviction a full Redis refuses writes
+// instead, and checks fail with countlimit.ErrUnavailable, which the
+// Limiter's failure policy handles. CheckEviction asks the server, where it
+// allows CONFIG GET; the countlimit service logs what it finds at start and
+// answers /healthz with 503 while the policy evicts.
+//
 // # Pipelining
 //
 // A Store gathers concurrent calls into pipelines, with no timers: a call
@@ -178,6 +190,10 @@ type Store struct {
 	// A pipeline's fast-path calls go in one script: on one server, until
 	// it answers that the keys of one script must share a slot.
 	combine atomic.Bool
+	// policy is CheckEviction's last answer, kept for PolicyCheckInterval
+	// of now (time.Now; tests set another).
+	policy atomic.Pointer[policyAnswer]
+	now    func() time.Time
 }
 
 // Option configures a Store.
@@ -221,7 +237,7 @@ func New(client redis.UniversalClient, opts ...Option) *Store {
 		o(&cfg)
 	}
 	_, single := client.(*redis.Client) // one server, or Sentinel's master
-	s := &Store{client: client}
+	s := &Store{client: client, now: time.Now}
 	s.combine.Store(single && !cfg.scriptPerCall)
 	if cfg.maxBatch > 1 {
 		s.gather = gather.New(s.send, cfg.maxBatch, cfg.maxInFlight)
