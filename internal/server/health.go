@@ -111,12 +111,14 @@ func (t *storeState) outage() (time.Time, int64) {
 	return t.since, t.errs
 }
 
-// pinger runs Config.Ping for /healthz, one ping at a time: concurrent
-// probes share the ping in flight, so a store that hangs (or a ping that
-// ignores its context) costs one goroutine, not one per probe.
+// pinger runs Config.Ping, then Config.Settings, for /healthz, one ping at
+// a time: concurrent probes share the ping in flight, so a store that hangs
+// (or a ping that ignores its context) costs one goroutine, not one per
+// probe.
 type pinger struct {
-	ping    func(context.Context) error
-	timeout time.Duration
+	ping     func(context.Context) error // nil: none
+	settings func(context.Context) error // nil: none
+	timeout  time.Duration
 
 	mu   sync.Mutex
 	call *pingCall
@@ -141,7 +143,7 @@ func (p *pinger) do(ctx context.Context) error {
 		go func() {
 			pctx, cancel := context.WithTimeout(context.Background(), p.timeout)
 			defer cancel()
-			c.err = p.ping(pctx)
+			c.err = p.check(pctx)
 			p.mu.Lock()
 			p.call = nil
 			p.mu.Unlock()
@@ -160,6 +162,28 @@ func (p *pinger) do(ctx context.Context) error {
 		return ctx.Err()
 	}
 }
+
+// check pings the store, then asks its settings.
+func (p *pinger) check(ctx context.Context) error {
+	if p.ping != nil {
+		if err := p.ping(ctx); err != nil {
+			return err
+		}
+	}
+	if p.settings != nil {
+		if err := p.settings(ctx); err != nil {
+			return &settingsError{err}
+		}
+	}
+	return nil
+}
+
+// settingsError is Config.Settings' error: the store answers, but a
+// setting of it breaks the limits' guarantees.
+type settingsError struct{ err error }
+
+func (e *settingsError) Error() string { return e.err.Error() }
+func (e *settingsError) Unwrap() error { return e.err }
 
 // healthResponse is /healthz's body.
 type healthResponse struct {
@@ -185,6 +209,11 @@ func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 		if err := s.pinger.do(r.Context()); err != nil {
 			if r.Context().Err() != nil {
 				return // the prober went away; the store did not fail
+			}
+			var bad *settingsError
+			if errors.As(err, &bad) {
+				writeJSON(w, http.StatusServiceUnavailable, healthResponse{Status: "unavailable", Error: "store misconfigured", Reason: bad.Error()})
+				return
 			}
 			s.state.fail("healthz", err)
 			if errors.Is(err, context.DeadlineExceeded) {

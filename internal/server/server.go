@@ -42,6 +42,14 @@ type Config struct {
 	// Ping reports whether the store answers; nil means healthy unless
 	// checks fail.
 	Ping func(context.Context) error
+	// Settings, when set, reports a setting of the store that breaks the
+	// limits' guarantees though the store answers: a Redis whose
+	// maxmemory-policy evicts counters (redisstore's CheckEviction).
+	// /healthz calls it after each ping that succeeds, within
+	// HealthTimeout, so it must be cheap. While it fails, /healthz answers
+	// 503 with its error's text as the reason, which must so name no
+	// address or user. It is no outage: checks go on, and nothing is logged.
+	Settings func(context.Context) error
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 	// StoreTimeout bounds each request's calls to the store (default
@@ -158,8 +166,8 @@ func New(cfg Config) *Server {
 		sum := sha256.Sum256([]byte(cfg.Token))
 		s.token = &sum
 	}
-	if cfg.Ping != nil {
-		s.pinger = &pinger{ping: cfg.Ping, timeout: s.cfg.HealthTimeout}
+	if cfg.Ping != nil || cfg.Settings != nil {
+		s.pinger = &pinger{ping: cfg.Ping, settings: cfg.Settings, timeout: s.cfg.HealthTimeout}
 	}
 	s.decided = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "countlimit_decisions_total",
