@@ -105,6 +105,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if storeDown != nil && *migrate {
 		return fmt.Errorf("serve --migrate: the store must answer at start to be migrated (start without --migrate, and run \"countlimit migrate up\" when it answers): %w", storeDown)
 	}
+	settings := storeSettings(ctx, st, log, storeDown == nil)
 
 	conns := connLimit(*maxConns, st.conns(), log)
 	ln, err := net.Listen("tcp", *addr)
@@ -131,6 +132,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		Limiter:     countlimit.New(st.store, opts...),
 		Rules:       rf,
 		Ping:        st.ping,
+		Settings:    settings,
 		Logger:      log,
 		Token:       token,
 		OmitMetrics: metricsLn != nil,

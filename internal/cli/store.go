@@ -32,6 +32,9 @@ type opened struct {
 	ping  func(context.Context) error
 	close func()
 	desc  string // the URL, password hidden
+	// settings reports a setting that breaks the limits' guarantees
+	// though the store answers; nil for none (see storeSettings).
+	settings func(context.Context) error
 }
 
 // openStore opens the store a --store URL names and, for PostgreSQL with
@@ -102,7 +105,8 @@ func openStoreMaybeDown(ctx context.Context, url string, migrate bool, log *slog
 			return nil, fmt.Errorf("--store %s: %w", desc, err)
 		}
 		ping := func(ctx context.Context) error { return c.Ping(ctx).Err() }
-		return &opened{store: redisstore.New(c, opts...), redis: c, ping: ping, close: func() { c.Close() }, desc: desc}, nil
+		s := redisstore.New(c, opts...)
+		return &opened{store: s, redis: c, ping: ping, settings: s.CheckEviction, close: func() { c.Close() }, desc: desc}, nil
 	}
 	return nil, usageErrorf("--store: want memory, postgres://... or redis://..., got %q", desc)
 }
