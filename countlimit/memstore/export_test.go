@@ -22,6 +22,9 @@ func Peak(s *Store) int {
 // PerShard reports the most counters one shard holds; 0 for no cap.
 func PerShard(s *Store) int { return s.perShard }
 
+// BytesPerShard reports the most bytes one shard accounts; 0 for no bound.
+func BytesPerShard(s *Store) int64 { return s.perBytes }
+
 // OnPause sets f to run between a sweep's slices, with the shard's lock let
 // go. Set it before the first sweep.
 func OnPause(s *Store, f func()) { s.pause = f }

@@ -36,7 +36,7 @@ func TestMaxEntriesPerShard(t *testing.T) {
 		opts []memstore.Option
 		want int
 	}{
-		{nil, memstore.DefaultMaxEntries / 64},
+		{nil, 0}, // by default only the bytes are bounded
 		{[]memstore.Option{memstore.WithMaxEntries(1000)}, 16},
 		{[]memstore.Option{memstore.WithMaxEntries(10), memstore.WithShards(4)}, 3},
 		{[]memstore.Option{memstore.WithMaxEntries(1), memstore.WithShards(4)}, 1},

@@ -32,9 +32,22 @@ type lease struct {
 // redisstore's lease.lua; storetest's Lease cases pin all three. A key's
 // leases live in its entry beside the count, and neither touches the other.
 func (s *Store) leaseOp(r *countlimit.Request, h uint64, sh *shard) error {
+	sh.mu.Lock()
+	st, err := s.leaseLocked(r, h, sh, true)
+	sh.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	r.Checks[0].State = st
+	return nil
+}
+
+// leaseLocked is leaseOp with sh locked. An Acquire that needs more room
+// than sh has drops expired counters when mayReclaim, and starts over: the
+// key's own counter may have been one.
+func (s *Store) leaseLocked(r *countlimit.Request, h uint64, sh *shard, mayReclaim bool) (countlimit.State, error) {
 	c := &r.Checks[0]
 	now := r.Now.UnixMicro()
-	sh.mu.Lock()
 	e := sh.get(h, c.UseType, r.ID)
 	var held []lease // e's live leases
 	blocked := false
@@ -42,6 +55,10 @@ func (s *Store) leaseOp(r *countlimit.Request, h uint64, sh *shard) error {
 		if e.leases != nil {
 			held = slices.DeleteFunc(e.leases.held, func(l lease) bool { return l.expires <= now })
 			keep(e, held) // DeleteFunc cleared the tail it cut
+			sh.resize(e)
+			if e.leases == nil {
+				held = nil // its array went with the set
+			}
 		}
 		blocked = e.blocked > now
 	}
@@ -53,26 +70,34 @@ func (s *Store) leaseOp(r *countlimit.Request, h uint64, sh *shard) error {
 		allowed = fits
 	case countlimit.OpAcquire:
 		allowed = fits
-		if e == nil {
-			room := s.perShard <= 0 || sh.n+1 <= s.perShard || (fits && s.reclaim(sh, 1))
-			if !room && fits {
-				sh.mu.Unlock()
-				return s.errFull
-			}
-			if room {
-				e = &entry{useType: c.UseType, id: r.ID, begin: now, end: now} // no counted window
-				sh.add(h, e)
+		bytes, entries := leaseNeed(sh, h, r, e, held, fits)
+		if full := s.full(sh, bytes, entries); full != nil {
+			switch {
+			case fits && mayReclaim:
+				s.reclaim(sh, bytes, entries)
+				return s.leaseLocked(r, h, sh, false)
+			case fits:
+				return countlimit.State{}, full
+			case e == nil:
+				return countlimit.State{}, nil // a denial that found the shard full keeps nothing
 			}
 		}
 		if e == nil {
-			break // a denial that found the shard full keeps nothing
+			e = newEntry(c.UseType, r.ID, now) // no counted window
+			sh.add(h, e)
 		}
 		if fits {
+			if len(held) == cap(held) {
+				grown := make([]lease, len(held), leaseCap(cap(held), len(held)+1))
+				copy(grown, held)
+				held = grown
+			}
 			held = append(held, lease{token: r.Lease, expires: now + c.TTL.Microseconds()})
 		} else if !blocked && c.Block > 0 {
 			e.blocked = now + c.Block.Microseconds()
 		}
 		keep(e, held)
+		sh.resize(e)
 		s.touch(sh, e, now)
 	case countlimit.OpRelease, countlimit.OpExtend:
 		i := slices.IndexFunc(held, func(l lease) bool { return l.token == r.Lease })
@@ -86,6 +111,7 @@ func (s *Store) leaseOp(r *countlimit.Request, h uint64, sh *shard) error {
 			held[i].expires = now + c.TTL.Microseconds()
 		}
 		keep(e, held)
+		sh.resize(e)
 		if r.Op == countlimit.OpExtend {
 			s.touch(sh, e, now)
 		}
@@ -100,9 +126,30 @@ func (s *Store) leaseOp(r *countlimit.Request, h uint64, sh *shard) error {
 			st.BlockedUntil = time.UnixMicro(e.blocked)
 		}
 	}
-	sh.mu.Unlock()
-	c.State = st
-	return nil
+	return st, nil
+}
+
+// leaseNeed returns the bytes and the counters an Acquire would add to sh:
+// a new counter when the key has none, and when it fits a lease with its
+// token, in a set that may have to grow as Acquire grows it.
+func leaseNeed(sh *shard, h uint64, r *countlimit.Request, e *entry, held []lease, fits bool) (bytes int64, entries int) {
+	if e == nil {
+		entries = 1
+		bytes = newEntryBytes(r.Checks[0].UseType, r.ID)
+		if !sh.holds(h) && len(sh.m) >= sh.peak {
+			bytes += mapSlotBytes
+		}
+	}
+	if fits {
+		bytes += allocSize(len(r.Lease))
+		if held == nil {
+			bytes += leaseSetBytes
+		}
+		if len(held) == cap(held) {
+			bytes += allocSize(leaseCap(cap(held), len(held)+1)*leaseSize) - allocSize(cap(held)*leaseSize)
+		}
+	}
+	return bytes, entries
 }
 
 // keep stores held as e's leases, dropping the set when it is empty.

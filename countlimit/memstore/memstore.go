@@ -10,12 +10,16 @@
 //
 // # Memory
 //
-// A counter costs about 180 bytes with its key (a Sliding window adds 8
-// bytes per logged event, a Concurrent one about 40 bytes per held slot).
-// The store holds at most [DefaultMaxEntries] counters, about 190 MB,
-// unless [WithMaxEntries] says otherwise; when it is full, calls that would
-// add a counter fail and the counters it holds go on working (see
-// WithMaxEntries for why it never evicts a live one).
+// The store's counters take at most [DefaultMaxBytes] of the heap, unless
+// [WithMaxBytes] says otherwise, whatever their ids: each counter is
+// accounted for what it holds, as Go's allocator rounds it (the counter,
+// its use type and id, its sliding log and its leases, and its share of the
+// shard's map). When the bound is reached, a call that would add a counter,
+// or lengthen a sliding log or a set of leases, fails with [ErrFull], and
+// the counters the store holds go on working (see WithMaxBytes for why it
+// never evicts a live one). The bound is on live counters: Go's collector
+// lets the heap grow past what is live before it collects (GOGC, and
+// GOMEMLIMIT to cap it).
 //
 // The janitor drops a counter once its window and penalty are over. It
 // sweeps a shard [SweepSlice] counters at a time, letting go of the shard's
@@ -46,11 +50,11 @@ var _ countlimit.Store = (*Store)(nil)
 const (
 	// DefaultJanitorInterval is how often the janitor sweeps expired state.
 	DefaultJanitorInterval = time.Minute
-	// DefaultMaxEntries is how many counters a Store holds unless
-	// WithMaxEntries says otherwise: about 190 MB, so that the countlimit
+	// DefaultMaxBytes is how much of the heap a Store's counters take at
+	// most unless WithMaxBytes says otherwise, so that the countlimit
 	// service, which keeps its counters here by default, cannot be made to
-	// exhaust its memory by a flood of new ids.
-	DefaultMaxEntries = 1 << 20
+	// exhaust its memory by a flood of new ids, however long.
+	DefaultMaxBytes = 256 << 20
 	// SweepSlice is how many counters the janitor looks at, or moves into
 	// a fresh map, per hold of a shard's lock (finishing the id it is at,
 	// whose counters go together): a few hundred microseconds at most (each
@@ -69,8 +73,9 @@ const lookAgain = int64(time.Second)
 // sweep rebuilds it: below that the buckets cost too little to bother.
 const shrinkMin = 1024
 
-// ErrFull is in the error of a call that would add a counter to a store
-// that has no room for it (see WithMaxEntries), along with
+// ErrFull is in the error of a call that would add a counter, or lengthen
+// a sliding log or a set of leases, in a store that has no room for it
+// (see WithMaxBytes and WithMaxEntries), along with
 // countlimit.ErrUnavailable: errors.Is holds for both.
 var ErrFull = errors.New("memstore: full")
 
@@ -80,9 +85,12 @@ type Store struct {
 	shards   []shard
 	mask     uint64
 	seed     maphash.Seed
-	perShard int       // the most counters one shard holds; 0 for no cap
-	errFull  error     // what a call that finds its shard full fails with
-	start    time.Time // origin of the monotonic expiry deadlines
+	perShard int   // the most counters one shard holds; 0 for no cap
+	perBytes int64 // the most bytes one shard accounts (shard.used); 0 for no cap
+	// What a call that finds its shard full fails with: of counters, of
+	// bytes.
+	fullEntries, fullBytes error
+	start                  time.Time // origin of the monotonic expiry deadlines
 
 	sweepMu  sync.Mutex   // one sweep at a time
 	pause    func()       // tests: run between a sweep's slices, lock released
@@ -107,8 +115,12 @@ type shard struct {
 	old map[uint64]*entry
 	// n is how many counters m and old hold.
 	n int
+	// bytes is what they take on the heap (the sum of entry.size).
+	bytes int64
 	// peak is the most chains m has held: what its buckets are sized for.
 	peak int
+	// oldPeak is old's peak while a sweep moves its chains; 0 otherwise.
+	oldPeak int
 	// No counter expires before soonest (in Store.mono's terms), or a full
 	// shard looked for expired ones in vain and waits until soonest to look
 	// again. A full shard with soonest ahead refuses at once.
@@ -116,7 +128,28 @@ type shard struct {
 	// low is the soonest expiry set since the running sweep began, so the
 	// sweep's own lower bound misses no counter it did not see.
 	low int64
-	_   [8]byte // keep neighbouring shards' locks off one cache line
+	_   [56]byte // two cache lines a shard: neighbouring shards' locks never share one
+}
+
+// used is what the shard accounts on the heap: its counters, and its maps'
+// slots for the most ids they have held (a Go map never shrinks).
+func (sh *shard) used() int64 { return sh.bytes + int64(sh.peak+sh.oldPeak)*mapSlotBytes }
+
+// holds reports whether a chain of h is in sh, so a new counter of h needs
+// no new slot in the map.
+func (sh *shard) holds(h uint64) bool {
+	if _, ok := sh.m[h]; ok {
+		return true
+	}
+	_, ok := sh.old[h]
+	return ok
+}
+
+// resize accounts e's heap again, after its log or leases changed.
+func (sh *shard) resize(e *entry) {
+	n := e.heap()
+	sh.bytes += n - e.size
+	e.size = n
 }
 
 // get returns the counter of (ut, id), whose hash is h, or nil.
@@ -143,6 +176,8 @@ func (sh *shard) add(h uint64, e *entry) {
 	e.next = m[h]
 	m[h] = e
 	sh.n++
+	e.size = e.heap()
+	sh.bytes += e.size
 	sh.peak = max(sh.peak, len(sh.m))
 }
 
@@ -160,12 +195,14 @@ func (sh *shard) remove(h uint64, ut countlimit.UseType, id string) {
 				m[h] = head.next
 			}
 			sh.n--
+			sh.bytes -= head.size
 			return
 		}
 		for p := head; p.next != nil; p = p.next {
-			if p.next.useType == ut && p.next.id == id {
-				p.next = p.next.next
+			if e := p.next; e.useType == ut && e.id == id {
+				p.next = e.next
 				sh.n--
+				sh.bytes -= e.size
 				return
 			}
 		}
@@ -183,6 +220,7 @@ func (sh *shard) prune(m, to map[uint64]*entry, h uint64, mono int64) (seen int,
 		seen++
 		if e.expires <= mono {
 			sh.n--
+			sh.bytes -= e.size
 			continue
 		}
 		*tail, tail = e, &e.next
@@ -219,13 +257,15 @@ type entry struct {
 	// Store.start on the monotonic clock: housekeeping follows a relative
 	// TTL, as Redis does, and never decides a check.
 	expires int64
+	// size is what the entry accounts in its shard's bytes (entry.heap),
+	// kept so that dropping it gives back exactly what it took.
+	size int64
 	// The padding makes an entry 128 bytes, a size class of its own whose
 	// objects start on 128-byte boundaries: two counters never share a
-	// cache line or its prefetched pair. At 112 bytes, counters made one
-	// after another sat side by side, and two goroutines each counting its
-	// own id ran at 68-110 ns an Allow instead of 56 (VersusRate, 2026-11-26).
-	// It costs 16 bytes a counter: 166 -> 182 in BenchmarkMemory.
-	_ [16]byte
+	// cache line or its prefetched pair. Smaller, counters made one after
+	// another sat side by side, and two goroutines each counting its own id
+	// slowed each other down (BenchmarkVersusRate; docs/benchmarks.md).
+	_ [8]byte
 }
 
 const forever = math.MaxInt64
@@ -234,6 +274,7 @@ type config struct {
 	shards   int
 	interval time.Duration
 	max      int
+	maxBytes int64
 }
 
 // Option configures a Store.
@@ -247,37 +288,57 @@ func WithShards(n int) Option { return func(c *config) { c.shards = n } }
 // DefaultJanitorInterval); 0 or less turns the janitor off.
 func WithJanitorInterval(d time.Duration) Option { return func(c *config) { c.interval = d } }
 
-// WithMaxEntries caps how many counters the store holds (default
-// DefaultMaxEntries); 0 or less removes the cap. A counter is one (UseType,
-// id) pair, whatever its window.
+// WithMaxBytes bounds the heap the store's counters take (default
+// DefaultMaxBytes); 0 or less removes the bound. A counter is accounted for
+// what it holds, as Go's allocator rounds each part: the counter itself,
+// its use type and id (copied into one string of its own, so an id cut
+// from a larger string never keeps the rest alive), a Sliding window's log
+// (8 bytes an event, kept at the longest it has been), a Concurrent
+// window's leases with their tokens, and a slot of its shard's map for
+// each id the map has held (both maps while a sweep rebuilds it). The
+// store's fixed part, its shards and their empty maps, is not.
 //
-// The cap is kept per shard: each of the store's shards holds at most n
-// divided by the number of shards, rounded up. Ids go to shards by a hash
-// with a random seed per Store, so they spread evenly and no one can pick
-// ids that pile into one shard; the store as a whole takes about n.
+// The bound is kept per shard: each of the store's shards takes at most n
+// divided by the number of shards. Ids go to shards by a hash with a
+// random seed per Store, so they spread evenly and no one can pick ids
+// that pile into one shard; a shard's share must hold the longest Sliding
+// log or set of leases of a rule (up to 80 KiB and 475 KiB at the most
+// their limits allow), or the store refuses it.
 //
-// When a call would add a counter to a full shard, the shard first drops
-// counters whose window and penalty are over, looking at about SweepSlice
-// of them (the janitor's sweeps drop the rest); a shard that knows
-// none can have expired, or looked in vain in the last second, does not
-// look. If there is still no room, the call fails with an error that wraps both ErrFull and
-// countlimit.ErrUnavailable, so the caller's failure policy decides
-// (httplimit answers 503, or lets the request through under FailOpen).
-// Counters the store already holds go on counting, denying, refunding and
-// resetting as before. A call that is denied anyway is answered with its
-// denial rather than an error, so a fail-open policy never turns it into a
-// pass; its new counters are not kept, so it sets no penalty and tallies no
-// denial for them.
+// When a call would add a counter to a full shard, or lengthen a sliding
+// log or a set of leases beyond the room its array has, the shard first
+// drops counters whose window and penalty are over, looking at about
+// SweepSlice of them (the janitor's sweeps drop the rest); a shard that
+// knows none can have expired, or looked in vain in the last second, does
+// not look. If there is still no room, the call fails with an error that
+// wraps both ErrFull and countlimit.ErrUnavailable, so the caller's failure
+// policy decides (httplimit answers 503, or lets the request through under
+// FailOpen). Counters the store already holds go on counting, denying,
+// refunding and resetting as before, as long as they need no more memory.
+// A call that is denied anyway is answered with its denial rather than an
+// error, so a fail-open policy never turns it into a pass; its new counters
+// are not kept, so it sets no penalty and tallies no denial for them.
 //
 // A full store never evicts a live counter, least recently used or not:
 // whoever can fill it with new ids could then wipe out another id's count
 // (a password-reset limit, a penalty box) and start it over. Refusing new
 // ids keeps every count right, and lasts only until counters expire.
+func WithMaxBytes(n int64) Option { return func(c *config) { c.maxBytes = n } }
+
+// WithMaxEntries caps how many counters the store holds, besides
+// WithMaxBytes' bound (by default there is no cap but that one); 0 or less
+// removes the cap. A counter is one (UseType, id) pair, whatever its
+// window. It bounds the janitor's work, not memory: the bytes a counter
+// takes depend on its id and window.
+//
+// The cap is kept per shard, as WithMaxBytes' is: each shard holds at most
+// n divided by the number of shards, rounded up, so the store as a whole
+// takes about n. A full shard does what WithMaxBytes says.
 func WithMaxEntries(n int) Option { return func(c *config) { c.max = n } }
 
 // New returns an empty Store and starts its janitor.
 func New(opts ...Option) *Store {
-	cfg := config{shards: 64, interval: DefaultJanitorInterval, max: DefaultMaxEntries}
+	cfg := config{shards: 64, interval: DefaultJanitorInterval, maxBytes: DefaultMaxBytes}
 	for _, o := range opts {
 		o(&cfg)
 	}
@@ -295,8 +356,13 @@ func New(opts ...Option) *Store {
 	}
 	if cfg.max > 0 {
 		s.perShard = (cfg.max + n - 1) / n
-		s.errFull = fmt.Errorf("%w: no room for a new counter: its shard holds %d, its share of WithMaxEntries(%d) over %d shards; counters already held still work",
+		s.fullEntries = fmt.Errorf("%w: no room for a new counter: its shard holds %d, its share of WithMaxEntries(%d) over %d shards; counters already held still work",
 			ErrFull, s.perShard, cfg.max, n)
+	}
+	if cfg.maxBytes > 0 {
+		s.perBytes = cfg.maxBytes / int64(n)
+		s.fullBytes = fmt.Errorf("%w: no room for a new counter, or a longer sliding log or set of leases: its shard holds its share of WithMaxBytes(%d) over %d shards, %d bytes; counters already held still work",
+			ErrFull, cfg.maxBytes, n, s.perBytes)
 	}
 	for i := range s.shards {
 		s.shards[i].m = make(map[uint64]*entry)
@@ -324,6 +390,20 @@ func (s *Store) Close() error {
 	return nil
 }
 
+// Bytes reports how much of the heap the store accounts for its counters
+// (see WithMaxBytes), expired ones the janitor has not dropped yet
+// included.
+func (s *Store) Bytes() int64 {
+	var n int64
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		n += sh.used()
+		sh.mu.Unlock()
+	}
+	return n
+}
+
 // Len reports how many counters the store holds, expired ones the janitor
 // has not dropped yet included.
 func (s *Store) Len() int {
@@ -337,9 +417,9 @@ func (s *Store) Len() int {
 	return n
 }
 
-// Do implements countlimit.Store. A request that would add a counter to a
-// full shard fails the call (see WithMaxEntries), after the requests before
-// it in reqs have been carried out.
+// Do implements countlimit.Store. A request that needs more memory than
+// its shard has room for fails the call (see WithMaxBytes), after the
+// requests before it in reqs have been carried out.
 func (s *Store) Do(ctx context.Context, reqs []*countlimit.Request) error {
 	if err := ctx.Err(); err != nil {
 		return countlimit.Unavailable(err)
@@ -459,7 +539,7 @@ func (s *Store) apply(r *countlimit.Request) error {
 	}
 
 	sh.mu.Lock()
-	ok := true
+	ok, grows := true, false
 	for i := range r.Checks {
 		c, sl := &r.Checks[i], &slots[i]
 		sl.e = sh.get(h, c.UseType, r.ID)
@@ -469,31 +549,21 @@ func (s *Store) apply(r *countlimit.Request) error {
 		}
 		look(&sl.v, sl.e, c, now)
 		ok = ok && sl.v.fits(c, n)
+		grows = grows || sl.e == nil || (c.Span > 0 && sl.v.used+n > int64(cap(sl.e.events)))
 	}
-	room := true // for the counters this request adds
-	if r.Op == countlimit.OpAllow && s.perShard > 0 && sh.n+len(r.Checks) > s.perShard {
-		need := 0
-		for i := range slots {
-			if slots[i].e == nil {
-				need++
-			}
-		}
-		room = sh.n+need <= s.perShard || (ok && s.reclaim(sh, need))
-		if !room && ok {
+	room := true // for what this request adds
+	if r.Op == countlimit.OpAllow && grows && (s.perShard > 0 || s.perBytes > 0) {
+		var err error
+		if room, err = s.makeRoom(sh, h, r, slots, ok, n, now); err != nil {
 			sh.mu.Unlock()
-			return s.errFull
-		}
-		for i := range r.Checks { // reclaim may have dropped an expired one
-			c, sl := &r.Checks[i], &slots[i]
-			sl.e = sh.get(h, c.UseType, r.ID)
-			look(&sl.v, sl.e, c, now)
+			return err
 		}
 	}
 	for i := range r.Checks {
 		c, sl := &r.Checks[i], &slots[i]
 		if r.Op == countlimit.OpAllow && (ok || !sl.v.fits(c, n)) && (sl.e != nil || room) {
 			if sl.e == nil {
-				sl.e = &entry{useType: c.UseType, id: r.ID, begin: now, end: now} // an empty window until counted
+				sl.e = newEntry(c.UseType, r.ID, now) // an empty window until counted
 				sh.add(h, sl.e)
 			}
 			s.write(sh, sl.e, c, &sl.v, ok, n, now)
@@ -513,10 +583,82 @@ func (s *Store) apply(r *countlimit.Request) error {
 	return nil
 }
 
-// reclaim makes room for need more counters in a full shard by dropping
-// expired ones, looking at about SweepSlice, and reports whether they fit
-// now.
-func (s *Store) reclaim(sh *shard, need int) bool {
+// makeRoom reports whether sh has room for what r's writes add (see need).
+// When it has none and r is allowed, it drops expired counters to make
+// some (see reclaim), and fails with ErrFull if that is not enough; a
+// denial that finds no room is answered, and its new counters not kept.
+// The slots' entries and views are looked up again after a reclaim, which
+// may have dropped an expired counter of r's.
+func (s *Store) makeRoom(sh *shard, h uint64, r *countlimit.Request, slots []slot, ok bool, n, now int64) (room bool, err error) {
+	bytes, entries := s.need(sh, h, r, slots, ok, n)
+	full := s.full(sh, bytes, entries)
+	if full == nil {
+		return true, nil
+	}
+	if !ok {
+		return false, nil
+	}
+	if !s.reclaim(sh, bytes, entries) {
+		return false, full
+	}
+	for i := range r.Checks {
+		c, sl := &r.Checks[i], &slots[i]
+		sl.e = sh.get(h, c.UseType, r.ID)
+		look(&sl.v, sl.e, c, now)
+	}
+	bytes, entries = s.need(sh, h, r, slots, ok, n)
+	if full := s.full(sh, bytes, entries); full != nil {
+		return false, full
+	}
+	return true, nil
+}
+
+// need returns the bytes and the counters r's writes would add to sh: a
+// counter for each check that has none, with a slot of sh's map when it is
+// the id's first and the map must grow, and, when r is allowed, the growth
+// of each sliding log whose array is too short; a denial writes only the
+// checks that deny (see apply), and logs nothing. write grows a log just as
+// need reckons (logCap).
+func (s *Store) need(sh *shard, h uint64, r *countlimit.Request, slots []slot, ok bool, n int64) (bytes int64, entries int) {
+	for i := range r.Checks {
+		c, sl := &r.Checks[i], &slots[i]
+		if !ok && sl.v.fits(c, n) {
+			continue
+		}
+		if sl.e == nil {
+			entries++
+			bytes += newEntryBytes(c.UseType, r.ID)
+			if c.Span > 0 && ok {
+				bytes += allocSize(logCap(0, int(n)) * eventSize)
+			}
+			continue
+		}
+		if old := cap(sl.e.events); c.Span > 0 && ok && int(sl.v.used+n) > old {
+			bytes += allocSize(logCap(old, int(sl.v.used+n))*eventSize) - allocSize(old*eventSize)
+		}
+	}
+	if entries > 0 && !sh.holds(h) && len(sh.m) >= sh.peak {
+		bytes += mapSlotBytes
+	}
+	return bytes, entries
+}
+
+// full returns the error of a call that would add bytes and entries to sh,
+// or nil when they fit.
+func (s *Store) full(sh *shard, bytes int64, entries int) error {
+	switch {
+	case s.perShard > 0 && sh.n+entries > s.perShard:
+		return s.fullEntries
+	case s.perBytes > 0 && bytes > 0 && sh.used()+bytes > s.perBytes:
+		return s.fullBytes
+	}
+	return nil
+}
+
+// reclaim makes room for bytes and entries more in a full shard by dropping
+// expired counters, looking at about SweepSlice, and reports whether they
+// fit now.
+func (s *Store) reclaim(sh *shard, bytes int64, entries int) bool {
 	mono := s.mono()
 	if mono < sh.soonest {
 		return false
@@ -526,7 +668,7 @@ func (s *Store) reclaim(sh *shard, need int) bool {
 	for _, m := range [...]map[uint64]*entry{sh.old, sh.m} {
 		for h := range m {
 			if seen >= SweepSlice {
-				if sh.n+need > s.perShard {
+				if s.full(sh, bytes, entries) != nil {
 					sh.soonest = mono + lookAgain
 					return false
 				}
@@ -538,7 +680,7 @@ func (s *Store) reclaim(sh *shard, need int) bool {
 		}
 	}
 	sh.soonest = low // it saw every counter
-	return sh.n+need <= s.perShard
+	return s.full(sh, bytes, entries) == nil
 }
 
 // write counts n (allowed) or records the denial of an entry, and updates
@@ -553,7 +695,16 @@ func (s *Store) write(sh *shard, e *entry, c *countlimit.Check, v *view, allowed
 			v.blocked = true
 		}
 	case span > 0:
-		e.events = insertSorted(append(e.events[:0], e.events[v.live:]...), now, int(n))
+		live := e.events[v.live:]
+		if want := len(live) + int(n); want > cap(e.events) {
+			log := make([]int64, len(live), logCap(cap(e.events), want))
+			copy(log, live)
+			e.events = log
+			sh.resize(e)
+		} else {
+			e.events = append(e.events[:0], live...)
+		}
+		e.events = insertSorted(e.events, now, int(n))
 		e.count = int64(len(e.events))
 		e.begin, e.end = e.events[0], e.events[len(e.events)-1]+span
 		v.used, v.begin, v.end, v.live = e.count, e.begin, e.end, 0
@@ -666,9 +817,9 @@ func (s *Store) sweepShard(sh *shard) {
 	if sh.peak >= shrinkMin && len(sh.m) <= sh.peak/4 {
 		s.rebuilds.Add(1)
 		sh.old, sh.m = sh.m, make(map[uint64]*entry, len(sh.m))
-		sh.peak = len(sh.old)
+		sh.oldPeak, sh.peak = sh.peak, len(sh.old)
 		low = min(low, s.drain(sh, sh.old, sh.m))
-		sh.old = nil
+		sh.old, sh.oldPeak = nil, 0
 	}
 	sh.soonest = min(low, sh.low)
 }

@@ -255,25 +255,39 @@ func heapAlloc() uint64 {
 }
 
 // BenchmarkMemory reports the heap one counter takes (with a fresh id
-// string, as a server's would be), what stays after every counter has
-// expired and been swept, how long the sweep took and about how long it
-// held a shard's lock per slice (wall time: on a busy machine the
-// scheduler's preemptions show in the tail). Run it with -benchtime=1000000x for a million
-// ids.
+// string, as a server's would be), short ids and 512-byte ones, beside
+// what the store accounts for it (see WithMaxBytes), what stays after
+// every counter has expired and been swept, how long the sweep took and
+// about how long it held a shard's lock per slice (wall time: on a busy
+// machine the scheduler's preemptions show in the tail). Run it with
+// -benchtime=1000000x for a million ids.
 func BenchmarkMemory(b *testing.B) {
+	for _, tc := range []struct {
+		name string
+		id   func(int) string
+	}{
+		{"id=short", func(i int) string { return "user-" + strconv.Itoa(i) }},
+		{"id=512B", longID},
+	} {
+		b.Run(tc.name, func(b *testing.B) { benchmarkMemory(b, tc.id) })
+	}
+}
+
+func benchmarkMemory(b *testing.B, id func(int) string) {
 	ctx := context.Background()
 	rule := countlimit.Rule{UseType: "api", Limit: 10, Window: countlimit.Rolling(time.Microsecond)}
 	before := heapAlloc()
-	s := memstore.New(memstore.WithMaxEntries(0), memstore.WithJanitorInterval(0))
+	s := memstore.New(memstore.WithMaxBytes(0), memstore.WithJanitorInterval(0))
 	defer s.Close()
 	l := countlimit.New(s)
 	for i := range b.N {
-		if _, err := l.Allow(ctx, rule, "user-"+strconv.Itoa(i)); err != nil {
+		if _, err := l.Allow(ctx, rule, id(i)); err != nil {
 			b.Fatal(err)
 		}
 	}
 	b.StopTimer()
 	full := heapAlloc()
+	accounted := s.Bytes()
 	var holds []time.Duration // between pauses: about how long each slice held its lock
 	last := time.Now()
 	memstore.OnPause(s, func() {
@@ -288,6 +302,7 @@ func BenchmarkMemory(b *testing.B) {
 	}
 	empty := heapAlloc()
 	b.ReportMetric(float64(full-before)/float64(b.N), "B/id")
+	b.ReportMetric(float64(accounted)/float64(b.N), "B/id-accounted")
 	b.ReportMetric(float64(empty-before)/float64(b.N), "B/id-swept")
 	b.ReportMetric(float64(empty-before)/1e6, "MB-swept")
 	b.ReportMetric(float64(sweep.Microseconds()), "µs/sweep")
