@@ -6,6 +6,8 @@ import (
 	"io"
 	"strings"
 	"text/tabwriter"
+
+	"github.com/countlimit/countlimit/countlimit/memstore"
 )
 
 // command is what "countlimit CMD -h" says about a command besides its
@@ -37,7 +39,8 @@ var commands = map[string]command{
 		about: `Serves the HTTP API (POST /v1/allow, /v1/peek, /v1/refund, /v1/reset,
 /v1/acquire, /v1/release, /v1/extend; GET /v1/rules, /healthz, /metrics) with
 the rules of --rules, or the built-in example rules. With neither --store nor $COUNTLIMIT_STORE the counters live
-in memory, as long as the process.
+in memory, as long as the process, in at most ` + fmt.Sprint(memstore.DefaultMaxBytes>>20) + ` MiB of heap
+whatever the ids: beyond it, checks that need a new counter answer 503.
 
 --token-file FILE (else $COUNTLIMIT_TOKEN; the file wins) sets a bearer token
 of at least 16 characters: every endpoint but /healthz then needs
