@@ -167,28 +167,31 @@ func memStats() runtime.MemStats {
 
 // TestBytesAreHonest: what the store accounts for its counters is what
 // they take on the heap, within a margin, for short and long ids, sliding
-// logs and leases: the bound it keeps is a bound on memory.
+// logs and leases: the bound it keeps is a bound on memory. The ids are
+// made before the heap is first measured, so that no garbage of the
+// test's own shares spans with the counters.
 func TestBytesAreHonest(t *testing.T) {
 	if testing.Short() {
 		t.Skip("fills stores with tens of megabytes")
 	}
 	ctx := context.Background()
 	fixed := countlimit.Rule{UseType: "api", Limit: 5, Window: countlimit.Fixed(time.Hour)}
+	short := func(i int) string { return fmt.Sprint("user-", i) }
 	for _, tc := range []struct {
 		name string
 		n    int
-		do   func(l *countlimit.Limiter, i int) error
+		id   func(int) string
+		do   func(l *countlimit.Limiter, id string) error
 	}{
-		{"512-byte ids", 20000, func(l *countlimit.Limiter, i int) error {
-			_, err := l.Allow(ctx, fixed, longID(i))
+		{"512-byte ids", 20000, longID, func(l *countlimit.Limiter, id string) error {
+			_, err := l.Allow(ctx, fixed, id)
 			return err
 		}},
-		{"short ids", 50000, func(l *countlimit.Limiter, i int) error {
-			_, err := l.Allow(ctx, fixed, fmt.Sprint("user-", i))
+		{"short ids", 50000, short, func(l *countlimit.Limiter, id string) error {
+			_, err := l.Allow(ctx, fixed, id)
 			return err
 		}},
-		{"three rules an id", 20000, func(l *countlimit.Limiter, i int) error {
-			id := fmt.Sprint("user-", i)
+		{"three rules an id", 20000, short, func(l *countlimit.Limiter, id string) error {
 			for _, ut := range []countlimit.UseType{"post.create", "comment.create", "password.change"} {
 				if _, err := l.Allow(ctx, countlimit.Rule{UseType: ut, Limit: 5, Window: countlimit.Rolling(time.Hour)}, id); err != nil {
 					return err
@@ -196,15 +199,15 @@ func TestBytesAreHonest(t *testing.T) {
 			}
 			return nil
 		}},
-		{"sliding logs of 40 events", 5000, func(l *countlimit.Limiter, i int) error {
+		{"sliding logs of 40 events", 5000, short, func(l *countlimit.Limiter, id string) error {
 			r := countlimit.Rule{UseType: "sms", Limit: 100, Window: countlimit.Sliding(time.Hour)}
-			_, err := l.AllowN(ctx, r, fmt.Sprint("phone-", i), 40)
+			_, err := l.AllowN(ctx, r, id, 40)
 			return err
 		}},
-		{"5 leases an id", 5000, func(l *countlimit.Limiter, i int) error {
+		{"5 leases an id", 5000, short, func(l *countlimit.Limiter, id string) error {
 			r := countlimit.Rule{UseType: "job", Limit: 10, Window: countlimit.Concurrent(time.Hour)}
 			for range 5 {
-				if _, _, err := l.Acquire(ctx, r, fmt.Sprint("worker-", i)); err != nil {
+				if _, _, err := l.Acquire(ctx, r, id); err != nil {
 					return err
 				}
 			}
@@ -215,9 +218,13 @@ func TestBytesAreHonest(t *testing.T) {
 			s := memstore.New(memstore.WithMaxBytes(0), memstore.WithJanitorInterval(0))
 			defer s.Close()
 			l := countlimit.New(s)
+			ids := make([]string, tc.n)
+			for i := range ids {
+				ids[i] = tc.id(i)
+			}
 			before := memStats()
-			for i := range tc.n {
-				if err := tc.do(l, i); err != nil {
+			for _, id := range ids {
+				if err := tc.do(l, id); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -232,7 +239,7 @@ func TestBytesAreHonest(t *testing.T) {
 			if ratio := inuse / accounted; ratio > 1.5 {
 				t.Errorf("the heap's spans in use grew %.0f bytes for %.0f accounted (%.2f times): the accounting is off", inuse, accounted, ratio)
 			}
-			runtime.KeepAlive(l)
+			runtime.KeepAlive(ids)
 		})
 	}
 }

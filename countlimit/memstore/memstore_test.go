@@ -3,6 +3,7 @@ package memstore_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -87,6 +88,32 @@ func BenchmarkAllowExistingKey(b *testing.B) {
 		if _, err := l.Allow(ctx, rule, "user-1"); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// BenchmarkAllowExistingKeyFreshID is BenchmarkAllowExistingKey with the
+// id in a string of its own at each call, as a server decodes it from a
+// request: the store compares the id's bytes, not just their address.
+func BenchmarkAllowExistingKeyFreshID(b *testing.B) {
+	s := memstore.New()
+	defer s.Close()
+	l := countlimit.New(s)
+	ctx := context.Background()
+	rule := countlimit.Rule{UseType: "api", Limit: countlimit.MaxLimit, Window: countlimit.Fixed(time.Hour)}
+	ids := make([]string, 1024)
+	for i := range ids {
+		ids[i] = strings.Clone("user-1")
+	}
+	if _, err := l.Allow(ctx, rule, ids[0]); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		if _, err := l.Allow(ctx, rule, ids[i%len(ids)]); err != nil {
+			b.Fatal(err)
+		}
+		i++
 	}
 }
 

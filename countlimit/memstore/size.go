@@ -2,6 +2,7 @@ package memstore
 
 import (
 	"sort"
+	"strings"
 	"unsafe"
 
 	"github.com/countlimit/countlimit/countlimit"
@@ -48,9 +49,10 @@ const (
 	mapSlotBytes = 40
 )
 
-// keyBytes is what a counter's key takes: the use type and the id in one
-// string of their own (see newEntry).
-func keyBytes(ut countlimit.UseType, id string) int64 { return allocSize(len(ut) + len(id)) }
+// keyBytes is what a counter's use type and id take. The id is a copy of
+// its own (see newEntry); the use type is counted as one too, though it is
+// mostly the rule's, shared by every counter of the rule: an upper bound.
+func keyBytes(ut countlimit.UseType, id string) int64 { return allocSize(len(ut)) + allocSize(len(id)) }
 
 // newEntryBytes is what a new counter of (ut, id) takes before it counts.
 func newEntryBytes(ut countlimit.UseType, id string) int64 {
@@ -70,12 +72,13 @@ func (e *entry) heap() int64 {
 	return n
 }
 
-// newEntry returns a counter of (ut, id) with an empty window at now. Its
-// key is a copy of ut and id in one string: an id the caller cut from a
-// larger string (a request body) would keep all of it alive, unaccounted.
+// newEntry returns a counter of (ut, id) with an empty window at now. It
+// keeps a copy of id: an id the caller cut from a larger string (a request
+// body) would keep all of it alive, unaccounted. The use type is the
+// rule's: a check compares it with the rule's at the cost of a pointer
+// when they share their bytes.
 func newEntry(ut countlimit.UseType, id string, now int64) *entry {
-	key := string(ut) + id
-	return &entry{useType: countlimit.UseType(key[:len(ut)]), id: key[len(ut):], begin: now, end: now}
+	return &entry{useType: ut, id: strings.Clone(id), begin: now, end: now}
 }
 
 // grownCap is the capacity an array of elem-byte elements, cap old, grows
