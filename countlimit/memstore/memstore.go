@@ -291,12 +291,13 @@ func WithJanitorInterval(d time.Duration) Option { return func(c *config) { c.in
 // WithMaxBytes bounds the heap the store's counters take (default
 // DefaultMaxBytes); 0 or less removes the bound. A counter is accounted for
 // what it holds, as Go's allocator rounds each part: the counter itself,
-// its use type and id (copied into one string of its own, so an id cut
-// from a larger string never keeps the rest alive), a Sliding window's log
-// (8 bytes an event, kept at the longest it has been), a Concurrent
-// window's leases with their tokens, and a slot of its shard's map for
-// each id the map has held (both maps while a sweep rebuilds it). The
-// store's fixed part, its shards and their empty maps, is not.
+// its id (a copy of its own, so an id cut from a larger string never keeps
+// the rest alive), its use type (counted as its own too, though it is
+// mostly the rule's), a Sliding window's log (8 bytes an event, kept at
+// the longest it has been), a Concurrent window's leases with their
+// tokens, and a slot of its shard's map for each id the map has held (both
+// maps while a sweep rebuilds it). The store's fixed part, its shards and
+// their empty maps, is not.
 //
 // The bound is kept per shard: each of the store's shards takes at most n
 // divided by the number of shards. Ids go to shards by a hash with a
