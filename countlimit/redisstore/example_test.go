@@ -2,6 +2,7 @@ package redisstore_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log"
 	"time"
@@ -55,4 +56,23 @@ func ExampleNew() {
 	// 09:01 allowed=true remaining=0 retry after 0s
 	// 09:02 allowed=false remaining=0 retry after 3m0s
 	// 09:05 allowed=true remaining=0 retry after 0s
+}
+
+// At start, and in a health check, ask whether Redis may evict counters: a
+// Redis whose maxmemory-policy is not noeviction drops keys when its
+// memory is full, and ids whose counters went are allowed anew. (Compiled,
+// not run: it needs Redis at that address.)
+func ExampleStore_CheckEviction() {
+	client := redis.NewClient(&redis.Options{Addr: "localhost:6379", ContextTimeoutEnabled: true})
+	defer client.Close()
+	store := redisstore.New(client)
+
+	switch err := store.CheckEviction(context.Background()); {
+	case errors.Is(err, redisstore.ErrEvictionPolicy):
+		log.Printf("unsafe: %v", err) // names the policy; fail the health check
+	case errors.Is(err, redisstore.ErrPolicyUnknown):
+		log.Printf("make sure Redis runs with maxmemory-policy noeviction: %v", err) // CONFIG refused
+	case err != nil:
+		log.Printf("Redis did not answer: %v", err)
+	}
 }
