@@ -97,6 +97,8 @@ func limiterCollectors(l *countlimit.Limiter) []prometheus.Collector {
 			func(s countlimit.Stats) uint64 { return s.BreakerOpenings }),
 		counter("countlimit_fallback_decisions_total", "Checks the fallback store answered.",
 			func(s countlimit.Stats) uint64 { return s.Fallbacks }),
+		counter("countlimit_locked_total", "Checks that waited out their time for an id another transaction held locked (PostgreSQL).",
+			func(s countlimit.Stats) uint64 { return s.Locked }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "countlimit_breaker_state",
 			Help: "The circuit breaker: 0 closed, 1 open, 2 half-open.",
@@ -493,6 +495,14 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, endpoint, rule str
 		// The client went away; the store did not fail.
 		s.log.Debug("client gone", "endpoint", endpoint, "rule", rule)
 		writeJSON(w, http.StatusServiceUnavailable, apiError{Error: "request canceled"})
+		return
+	}
+	if errors.Is(err, countlimit.ErrLocked) {
+		// Another transaction holds the id (a check inside an application's
+		// own transaction): the store is up, and the other ids are served.
+		s.log.Debug("id locked by another transaction", "endpoint", endpoint, "rule", rule, "err", err)
+		w.Header().Set("Retry-After", "1")
+		writeJSON(w, http.StatusServiceUnavailable, apiError{Error: "id locked by another transaction; try again"})
 		return
 	}
 	s.failed.WithLabelValues(endpoint).Inc()

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -271,6 +272,50 @@ func TestStoreDown(t *testing.T) {
 	}
 	if strings.Count(logs.String(), "msg=\"store unavailable\"") != 1 || strings.Contains(logs.String(), `"x"`) {
 		t.Errorf("logs: %s", logs.String())
+	}
+}
+
+// lockedRow answers as pgstore does for an id another transaction holds
+// locked: it waits for the call's context, then fails with ErrLocked.
+type lockedRow struct{}
+
+func (lockedRow) Do(ctx context.Context, _ []*countlimit.Request) error {
+	<-ctx.Done()
+	return fmt.Errorf("%w: %w", countlimit.ErrLocked, ctx.Err())
+}
+
+// TestLockedIDIsNoOutage: a check that waits out the store timeout on an
+// id another transaction holds answers 503 with Retry-After, but is no
+// store error: /healthz stays 200, nothing is logged as an outage, and the
+// locked-check counter shows it.
+func TestLockedIDIsNoOutage(t *testing.T) {
+	var logs bytes.Buffer
+	srv := server.New(server.Config{
+		Limiter:      countlimit.New(lockedRow{}, countlimit.WithStoreTimeout(20*time.Millisecond)),
+		Rules:        rulefile.Default(),
+		Logger:       slog.New(slog.NewTextHandler(&logs, nil)),
+		StoreTimeout: time.Second,
+	})
+	ts := httptest.NewServer(srv)
+	defer ts.Close()
+	a := api{t, ts.URL}
+	for range 3 {
+		code, out := a.do("POST", "/v1/allow", `{"rule": "sms.code", "id": "x"}`)
+		if code != 503 || !strings.Contains(fmt.Sprint(out["error"]), "locked by another transaction") {
+			t.Errorf("allow of a locked id: %d %v, want 503 saying it is locked", code, out)
+		}
+	}
+	if code, out := a.do("GET", "/healthz", ""); code != 200 {
+		t.Errorf("healthz after locked ids: %d %v, want 200", code, out)
+	}
+	_, out := a.do("GET", "/metrics", "")
+	for _, want := range []string{`countlimit_store_errors_total{endpoint="allow"} 0`, "countlimit_locked_total 3", "countlimit_store_failures_total 0"} {
+		if !strings.Contains(out["text"].(string), want) {
+			t.Errorf("metrics lack %q", want)
+		}
+	}
+	if strings.Contains(logs.String(), "store unavailable") {
+		t.Errorf("a locked id was logged as an outage: %s", logs.String())
 	}
 }
 
