@@ -566,9 +566,10 @@ func TestPurgeBesideLiveTraffic(t *testing.T) {
 	}
 }
 
-// TestSupportIndexesMadeByHand: a DBA who built migration 00003's indexes
-// CONCURRENTLY before migrating (README) can still migrate.
-func TestSupportIndexesMadeByHand(t *testing.T) {
+// TestIndexesMadeByHand: a DBA who built migration 00003's indexes, or
+// 00005's new primary key, CONCURRENTLY before migrating (README) can
+// still migrate, and the migration takes them as they are.
+func TestIndexesMadeByHand(t *testing.T) {
 	pool := testbackend.FreshSchema(t)
 	ctx := context.Background()
 	p, closeDB, err := pgstore.NewMigrationProvider(pool)
@@ -587,12 +588,39 @@ func TestSupportIndexesMadeByHand(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := pgstore.Migrate(ctx, pool); err != nil {
-		t.Fatalf("Migrate over the indexes made by hand: %v", err)
+	if _, err := p.UpTo(ctx, 4); err != nil {
+		t.Fatalf("migrating over 00003's indexes made by hand: %v", err)
 	}
-	var n int
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_indexes WHERE schemaname = current_schema()
-		AND indexname IN ('count_limit_unique_id_idx', 'count_limit_blocked_until_idx')`).Scan(&n); err != nil || n != 2 {
-		t.Errorf("%d of the two indexes (%v)", n, err)
+	if _, err := pool.Exec(ctx, `CREATE UNIQUE INDEX CONCURRENTLY count_limit_id_key ON count_limit (unique_id, use_type)`); err != nil {
+		t.Fatal(err)
+	}
+	var oid uint32
+	if err := pool.QueryRow(ctx, `SELECT 'count_limit_id_key'::regclass::oid`).Scan(&oid); err != nil {
+		t.Fatal(err)
+	}
+	if err := pgstore.Migrate(ctx, pool); err != nil {
+		t.Fatalf("Migrate over the key made by hand: %v", err)
+	}
+	var key string
+	var keyOID uint32
+	err = pool.QueryRow(ctx, `SELECT pg_get_indexdef(conindid), conindid::oid FROM pg_constraint
+		WHERE conrelid = 'count_limit'::regclass AND contype = 'p'`).Scan(&key, &keyOID)
+	if err != nil || !strings.Contains(key, "(unique_id, use_type)") || keyOID != oid {
+		t.Errorf("the primary key: %q (index %d), %v; want (unique_id, use_type), the index made by hand (%d)", key, keyOID, err, oid)
+	}
+	var names []string
+	rows, err := pool.Query(ctx, `SELECT indexname FROM pg_indexes WHERE schemaname = current_schema() AND tablename = 'count_limit' ORDER BY 1`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var n string
+		if err := rows.Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		names = append(names, n)
+	}
+	if want := "count_limit_blocked_until_idx count_limit_end_time_idx count_limit_pkey"; strings.Join(names, " ") != want {
+		t.Errorf("count_limit's indexes: %v, want %s (the key serves lookups by id)", names, want)
 	}
 }
