@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -42,128 +43,227 @@ type baselineCell struct {
 	hot     bool
 }
 
+// The tables a --baseline cell starts from (--rows).
+const (
+	// rowsExisting: every id was counted once on both sides, untimed, as in
+	// a service that has run a while.
+	rowsExisting = "existing"
+	// rowsNew: both tables from TRUNCATE, autovacuum off for them, every
+	// call on an id never seen: a new deployment's first minutes, at its
+	// worst (no ANALYZE comes to change a plan).
+	rowsNew = "new"
+)
+
+// parseRows parses --rows: existing, new, or both.
+func parseRows(s string) ([]string, error) {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		switch f = strings.TrimSpace(f); f {
+		case rowsExisting, rowsNew:
+			if !slices.Contains(out, f) {
+				out = append(out, f)
+			}
+		default:
+			return nil, usageErrorf("bench --baseline: --rows wants existing, new or both (existing,new), got %q", s)
+		}
+	}
+	return out, nil
+}
+
 // benchBaseline runs the hand-written upsert and Allow alternately (ABBA), in
-// this process, at each number of callers, over many ids and on one hot id, each
-// on a pool of as many connections as callers, and prints both and their
-// ratio.
-func benchBaseline(ctx context.Context, url string, callers []int, d time.Duration, ids int, out *benchOutput) error {
+// this process, at each number of callers, each on a pool of as many
+// connections as callers, and prints both and their ratio: on rows that
+// exist (over many ids and on one hot id) and on new ids (rows). It works
+// in a schema of its own, made and dropped here, so it neither reads nor
+// writes the database's own count_limit, and may TRUNCATE its tables.
+func benchBaseline(ctx context.Context, url string, callers []int, d time.Duration, ids int, rows []string, out *benchOutput) error {
 	if !isPostgres(url) {
 		return usageErrorf("bench --baseline: the baseline is PostgreSQL's hand-written upsert; --store must be postgres://..., got %q", redactURL(url))
 	}
 	var b [4]byte
 	_, _ = rand.Read(b[:])
 	suffix := hex.EncodeToString(b[:])
-	table := pgx.Identifier{"countlimit_bench_baseline_" + suffix}.Sanitize()
-	useType := countlimit.UseType("bench." + suffix)
+	schema := "countlimit_bench_" + suffix
+	table := pgx.Identifier{schema, "baseline"}.Sanitize()
+	useType := countlimit.UseType("bench")
 
-	admin, err := pgxpool.New(ctx, url)
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return badStoreURL(url, err)
+	}
+	admin, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return badStoreURL(url, err)
 	}
 	defer admin.Close()
-	if err := pgstore.New(admin).Ping(ctx); err != nil {
-		return fmt.Errorf("--store %s: %w", redactURL(url), err)
+	if err := admin.Ping(ctx); err != nil {
+		return fmt.Errorf("--store %s: %w", redactURL(url), countlimit.Unavailable(err))
 	}
-	if _, err := admin.Exec(ctx, fmt.Sprintf(baselineTable, table)); err != nil {
-		return fmt.Errorf("bench: creating the baseline table: %w", err)
+	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()); err != nil {
+		return fmt.Errorf("bench: creating the schema of the run: %w", err)
 	}
 	defer func() {
 		// Clean up even when ctx was cancelled (Ctrl-C).
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		defer cancel()
-		_, _ = admin.Exec(ctx, "DROP TABLE "+table)
-		_, _ = admin.Exec(ctx, "DELETE FROM count_limit WHERE use_type = $1", string(useType))
+		_, _ = admin.Exec(ctx, "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
 	}()
+	// Every pool of the run works in the schema alone.
+	inSchema := func(maxConns int32) (*pgxpool.Pool, error) {
+		c := cfg.Copy()
+		c.ConnConfig.RuntimeParams["search_path"] = schema
+		if maxConns > 0 {
+			c.MaxConns = maxConns
+		}
+		return pgxpool.NewWithConfig(ctx, c)
+	}
+	setup, err := inSchema(0)
+	if err != nil {
+		return err
+	}
+	defer setup.Close()
+	if err := pgstore.Migrate(ctx, setup); err != nil {
+		return fmt.Errorf("bench: migrating the schema of the run: %w", err)
+	}
+	if _, err := setup.Exec(ctx, fmt.Sprintf(baselineTable, table)); err != nil {
+		return fmt.Errorf("bench: creating the baseline table: %w", err)
+	}
 	var sync string
-	if err := admin.QueryRow(ctx, "SHOW synchronous_commit").Scan(&sync); err != nil {
+	if err := setup.QueryRow(ctx, "SHOW synchronous_commit").Scan(&sync); err != nil {
 		return err
 	}
 
 	names := benchIDs(ids)
-	hot := []string{"hot"}
 	rule := countlimit.Rule{UseType: useType, Limit: countlimit.MaxLimit, Window: countlimit.Fixed(time.Minute)}
 	out.report = benchReport{Mode: "bench --baseline", Store: redactURL(url), SynchronousCommit: sync, RunSeconds: d.Seconds(), Started: time.Now().UTC(),
 		Rules: []benchRule{{Name: "bench", Window: rule.Window.String(), Limit: rule.Limit}}}
 
 	fmt.Fprintf(out.human, "countlimit bench --baseline: %s, synchronous_commit=%s, %v per cell, Allow of a fixed 1m window\n",
 		redactURL(url), sync, d)
-	fmt.Fprintf(out.human, "baseline: one INSERT ... ON CONFLICT DO UPDATE ... WHERE count < limit RETURNING on a 4-column table\n\n")
-	// Every id is counted once first, untimed, so that both sides are
-	// measured on rows that exist, as in a service that has run a while.
-	warm := countlimit.New(pgstore.New(admin))
+	fmt.Fprintf(out.human, "baseline: one INSERT ... ON CONFLICT DO UPDATE ... WHERE count < limit RETURNING on a 4-column table\n")
 	upsert := fmt.Sprintf(baselineUpsert, table)
-	for _, id := range append(names, hot...) {
-		now := time.Now()
-		if _, err := admin.Exec(ctx, upsert, id, now, now.Add(time.Minute), now, rule.Limit); err != nil {
-			return fmt.Errorf("bench: warming up: %w", err)
+	for _, mode := range rows {
+		if _, err := setup.Exec(ctx, "TRUNCATE count_limit, count_limit_lease, "+table); err != nil {
+			return fmt.Errorf("bench: emptying the tables of the run: %w", err)
 		}
-		if _, err := warm.Allow(ctx, rule, id); err != nil {
-			return fmt.Errorf("bench: warming up: %w", err)
-		}
-	}
-	const row = "%7s %6s %10s %10s %7s %11s %11s %11s %11s\n"
-	fmt.Fprintf(out.human, row, "callers", "ids", "upsert/s", "Allow/s", "ratio", "upsert p50", "Allow p50", "upsert p99", "Allow p99")
-	var cells []baselineCell
-	for _, c := range callers {
-		cells = append(cells, baselineCell{c, false}, baselineCell{c, true})
-	}
-	for _, cell := range cells {
-		cfg, err := pgxpool.ParseConfig(url)
-		if err != nil {
-			return err
-		}
-		cfg.MaxConns = int32(cell.callers)
-		pool, err := pgxpool.NewWithConfig(ctx, cfg)
-		if err != nil {
-			return err
-		}
-		keys := names
-		if cell.hot {
-			keys = hot
-		}
-		l := countlimit.New(pgstore.New(pool))
-		upsertCall := func(ctx context.Context, id string) (bool, error) {
-			now := time.Now()
-			begin := now.Truncate(time.Minute)
-			var n int64
-			err := pool.QueryRow(ctx, upsert, id, begin, begin.Add(time.Minute), now, rule.Limit).Scan(&n)
-			if errors.Is(err, pgx.ErrNoRows) {
-				return false, nil
+		const row = "%7s %6s %10s %10s %7s %11s %11s %11s %11s\n"
+		var cells []baselineCell
+		if mode == rowsExisting {
+			fmt.Fprintf(out.human, "\nrows that exist: every id counted once on both sides first, untimed\n")
+			// As in a service that has run a while.
+			warm := countlimit.New(pgstore.New(setup))
+			for _, id := range append(slices.Clone(names), "hot") {
+				now := time.Now()
+				if _, err := setup.Exec(ctx, upsert, id, now, now.Add(time.Minute), now, rule.Limit); err != nil {
+					return fmt.Errorf("bench: warming up: %w", err)
+				}
+				if _, err := warm.Allow(ctx, rule, id); err != nil {
+					return fmt.Errorf("bench: warming up: %w", err)
+				}
 			}
-			return err == nil, err
-		}
-		allowCall := func(ctx context.Context, id string) (bool, error) {
-			res, err := l.Allow(ctx, rule, id)
-			return res.Allowed, err
-		}
-		// Rounds of upsert, Allow, Allow, upsert, each piece 1 to 2 s
-		// (half of --duration when that is shorter): the disk's flush
-		// latency drifts by tens of percent within seconds here; this
-		// order cancels a steady drift instead of handing it to whichever
-		// side ran second, and several rounds share an unsteady one. Pieces
-		// of a second or more keep the calls cut short at each turn few.
-		rounds := max(1, int(d/(2*time.Second)))
-		piece := d / time.Duration(2*rounds)
-		base, ours := &measurement{}, &measurement{}
-		for range rounds {
-			base.add(measure(ctx, cell.callers, piece, keys, upsertCall))
-			ours.add(measure(ctx, cell.callers, piece, keys, allowCall))
-			ours.add(measure(ctx, cell.callers, piece, keys, allowCall))
-			base.add(measure(ctx, cell.callers, piece, keys, upsertCall))
-		}
-		pool.Close()
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		for _, m := range []*measurement{base, ours} {
-			if m.errs > 0 {
-				return fmt.Errorf("bench: %s failed, the first: %w", plural(m.errs, "call", "calls"), m.firstErr)
+			if _, err := setup.Exec(ctx, "ANALYZE count_limit, "+table); err != nil {
+				return err
+			}
+			fmt.Fprintf(out.human, row, "callers", "ids", "upsert/s", "Allow/s", "ratio", "upsert p50", "Allow p50", "upsert p99", "Allow p99")
+			for _, c := range callers {
+				cells = append(cells, baselineCell{c, false}, baselineCell{c, true})
+			}
+		} else {
+			fmt.Fprintf(out.human, "\nnew ids: every call a first touch; each cell's tables start from TRUNCATE, autovacuum off\n")
+			for _, t := range []string{"count_limit", table} {
+				if _, err := setup.Exec(ctx, "ALTER TABLE "+t+" SET (autovacuum_enabled = false)"); err != nil {
+					return err
+				}
+			}
+			head := fmt.Sprintf(row, "callers", "ids", "upsert/s", "Allow/s", "ratio", "upsert p50", "Allow p50", "upsert p99", "Allow p99")
+			fmt.Fprintf(out.human, "%s%24s\n", strings.TrimSuffix(head, "\n"), "Allow/s, 1st → 5th fifth")
+			for _, c := range callers {
+				cells = append(cells, baselineCell{c, false})
 			}
 		}
-		out.report.Runs = append(out.report.Runs, newBenchRun(base, cell.callers, len(keys), "upsert"), newBenchRun(ours, cell.callers, len(keys), "allow"))
-		fmt.Fprintf(out.human, row, strconv.Itoa(cell.callers), strconv.Itoa(len(keys)), fmt.Sprintf("%.0f", base.rate()), fmt.Sprintf("%.0f", ours.rate()),
-			fmt.Sprintf("%.2f×", ours.rate()/base.rate()), latency(base.pct(.5).Seconds()), latency(ours.pct(.5).Seconds()),
-			latency(base.pct(.99).Seconds()), latency(ours.pct(.99).Seconds()))
+		for _, cell := range cells {
+			if mode == rowsNew {
+				if _, err := setup.Exec(ctx, "TRUNCATE count_limit, count_limit_lease, "+table); err != nil {
+					return err
+				}
+			}
+			pool, err := inSchema(int32(cell.callers))
+			if err != nil {
+				return err
+			}
+			l := countlimit.New(pgstore.New(pool))
+			upsertCall := func(ctx context.Context, id string) (bool, error) {
+				now := time.Now()
+				begin := now.Truncate(time.Minute)
+				var n int64
+				err := pool.QueryRow(ctx, upsert, id, begin, begin.Add(time.Minute), now, rule.Limit).Scan(&n)
+				if errors.Is(err, pgx.ErrNoRows) {
+					return false, nil
+				}
+				return err == nil, err
+			}
+			allowCall := func(ctx context.Context, id string) (bool, error) {
+				res, err := l.Allow(ctx, rule, id)
+				return res.Allowed, err
+			}
+			// pick gives each piece its ids: the cell's in turn, or ids no
+			// piece has used.
+			pieces := 0
+			pick := func() func(w, i int) string {
+				pieces++
+				switch {
+				case mode == rowsNew:
+					prefix := "n" + strconv.Itoa(pieces) + "."
+					return func(_, i int) string { return prefix + strconv.Itoa(i) }
+				case cell.hot:
+					return inTurn([]string{"hot"})
+				}
+				return inTurn(names)
+			}
+			// Rounds of upsert, Allow, Allow, upsert, each piece 1 to 2 s
+			// (half of --duration when that is shorter): the disk's flush
+			// latency drifts by tens of percent within seconds here; this
+			// order cancels a steady drift instead of handing it to whichever
+			// side ran second, and several rounds share an unsteady one. Pieces
+			// of a second or more keep the calls cut short at each turn few.
+			rounds := max(1, int(d/(2*time.Second)))
+			piece := d / time.Duration(2*rounds)
+			base, ours := &measurement{}, &measurement{}
+			for range rounds {
+				base.add(measure(ctx, cell.callers, piece, pick(), upsertCall))
+				ours.add(measure(ctx, cell.callers, piece, pick(), allowCall))
+				ours.add(measure(ctx, cell.callers, piece, pick(), allowCall))
+				base.add(measure(ctx, cell.callers, piece, pick(), upsertCall))
+			}
+			pool.Close()
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			for _, m := range []*measurement{base, ours} {
+				if m.errs > 0 {
+					return fmt.Errorf("bench: %s failed, the first: %w", plural(m.errs, "call", "calls"), m.firstErr)
+				}
+			}
+			nids, idsCol := len(names), strconv.Itoa(len(names))
+			switch {
+			case mode == rowsNew:
+				nids, idsCol = 0, "new"
+			case cell.hot:
+				nids, idsCol = 1, "1"
+			}
+			br, or := newBenchRun(base, cell.callers, nids, "upsert"), newBenchRun(ours, cell.callers, nids, "allow")
+			br.Rows, or.Rows = mode, mode
+			line := fmt.Sprintf(row, strconv.Itoa(cell.callers), idsCol, fmt.Sprintf("%.0f", base.rate()), fmt.Sprintf("%.0f", ours.rate()),
+				fmt.Sprintf("%.2f×", ours.rate()/base.rate()), latency(base.pct(.5).Seconds()), latency(ours.pct(.5).Seconds()),
+				latency(base.pct(.99).Seconds()), latency(ours.pct(.99).Seconds()))
+			if mode == rowsNew {
+				first, last := ours.fifths()
+				or.FirstFifthPerSecond, or.LastFifthPerSecond = first, last
+				line = strings.TrimSuffix(line, "\n") + fmt.Sprintf("%24s\n", fmt.Sprintf("%.0f → %.0f", first, last))
+			}
+			out.report.Runs = append(out.report.Runs, br, or)
+			fmt.Fprint(out.human, line)
+		}
 	}
 	return nil
 }

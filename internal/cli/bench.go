@@ -33,6 +33,7 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	ids := fs.Int("ids", 1000, "the calls spread over `N` distinct ids (default 1000; with --baseline 10000)")
 	baseline := fs.Bool("baseline", false, "PostgreSQL: compare Allow with a hand-written upsert, side by side")
 	callers := fs.String("callers", "1,4,16,64", "with --baseline: the `LIST` of numbers of concurrent callers to compare at")
+	rowsFlag := fs.String("rows", "existing,new", "with --baseline: the tables to compare on, a `LIST` of existing (every id counted before), new (every call a new id), or both")
 	asJSON := fs.Bool("json", false, "print the results as JSON (the table goes to stderr)")
 	asCSV := fs.Bool("csv", false, "print the results as CSV, one row per run and side (the table goes to stderr)")
 	plot := fs.String("plot", "", "also draw calls/s and p50/p99 latency against callers, as SVG, into `FILE.svg`")
@@ -52,6 +53,8 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return usageErrorf("bench: --plot writes SVG: name a FILE.svg, got %q", *plot)
 	case *baseline && isSet(fs, "concurrency"):
 		return usageErrorf("bench --baseline: give the numbers of callers with --callers, not --concurrency")
+	case !*baseline && isSet(fs, "rows"):
+		return usageErrorf("bench: --rows goes with --baseline")
 	case !*baseline && isSet(fs, "callers"):
 		return usageErrorf("bench: --callers goes with --baseline; give a plain bench's callers with --concurrency")
 	case *baseline && (*ruleName != "" || *tier != "" || *rulesPath != ""):
@@ -99,7 +102,11 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}()
 	}
 	if *baseline {
-		if err := benchBaseline(ctx, url, cs, *duration, *ids, &out); err != nil {
+		rows, err := parseRows(*rowsFlag)
+		if err != nil {
+			return err
+		}
+		if err := benchBaseline(ctx, url, cs, *duration, *ids, rows, &out); err != nil {
 			return err
 		}
 		return out.finish()
@@ -178,7 +185,7 @@ func benchStore(ctx context.Context, st *opened, b benchRules, callers []int, d 
 	for run, c := range callers {
 		rules := b.forRun(prefix, run)
 		used = append(used, rules...)
-		m := measure(ctx, c, d, names, func(ctx context.Context, id string) (bool, error) {
+		m := measure(ctx, c, d, inTurn(names), func(ctx context.Context, id string) (bool, error) {
 			if len(rules) == 1 {
 				res, err := l.Allow(ctx, rules[0], id)
 				return res.Allowed, err
@@ -299,6 +306,7 @@ func benchIDs(n int) []string {
 // measurement is what measure saw: every call's latency and its outcome.
 type measurement struct {
 	lat             []time.Duration // sorted
+	done            []time.Duration // when each call ended, since the start of the measured time
 	allowed, denied int
 	errs            int
 	firstErr        error
@@ -312,6 +320,9 @@ func (m *measurement) rate() float64 { return float64(len(m.lat)) / m.elapsed.Se
 func (m *measurement) add(o *measurement) {
 	m.lat = append(m.lat, o.lat...)
 	slices.Sort(m.lat)
+	for _, d := range o.done {
+		m.done = append(m.done, m.elapsed+d)
+	}
 	m.allowed += o.allowed
 	m.denied += o.denied
 	m.errs += o.errs
@@ -319,6 +330,25 @@ func (m *measurement) add(o *measurement) {
 		m.firstErr = o.firstErr
 	}
 	m.elapsed += o.elapsed
+}
+
+// fifths returns the calls per second of the first and the last fifth of
+// the measured time.
+func (m *measurement) fifths() (first, last float64) {
+	fifth := m.elapsed / 5
+	if fifth <= 0 {
+		return 0, 0
+	}
+	var a, b int
+	for _, d := range m.done {
+		switch {
+		case d < fifth:
+			a++
+		case d >= m.elapsed-fifth:
+			b++
+		}
+	}
+	return float64(a) / fifth.Seconds(), float64(b) / fifth.Seconds()
 }
 
 // pct returns the p-th latency quantile (0 < p <= 1).
@@ -329,10 +359,16 @@ func (m *measurement) pct(p float64) time.Duration {
 	return m.lat[min(len(m.lat)-1, int(p*float64(len(m.lat))))]
 }
 
-// measure runs call from workers goroutines for d, spreading the calls over
-// ids in turn, and records what happened. Calls cut short by the end of the
-// run are not counted.
-func measure(ctx context.Context, workers int, d time.Duration, ids []string, call func(context.Context, string) (bool, error)) *measurement {
+// inTurn picks the ids of a run in turn, the i-th call taking the i-th.
+func inTurn(ids []string) func(w, i int) string {
+	return func(_, i int) string { return ids[i%len(ids)] }
+}
+
+// measure runs call from workers goroutines for d, worker w's i-th call on
+// the id pick(w, i) (i counts every worker's calls, w's being w, w+workers,
+// ...), and records what happened. Calls cut short by the end of the run
+// are not counted.
+func measure(ctx context.Context, workers int, d time.Duration, pick func(w, i int) string, call func(context.Context, string) (bool, error)) *measurement {
 	tallies := make([]measurement, workers)
 	start := time.Now()
 	end := start.Add(d)
@@ -348,9 +384,11 @@ func measure(ctx context.Context, workers int, d time.Duration, ids []string, ca
 			defer wg.Done()
 			t := &tallies[w]
 			for i := w; !over(); i += workers {
+				id := pick(w, i)
 				t0 := time.Now()
-				allowed, err := call(runCtx, ids[i%len(ids)])
-				lat := time.Since(t0)
+				allowed, err := call(runCtx, id)
+				t1 := time.Now()
+				lat := t1.Sub(t0)
 				switch {
 				case err != nil && over():
 					continue // cut short by the end of the run
@@ -365,6 +403,7 @@ func measure(ctx context.Context, workers int, d time.Duration, ids []string, ca
 					t.denied++
 				}
 				t.lat = append(t.lat, lat)
+				t.done = append(t.done, t1.Sub(start))
 			}
 		}()
 	}
@@ -372,6 +411,7 @@ func measure(ctx context.Context, workers int, d time.Duration, ids []string, ca
 	m := &measurement{elapsed: time.Since(start)}
 	for _, t := range tallies {
 		m.lat = append(m.lat, t.lat...)
+		m.done = append(m.done, t.done...)
 		m.allowed += t.allowed
 		m.denied += t.denied
 		m.errs += t.errs

@@ -47,16 +47,23 @@ type benchRun struct {
 	P90Seconds     float64 `json:"p90_seconds"`
 	P99Seconds     float64 `json:"p99_seconds"`
 	MaxSeconds     float64 `json:"max_seconds"`
+	// Rows is what the tables held at the start (bench --baseline):
+	// "existing" or "new". With "new", IDs is 0: every call has an id of
+	// its own, and Allow's runs give the calls per second of the first and
+	// the last fifth of their time.
+	Rows                string  `json:"rows,omitempty"`
+	FirstFifthPerSecond float64 `json:"first_fifth_calls_per_second,omitempty"`
+	LastFifthPerSecond  float64 `json:"last_fifth_calls_per_second,omitempty"`
 }
 
 var benchCSVHeader = []string{"callers", "ids", "call", "calls", "allowed", "denied", "errors",
-	"elapsed_seconds", "calls_per_second", "p50_seconds", "p90_seconds", "p99_seconds", "max_seconds"}
+	"elapsed_seconds", "calls_per_second", "p50_seconds", "p90_seconds", "p99_seconds", "max_seconds", "rows"}
 
 func (r benchRun) csv() []string {
 	i := strconv.Itoa
 	f := func(v float64) string { return strconv.FormatFloat(v, 'f', -1, 64) }
 	return []string{i(r.Callers), i(r.IDs), r.Call, i(r.Calls), i(r.Allowed), i(r.Denied), i(r.Errors),
-		f(r.ElapsedSeconds), f(r.CallsPerSecond), f(r.P50Seconds), f(r.P90Seconds), f(r.P99Seconds), f(r.MaxSeconds)}
+		f(r.ElapsedSeconds), f(r.CallsPerSecond), f(r.P50Seconds), f(r.P90Seconds), f(r.P99Seconds), f(r.MaxSeconds), r.Rows}
 }
 
 func newBenchRun(m *measurement, callers, ids int, call string) benchRun {

@@ -487,7 +487,7 @@ func parseBenchCSV(t *testing.T, out string) []map[string]string {
 	if err != nil {
 		t.Fatalf("bench --csv: %v\n%s", err, out)
 	}
-	want := "callers,ids,call,calls,allowed,denied,errors,elapsed_seconds,calls_per_second,p50_seconds,p90_seconds,p99_seconds,max_seconds"
+	want := "callers,ids,call,calls,allowed,denied,errors,elapsed_seconds,calls_per_second,p50_seconds,p90_seconds,p99_seconds,max_seconds,rows"
 	if len(recs) == 0 || strings.Join(recs[0], ",") != want {
 		t.Fatalf("bench --csv header: %q, want %q", recs, want)
 	}
@@ -496,7 +496,7 @@ func parseBenchCSV(t *testing.T, out string) []map[string]string {
 		row := map[string]string{}
 		for i, k := range recs[0] {
 			row[k] = rec[i]
-			if k != "call" {
+			if k != "call" && k != "rows" {
 				if _, err := strconv.ParseFloat(rec[i], 64); err != nil {
 					t.Errorf("bench --csv: %s = %q is not a number", k, rec[i])
 				}
@@ -641,7 +641,7 @@ func TestBenchBaseline(t *testing.T) {
 	if code, _, stderr := run(t, "migrate", "up", "--store", url); code != cli.ExitOK {
 		t.Fatalf("migrate up: exit %d, %s", code, stderr)
 	}
-	code, out, stderr := run(t, "bench", "--baseline", "--store", url, "--duration", "600ms", "--callers", "1,3", "--ids", "5")
+	code, out, stderr := run(t, "bench", "--baseline", "--store", url, "--duration", "1200ms", "--callers", "1,3", "--ids", "5")
 	if code != cli.ExitOK {
 		t.Fatalf("bench --baseline: exit %d, %s", code, stderr)
 	}
@@ -659,6 +659,12 @@ func TestBenchBaseline(t *testing.T) {
 	if !strings.Contains(out, "synchronous_commit=on") {
 		t.Errorf("bench --baseline does not say whether commits were durable:\n%s", out)
 	}
+	// New ids: one line per number of callers, with Allow's first and last
+	// fifth.
+	fresh := regexp.MustCompile(`(?m)^ +(\d+) +new +(\d+) +(\d+) +(\d+\.\d\d)× +\S+ +\S+ +\S+ +\S+ +(\d+) → (\d+)$`).FindAllStringSubmatch(out, -1)
+	if len(fresh) != 2 || fresh[0][1] != "1" || fresh[1][1] != "3" || fresh[0][2] == "0" || fresh[0][3] == "0" {
+		t.Errorf("bench --baseline's new ids: %q, want a line for 1 and 3 callers with nonzero rates:\n%s", fresh, out)
+	}
 	// It leaves nothing behind: no baseline table, no bench rows.
 	conn, err := pgx.Connect(context.Background(), url)
 	if err != nil {
@@ -667,15 +673,15 @@ func TestBenchBaseline(t *testing.T) {
 	defer conn.Close(context.Background())
 	var tables, rows int
 	err = conn.QueryRow(context.Background(), `SELECT
-		(SELECT count(*) FROM pg_tables WHERE tablename LIKE 'countlimit_bench_baseline_%' AND schemaname = current_schema()),
+		(SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'countlimit\_bench\_%'),
 		(SELECT count(*) FROM count_limit)`).Scan(&tables, &rows)
 	if err != nil || tables != 0 || rows != 0 {
-		t.Errorf("after bench --baseline: %d baseline tables and %d count_limit rows left (err %v)", tables, rows, err)
+		t.Errorf("after bench --baseline: %d bench schemas and %d count_limit rows left (err %v)", tables, rows, err)
 	}
 
 	// For machines: --csv holds every cell's two sides; --plot draws them.
 	plot := filepath.Join(t.TempDir(), "baseline.svg")
-	code, out, stderr = run(t, "bench", "--baseline", "--store", url, "--duration", "200ms", "--callers", "1,2", "--ids", "5", "--csv", "--plot", plot)
+	code, out, stderr = run(t, "bench", "--baseline", "--store", url, "--duration", "200ms", "--callers", "1,2", "--ids", "5", "--rows", "existing", "--csv", "--plot", plot)
 	if code != cli.ExitOK {
 		t.Fatalf("bench --baseline --csv: exit %d, %s", code, stderr)
 	}

@@ -143,9 +143,14 @@ Its counters have use types of their own ("bench.<random>..."), never yours,
 and are deleted at the end; --store memory measures the library alone.
 
 --baseline (PostgreSQL) runs a hand-written fixed-window upsert and Allow
-alternately, at each number of --callers, over --ids ids and on one hot id,
-each side for --duration (default 5s) in all, in rounds of upsert, Allow,
-Allow, upsert of 1-2s each; it drops its table and deletes its rows at the end.
+alternately, at each number of --callers, each side for --duration (default
+5s) in all, in rounds of upsert, Allow, Allow, upsert of 1-2s each: on rows
+that exist (--ids ids, each counted once first, and one hot id), and on new
+ids (each cell from TRUNCATE with autovacuum off, every call on an id of its
+own; Allow's calls/s in the first and the last fifth of its time show
+whether it slows as the table grows); --rows existing or --rows new runs one
+of the two. It works in a schema of its own, dropped at the end, and never
+touches the database's count_limit.
 
 --json or --csv print the results for machines (one record per run and
 side, latencies in seconds) while the table goes to stderr; --plot FILE.svg

@@ -136,6 +136,9 @@ func writePlot(w io.Writer, r benchReport) error {
 	for ci, ids := range cols {
 		x0 := plotLeft + float64(ci)*(panelW+plotGapX)
 		colTitle := "over " + plural(ids, "id", "ids")
+		if ids == 0 {
+			colTitle = "over new ids"
+		}
 		if ids == 1 {
 			colTitle = "on 1 id (every call on one hot counter)"
 		}
