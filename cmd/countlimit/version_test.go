@@ -35,3 +35,33 @@ func TestVersion(t *testing.T) {
 		t.Errorf("countlimit version does not name the revision %s:\n%s", head, out)
 	}
 }
+
+// TestVersionFromTag: built from a checkout whose commit carries a release
+// tag, "countlimit version" prints that version (Go stamps it from the tag).
+func TestVersionFromTag(t *testing.T) {
+	if _, err := exec.Command("git", "-C", "../..", "rev-parse", "HEAD").Output(); err != nil {
+		t.Skip("not a git checkout: no tag to build from")
+	}
+	dir := filepath.Join(t.TempDir(), "src")
+	for _, args := range [][]string{
+		{"clone", "--quiet", "--no-hardlinks", "../..", dir},
+		{"-C", dir, "-c", "user.name=test", "-c", "user.email=test@example.com", "tag", "-a", "v0.1.0", "-m", "v0.1.0"},
+	} {
+		if out, err := exec.Command("git", args...).CombinedOutput(); err != nil {
+			t.Fatalf("git %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+	}
+	bin := filepath.Join(t.TempDir(), "countlimit")
+	build := exec.Command("go", "build", "-buildvcs=true", "-o", bin, "./cmd/countlimit")
+	build.Dir = dir
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build in the tagged clone: %v\n%s", err, out)
+	}
+	out, err := exec.Command(bin, "version").Output()
+	if err != nil {
+		t.Fatalf("countlimit version: %v", err)
+	}
+	if first, _, _ := strings.Cut(string(out), "\n"); first != "countlimit v0.1.0" {
+		t.Errorf("countlimit version built from tag v0.1.0: first line %q, want %q", first, "countlimit v0.1.0")
+	}
+}

@@ -29,10 +29,10 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	ruleName := fs.String("rule", "", "check the rule or group `NAME` (a group with AllowAll; default: a fixed 1m window no call fills)")
 	tier := fs.String("tier", "", "the tier `T` of --rule whose limits apply")
 	duration := fs.Duration("duration", 10*time.Second, "how long each run lasts (default 10s; with --baseline each cell, default 5s)")
-	concurrency := fs.String("concurrency", "16", "concurrent callers, or a `LIST` like 1,4,16,64 for one run each")
+	concurrency := fs.String("concurrency", "", "the old name of --callers")
 	ids := fs.Int("ids", 1000, "the calls spread over `N` distinct ids (default 1000; with --baseline 10000)")
 	baseline := fs.Bool("baseline", false, "PostgreSQL: compare Allow with a hand-written upsert, side by side")
-	callers := fs.String("callers", "1,4,16,64", "with --baseline: the `LIST` of numbers of concurrent callers to compare at")
+	callers := fs.String("callers", "", "concurrent callers, or a `LIST` like 1,4,16,64 for one run each (default 16; with --baseline 1,4,16,64)")
 	rowsFlag := fs.String("rows", "existing,new", "with --baseline: the tables to compare on, a `LIST` of existing (every id counted before), new (every call a new id), or both")
 	asJSON := fs.Bool("json", false, "print the results as JSON (the table goes to stderr)")
 	asCSV := fs.Bool("csv", false, "print the results as CSV, one row per run and side (the table goes to stderr)")
@@ -51,12 +51,10 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return usageErrorf("bench: --json and --csv both print to stdout; pick one")
 	case *plot != "" && !strings.HasSuffix(strings.ToLower(*plot), ".svg"):
 		return usageErrorf("bench: --plot writes SVG: name a FILE.svg, got %q", *plot)
-	case *baseline && isSet(fs, "concurrency"):
-		return usageErrorf("bench --baseline: give the numbers of callers with --callers, not --concurrency")
+	case isSet(fs, "concurrency") && isSet(fs, "callers"):
+		return usageErrorf("%s: --concurrency is the old name of --callers; give one", mode)
 	case !*baseline && isSet(fs, "rows"):
 		return usageErrorf("bench: --rows goes with --baseline")
-	case !*baseline && isSet(fs, "callers"):
-		return usageErrorf("bench: --callers goes with --baseline; give a plain bench's callers with --concurrency")
 	case *baseline && (*ruleName != "" || *tier != "" || *rulesPath != ""):
 		return usageErrorf("bench --baseline: compares a fixed 1m window; it takes no --rule, --tier or --rules")
 	case *tier != "" && *ruleName == "":
@@ -66,9 +64,12 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	case *ids < 1:
 		return usageErrorf("%s: --ids must be at least 1, got %d", mode, *ids)
 	}
-	list, flagName := *concurrency, "--concurrency"
+	list, flagName := cmp.Or(*callers, "16"), "--callers"
+	if isSet(fs, "concurrency") {
+		list, flagName = *concurrency, "--concurrency"
+	}
 	if *baseline {
-		list, flagName = *callers, "--callers"
+		list = cmp.Or(*callers, *concurrency, "1,4,16,64")
 		if !isSet(fs, "ids") {
 			*ids = 10000
 		}

@@ -96,6 +96,9 @@ func check(ctx context.Context, verb string, args []string, stdout io.Writer) (d
 		return false, nil
 	}
 	resp := ruleops.NewResponse(rf.Members(name), rules, results)
+	if o == countlimit.OpRefund {
+		resp.Refunded = *cost
+	}
 	if o == countlimit.OpAcquire && *asJSON {
 		b, _ := json.MarshalIndent(ruleops.AcquireResponse{Response: resp, Lease: lease.String()}, "", "  ")
 		fmt.Fprintln(stdout, string(b))

@@ -38,7 +38,7 @@ Usage:
   countlimit top --store postgres://... [-n 20] [--json]
   countlimit purge --store postgres://... [--batch 1000]
   countlimit migrate up|down|status --store postgres://...
-  countlimit bench --store URL [--duration 10s] [--concurrency 16|1,4,16,64] [--ids 1000]
+  countlimit bench --store URL [--duration 10s] [--callers 16|1,4,16,64] [--ids 1000]
                    [--rule NAME [--tier T]] [--rules FILE] [--json|--csv] [--plot FILE.svg]
   countlimit bench --baseline --store postgres://... [--callers 1,4,16,64] [--duration 5s]
                    [--ids 10000] [--json|--csv] [--plot FILE.svg]
@@ -70,7 +70,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	cmd := args[0]
 	switch cmd {
 	case "help", "-h", "-help", "--help":
-		if len(args) > 1 && cmd == "help" {
+		if len(args) > 1 && cmd == "help" && !isHelpFlag(args[1]) {
 			if _, ok := commands[args[1]]; ok {
 				return Run(ctx, []string{args[1], "-h"}, stdout, stderr)
 			}
@@ -268,3 +268,7 @@ func redactURL(raw string) string {
 	}
 	return u.Redacted()
 }
+
+// isHelpFlag reports whether arg asks for help: countlimit help -h is
+// countlimit help.
+func isHelpFlag(arg string) bool { return arg == "-h" || arg == "-help" || arg == "--help" }

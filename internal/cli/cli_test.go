@@ -63,6 +63,7 @@ func TestUsageErrors(t *testing.T) {
 	}{
 		{[]string{"frobnicate"}, `countlimit: unknown command "frobnicate"`, "run 'countlimit help' for the commands"},
 		{[]string{"help", "frobnicate"}, `countlimit: help: unknown command "frobnicate"`, "run 'countlimit help' for the commands"},
+		{[]string{"bench", "--store", "memory", "--callers", "1,2", "--rows", "new"}, "countlimit: bench: --rows goes with --baseline", "run 'countlimit bench -h' for its flags"},
 		{[]string{"allow", "sms.code"}, "countlimit: allow: want RULE ID, got 1 argument", "run 'countlimit allow -h' for its flags"},
 		{[]string{"peek"}, "countlimit: peek: want RULE ID, got 0 arguments", "run 'countlimit peek -h' for its flags"},
 		{[]string{"bench", "--bogus"}, "countlimit: bench: flag provided but not defined: -bogus", "run 'countlimit bench -h' for its flags"},
@@ -99,7 +100,7 @@ func TestHelp(t *testing.T) {
 		{"purge", "countlimit purge --store postgres://... [flags]", []string{"--store URL", "--batch N"}},
 		{"migrate", "countlimit migrate up|down|status --store postgres://...", []string{"--store URL"}},
 		{"bench", "countlimit bench --store URL [flags]", []string{"--store URL", "--rules FILE", "--rule NAME", "--tier T", "--duration duration",
-			"--concurrency LIST", "--ids N", "--baseline", "--callers LIST", "--json", "--csv", "--plot FILE.svg"}},
+			"--callers LIST", "--ids N", "--baseline", "--rows LIST", "--json", "--csv", "--plot FILE.svg"}},
 		{"rules", "countlimit rules check FILE", []string{"countlimit rules default"}},
 		{"version", "countlimit version", []string{"VCS revision"}},
 	} {
@@ -119,6 +120,11 @@ func TestHelp(t *testing.T) {
 	// Flags after the positional arguments ask for help too.
 	if code, out, _ := run(t, "allow", "sms.code", "x", "-h"); code != cli.ExitOK || !strings.Contains(out, "--tier T") {
 		t.Errorf("allow sms.code x -h: exit %d, %q", code, out)
+	}
+	for _, args := range [][]string{{"help", "-h"}, {"help", "--help"}, {"-h"}} {
+		if code, out, stderr := run(t, args...); code != cli.ExitOK || stderr != "" || !strings.Contains(out, "countlimit help [COMMAND]") {
+			t.Errorf("countlimit %q: exit %d, stderr %q; want exit 0 and the usage", args, code, stderr)
+		}
 	}
 	// The help never shows $COUNTLIMIT_STORE's value: it may hold a password.
 	t.Setenv("COUNTLIMIT_STORE", "postgres://u:hunter2@db/app")

@@ -206,7 +206,7 @@ func TestCheckCommands(t *testing.T) {
 		{[]string{"allow", "login", "10.0.0.1", "--cost", "5", "--store", url}, cli.ExitOK, "5 of 5 used"},
 		{[]string{"allow", "login", "10.0.0.1", "--store", url}, cli.ExitDenied, ", blocked until "},
 		{[]string{"refund", "login", "10.0.0.1", "--store", url}, cli.ExitOK, "refunded 1: login for 10.0.0.1; the next allow would still be denied (retry in 29m59."},
-		{[]string{"refund", "login", "10.0.0.1", "--store", url, "--json"}, cli.ExitOK, `"allowed": false`},
+		{[]string{"refund", "login", "10.0.0.1", "--store", url, "--json"}, cli.ExitOK, "{\n  \"refunded\": 1,\n  \"allowed\": false"},
 	}
 	for i, s := range steps {
 		code, out, stderr := run(t, s.args...)
@@ -388,15 +388,15 @@ groups:
 		allowed string // "" for every call
 		denied  bool
 	}{
-		{[]string{"--concurrency", "4", "--ids", "10"}, "rule bench (fixed 1m0s, a limit no call reaches), over 10 ids", []string{"4"}, "", false},
-		{[]string{"--concurrency", "1,3", "--ids", "10"}, "over 10 ids, 100ms per run", []string{"1", "3"}, "", false},
+		{[]string{"--callers", "4", "--ids", "10"}, "rule bench (fixed 1m0s, a limit no call reaches), over 10 ids", []string{"4"}, "", false},
+		{[]string{"--callers", "1,3", "--ids", "10"}, "over 10 ids, 100ms per run", []string{"1", "3"}, "", false},
 		// A rule that fills: denials are counted, not errors.
 		{[]string{"--rule", "three", "--ids", "1"}, "rule three (lifetime, limit 3)", []string{"16"}, "3", true},
 		// A group, checked with AllowAll: the tighter rule decides.
 		{[]string{"--rule", "both", "--ids", "1"}, "rule both = three (lifetime, limit 3) AND five (lifetime, limit 5), with AllowAll", []string{"16"}, "3", true},
 		// Tiers, alone and in runs of their own: each run starts from zero.
 		{[]string{"--rule", "plan", "--tier", "paid", "--ids", "1"}, "rule plan (lifetime, limit 4), tier paid", []string{"16"}, "4", true},
-		{[]string{"--rule", "plan", "--tier", "free", "--ids", "1", "--concurrency", "2,2"}, "tier free", []string{"2", "2"}, "2", true},
+		{[]string{"--rule", "plan", "--tier", "free", "--ids", "1", "--callers", "2,2"}, "tier free", []string{"2", "2"}, "2", true},
 	} {
 		args := append([]string{"bench", "--store", "memory", "--duration", "100ms", "--rules", rules}, tc.args...)
 		code, out, stderr := run(t, args...)
@@ -430,7 +430,7 @@ groups:
 		want string
 	}{
 		{[]string{"bench", "--store", "memory", "--duration", "0s"}, "--duration must be positive"},
-		{[]string{"bench", "--store", "memory", "--concurrency", "0"}, "--concurrency wants numbers from 1 to 10000"},
+		{[]string{"bench", "--store", "memory", "--callers", "0"}, "--callers wants numbers from 1 to 10000"},
 		{[]string{"bench", "--store", "memory", "--concurrency", "4,x"}, "--concurrency wants numbers from 1 to 10000"},
 		{[]string{"bench", "--store", "memory", "--ids", "0"}, "--ids must be at least 1"},
 		{[]string{"bench", "--store", "memory", "--rule", "post.create"}, "needs a tier"},
@@ -440,8 +440,7 @@ groups:
 		{[]string{"bench", "--store", "memory", "--json", "--csv"}, "--json and --csv both print to stdout; pick one"},
 		{[]string{"bench", "--store", "memory", "--plot", "bench.png"}, `--plot writes SVG: name a FILE.svg, got "bench.png"`},
 		{[]string{"bench", "--store", "memory", "--plot", "/nonexistent/bench.svg"}, "--plot: open /nonexistent/bench.svg"},
-		{[]string{"bench", "--store", "memory", "--callers", "1,2"}, "--callers goes with --baseline"},
-		{[]string{"bench", "--baseline", "--store", "postgres://x", "--concurrency", "4"}, "not --concurrency"},
+		{[]string{"bench", "--store", "memory", "--concurrency", "4", "--callers", "4"}, "--concurrency is the old name of --callers"},
 		{[]string{"bench", "--baseline", "--store", "postgres://x", "--rule", "sms.code"}, "takes no --rule"},
 		{[]string{"bench", "--duration", "100ms", "--store", testbackend.FreshSchemaURL(t)}, "countlimit's schema is missing here"},
 	} {

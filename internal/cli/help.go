@@ -28,9 +28,10 @@ func (c command) hint() string {
 }
 
 const checkAbout = `
-RULE is a rule or a group of the rule file (allow checks a group's rules
-all-or-nothing). The store must be postgres://... or redis://... (memory would forget the
-count when the command exits). Exit status: 0 %s 2 on an error.`
+RULE is a rule or a group of the rule file; %s.
+The store must be postgres://... or redis://... (memory would forget the
+count when the command exits).
+Exit status: 0 %s 2 on an error.`
 
 // commands holds the help of every command, by name.
 var commands = map[string]command{
@@ -68,24 +69,24 @@ where the system sets no file limit. The "serving" log line says the cap.`,
 	"allow": {
 		usage: "countlimit allow RULE ID --store URL [flags]",
 		about: "Counts one event (--cost N: N events) for ID under RULE, if it fits.\n" +
-			fmt.Sprintf(checkAbout, "when allowed, 1 when denied,"),
+			fmt.Sprintf(checkAbout, "a group's rules are counted all-or-nothing", "when allowed, 1 when denied,"),
 	},
 	"peek": {
 		usage: "countlimit peek RULE ID --store URL [flags]",
 		about: "Shows ID's count under RULE and whether an allow would pass, counting nothing.\n" +
-			fmt.Sprintf(checkAbout, "when the next allow would pass, 1 when it would be denied,"),
+			fmt.Sprintf(checkAbout, "a group shows every rule", "when the next allow would pass, 1 when it would be denied,"),
 	},
 	"refund": {
 		usage: "countlimit refund RULE ID --store URL [flags]",
 		about: "Gives --cost events (default 1) back to ID's current window under RULE\n" +
 			"(the SMS was never sent), never going below 0; a penalty stays.\n" +
-			fmt.Sprintf(checkAbout, "once refunded,"),
+			fmt.Sprintf(checkAbout, "a group's rules each get the events back", "once refunded,"),
 	},
 	"reset": {
 		usage: "countlimit reset RULE ID --store URL [flags]",
 		about: "Forgets ID's count and penalty under RULE (every rule of a group);\n" +
 			"it needs no tier.\n" +
-			fmt.Sprintf(checkAbout, "once forgotten,"),
+			fmt.Sprintf(checkAbout, "every rule of a group is forgotten", "once forgotten,"),
 	},
 	"acquire": {
 		usage: "countlimit acquire RULE ID --store URL [flags]",
@@ -138,7 +139,7 @@ runs wait for each other.`,
 		about: `Runs concurrent Allow calls against a store and reports calls/s and latency.
 --rule checks a rule of the rule file (--tier T for a rule with tiers), or a
 group with AllowAll; by default it checks a fixed 1m window no call fills.
---concurrency takes a list (1,4,16,64): one run per number of callers.
+--callers takes a list (1,4,16,64): one run per number of callers.
 Its counters have use types of their own ("bench.<random>..."), never yours,
 and are deleted at the end; --store memory measures the library alone.
 

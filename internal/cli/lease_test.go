@@ -76,7 +76,7 @@ func TestLeaseCommands(t *testing.T) {
 		{[]string{"release", "--store", url}, "release: want LEASE (the string acquire printed), got 0 arguments"},
 		{[]string{"extend", "a", "b", "--store", url}, "extend: want LEASE (the string acquire printed), got 2 arguments"},
 		{[]string{"release", "x", "--store", "memory"}, "--store memory holds no lease"},
-		{[]string{"release", "nope", "--store", url}, "release: countlimit: parse lease: invalid argument: lease: is not a lease string"},
+		{[]string{"release", "nope", "--store", url}, "countlimit: release: invalid argument: lease: is not a lease string"},
 		{[]string{"extend", string(edited), "--store", url}, "lease: checksum does not match"},
 		{[]string{"release", "x"}, "release: no store: pass --store"},
 	} {

@@ -6,6 +6,7 @@ package ruleops
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"strings"
@@ -218,7 +219,7 @@ func ParseLease(l *countlimit.Limiter, rf *rulefile.File, s, rule, id string) (c
 			if other, err2 := l.ParseLease(s, all...); err2 == nil {
 				return countlimit.Lease{}, fieldErr("rule", "the lease is a slot of %q, not of rule %s", other.UseType(), rule)
 			}
-			return countlimit.Lease{}, &FieldError{Field: "lease", msg: err.Error()}
+			return countlimit.Lease{}, leaseErr(err)
 		}
 		return checkID(ls, id)
 	}
@@ -227,9 +228,19 @@ func ParseLease(l *countlimit.Limiter, rf *rulefile.File, s, rule, id string) (c
 	}
 	ls, err := l.ParseLease(s, all...)
 	if err != nil {
-		return countlimit.Lease{}, &FieldError{Field: "lease", msg: err.Error()}
+		return countlimit.Lease{}, leaseErr(err)
 	}
 	return checkID(ls, id)
+}
+
+// leaseErr is the FieldError of a lease string that ParseLease refused:
+// its own message, without the library's "countlimit: parse lease" that a
+// command's or an endpoint's name replaces.
+func leaseErr(err error) error {
+	if u := errors.Unwrap(err); u != nil {
+		err = u
+	}
+	return &FieldError{Field: "lease", msg: err.Error()}
 }
 
 // checkID returns ls, or a FieldError naming "id" when id is given and is
@@ -286,6 +297,10 @@ func NewLeaseResponse(op countlimit.Op, ls countlimit.Lease) LeaseResponse {
 
 // Response answers allow, peek and refund.
 type Response struct {
+	// Refunded is how many events a refund gave back; absent otherwise.
+	Refunded int64 `json:"refunded,omitempty"`
+	// Allowed is allow's verdict; for peek and refund, whether an allow
+	// now would pass.
 	Allowed bool `json:"allowed"`
 	// RetryAfterSeconds is 0 when allowed, -1 when no wait helps, else the
 	// wait rounded up to the millisecond.

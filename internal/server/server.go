@@ -317,6 +317,9 @@ func (s *Server) check(o countlimit.Op) http.HandlerFunc {
 			return
 		}
 		resp := ruleops.NewResponse(s.cfg.Rules.Members(req.Rule), rules, results)
+		if o == countlimit.OpRefund {
+			resp.Refunded = *req.Cost
+		}
 		if o == countlimit.OpAllow {
 			verdict := "denied"
 			if resp.Allowed {

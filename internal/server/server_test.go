@@ -117,7 +117,9 @@ func TestAPI(t *testing.T) {
 			}
 			a.expect("/v1/allow", sms, false, 300, "2/2")
 			a.expect("/v1/peek", sms, false, 300, "2/2")
-			a.expect("/v1/refund", sms, true, 0, "1/2")
+			if out := a.expect("/v1/refund", sms, true, 0, "1/2"); out["refunded"] != 1.0 {
+				t.Errorf("refund: %v, want refunded 1", out)
+			}
 			a.expect("/v1/allow", `{"rule": "sms.code", "id": "18500000000", "cost": 2}`, false, 300, "1/2")
 			if code, out := a.do("POST", "/v1/reset", sms); code != 200 || out["reset"] != true {
 				t.Fatalf("reset: %d %v", code, out)
