@@ -75,8 +75,8 @@ var callPool = sync.Pool{New: func() any {
 
 // set makes c's request and returns its check. It and setCheck write field
 // by field: a Request or Check built on the stack and copied in was read
-// back right after it was written, and the read stalled (with setResult,
-// about 15 ns an Allow).
+// back right after it was written, and the read stalled (docs/benchmarks.md
+// has the figures).
 func (c *call) set(op Op, id string, now time.Time, n int64) *Check {
 	c.req.Op = op
 	c.req.ID = id
@@ -150,7 +150,7 @@ func (l *Limiter) keyOp(ctx context.Context, op Op, ut UseType, id, token string
 
 // one carries out a single-rule call and fills res. res is the caller's
 // (Allow's, inlined into its caller): a Result returned by value was copied
-// out right after it was written, which stalled the copy (4 ns an Allow).
+// out right after it was written, which stalled the copy.
 func (l *Limiter) one(ctx context.Context, res *Result, op Op, r Rule, id string, n int64, lease string) error {
 	if err := validate(&r, id, n); err != nil {
 		return wrap(op, r.UseType, err)

@@ -11,8 +11,7 @@ import (
 // time.Now reads, at the microsecond, the precision the stores keep. On
 // linux/amd64 it is one gettimeofday through the vDSO, whose reading needs
 // no cutting, where time.Now makes two clock reads (wall and monotonic)
-// that micro must then cut down: 24 ns against 51 in a microbenchmark on
-// the CI machine (2026-11-26), a fifth of an in-memory Allow.
+// that micro must then cut down: about half the cost (docs/benchmarks.md).
 func wallClock() time.Time {
 	var tv syscall.Timeval
 	if syscall.Gettimeofday(&tv) != nil {

@@ -219,10 +219,9 @@ func floorMod(a, b int64) int64 {
 func truncMicro(d time.Duration) time.Duration { return d.Truncate(time.Microsecond) }
 
 // micro is t.Truncate(time.Microsecond), the stores' precision, without
-// Truncate's general division (12 ns against 16-22 in a microbenchmark on
-// the CI machine, 2026-11-25; about 5% of an in-memory Allow): a second is
-// a whole number of microseconds, so only t's nanoseconds change. Like
-// Truncate, it drops the monotonic clock reading.
+// Truncate's general division, which is a noticeable part of an in-memory
+// Allow: a second is a whole number of microseconds, so only t's
+// nanoseconds change. Like Truncate, it drops the monotonic clock reading.
 func micro(t time.Time) time.Time {
 	return t.Add(-time.Duration(t.Nanosecond() % 1000)).Round(0)
 }

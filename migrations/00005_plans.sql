@@ -29,7 +29,7 @@
 -- count_limit_unique_id_idx goes, and each new row and each update that
 -- cannot stay on its page (a new window, a penalty) writes one index less.
 -- Rebuilding the key locks count_limit for as long as building the index
--- takes (about a second a million rows on two cores); to keep that short on
+-- takes (docs/benchmarks.md has a measurement); to keep that short on
 -- a large live table, build the index by hand first, CONCURRENTLY, and this
 -- migration takes it as the key in an instant (IF NOT EXISTS):
 --   CREATE UNIQUE INDEX CONCURRENTLY count_limit_id_key ON count_limit (unique_id, use_type);

@@ -456,7 +456,7 @@ type view struct {
 
 // look sets v to the check's current window as e shows it at now. It
 // writes v in place, as write does: returned by value, views were copied
-// through the stack several times a check, about 20 ns of an Allow.
+// through the stack several times a check.
 func look(v *view, e *entry, c *countlimit.Check, now int64) {
 	*v = view{}
 	span := c.Span.Microseconds()

@@ -116,9 +116,8 @@ func WithMaxBatch(n int) Option { return func(c *config) { c.maxBatch = n } }
 // MaxConns). Calls gather while batches run and leave together when a slot
 // is free. Batches in flight never share a row, so none waits behind
 // another's row locks, and a second batch leaves only as big as the one it
-// overlaps (see docs/benchmarks.md: on 2 cores 2 in flight beat 1 by
-// 15-40% over many ids and matched it on one hot id; 3 and 4 were slower
-// than 2). 1 makes one batch at a time.
+// overlaps; docs/benchmarks.md has how the default was chosen. 1 makes one
+// batch at a time.
 func WithMaxInFlight(n int) Option { return func(c *config) { c.maxInFlight = n } }
 
 // New returns a Store that runs its statements on d. On a *pgxpool.Pool it
@@ -134,9 +133,9 @@ func New(d DBTX, opts ...Option) *Store {
 		cfg.maxInFlight = min(cfg.maxInFlight, int(p.Config().MaxConns))
 		if cfg.maxBatch > 1 {
 			s.gather = gather.New(s.sendBatch, cfg.maxBatch, cfg.maxInFlight)
-			// A lone call on its caller's goroutine: measured with
-			// synchronous_commit=off, one caller's Allow went from 160 to
-			// 140 µs (CHANGELOG). pgx returns promptly once ctx ends.
+			// A lone call on its caller's goroutine saves a hand-off
+			// between goroutines (docs/benchmarks.md). pgx returns
+			// promptly once ctx ends.
 			s.gather.SendAlone()
 			// Two batches in flight never share a row (see gather.Keyed).
 			s.gather.Keyed(rowHash)
