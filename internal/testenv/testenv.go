@@ -3,11 +3,15 @@
 // public helpers (pgstore/pgstoretest, redisstore/redisstoretest):
 //
 //  1. the URL in COUNTLIMIT_TEST_POSTGRES_URL / COUNTLIMIT_TEST_REDIS_URL;
-//  2. else a container started with testcontainers-go from
+//  2. else a server on its default local port that needs no password
+//     (LocalPostgresURL, LocalRedisURL), as a developer's machine has;
+//  3. else a container started with testcontainers-go from
 //     COUNTLIMIT_TEST_POSTGRES_IMAGE / COUNTLIMIT_TEST_REDIS_IMAGE (default
 //     postgres:15-alpine, redis:7-alpine), where a Docker engine answers;
-//  3. else the test is skipped with a message naming both variables and
-//     what was tried — or fails, when COUNTLIMIT_REQUIRE_BACKENDS=1.
+//  4. else the test is skipped with a message naming both variables and
+//     what was tried — or fails, when COUNTLIMIT_REQUIRE_BACKENDS=1. A test
+//     process that skipped says so on the terminal as it ends (Main), since
+//     go test shows nothing else of a package that passes.
 //
 // A container is started once per test process, shared by its tests and
 // removed by Main. Where Ryuk's image (testcontainers' reaper) is present,
@@ -64,6 +68,7 @@ var (
 func Main(m *testing.M) {
 	code := m.Run()
 	Cleanup()
+	skippedNotice()
 	os.Exit(code)
 }
 
@@ -95,6 +100,11 @@ func Unavailable(t testing.TB, what string, why error) {
 	if Required() {
 		t.Fatalf("%s is required (%s=1) but unavailable: %v", what, EnvRequire, why)
 	}
+	skipMu.Lock()
+	if _, ok := skipped[what]; !ok {
+		skipped[what] = why
+	}
+	skipMu.Unlock()
 	t.Skipf("skipping: %s unavailable: %v", what, why)
 }
 
@@ -105,6 +115,8 @@ type server struct {
 	imageEnv     string
 	defaultImage string
 	start        func(ctx context.Context, image string) (string, error)
+	localURL     string       // the server looked for on its default port
+	local        func() error // whether it is there and lets the tests in
 
 	once sync.Once
 	url  string
@@ -120,13 +132,17 @@ func (s *server) lookup() (string, error) {
 	if u := os.Getenv(s.env); u != "" {
 		return u, nil
 	}
+	localErr := s.local()
+	if localErr == nil {
+		return s.localURL, nil
+	}
 	image := os.Getenv(s.imageEnv)
 	if image == "" {
 		image = s.defaultImage
 	}
 	if err := docker(); err != nil {
-		return "", fmt.Errorf("%s is not set, and no Docker engine answered to run %s (%s) with testcontainers: %w",
-			s.env, image, s.imageEnv, err)
+		return "", fmt.Errorf("%s is not set, %v, and no Docker engine answered to run %s (%s) with testcontainers: %w",
+			s.env, localErr, image, s.imageEnv, err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -150,6 +166,7 @@ func (s *server) lookup() (string, error) {
 var (
 	postgres = &server{
 		what: "PostgreSQL", env: EnvPostgres, imageEnv: EnvPostgresImage, defaultImage: DefaultPostgresImage,
+		localURL: LocalPostgresURL, local: localPostgres,
 		start: func(ctx context.Context, image string) (string, error) {
 			c, err := tcpostgres.Run(ctx, image,
 				tcpostgres.WithDatabase("countlimit"),
@@ -163,6 +180,7 @@ var (
 	}
 	redis = &server{
 		what: "Redis", env: EnvRedis, imageEnv: EnvRedisImage, defaultImage: DefaultRedisImage,
+		localURL: LocalRedisURL, local: localRedis,
 		start: func(ctx context.Context, image string) (string, error) {
 			c, err := tcredis.Run(ctx, image, labels())
 			if err := keep(c, err); err != nil {

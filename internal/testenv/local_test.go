@@ -1,0 +1,113 @@
+package testenv
+
+import (
+	"bufio"
+	"errors"
+	"io"
+	"net"
+	"strings"
+	"testing"
+)
+
+// fake serves each connection with answer, after reading what the client
+// sends first.
+func fake(t *testing.T, answer func(c net.Conn)) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				answer(c)
+			}()
+		}
+	}()
+	return ln.Addr().String()
+}
+
+func TestProbePostgres(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		answer []byte // after the startup message
+		want   string // "" for a server the tests can use
+	}{
+		{"trust", []byte{'R', 0, 0, 0, 8, 0, 0, 0, 0}, ""},
+		{"password", []byte{'R', 0, 0, 0, 12, 0, 0, 0, 10}, "asks the postgres user for a password"},
+		{"refused", []byte{'E', 0, 0, 0, 9, 'S', 'F', 'A', 'T'}, "refused the postgres user"},
+		{"not postgres", []byte("HTTP/1.1 400"), "did not answer as PostgreSQL"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			addr := fake(t, func(c net.Conn) {
+				var n [4]byte
+				if _, err := io.ReadFull(c, n[:]); err != nil {
+					return
+				}
+				size := int(n[0])<<24 | int(n[1])<<16 | int(n[2])<<8 | int(n[3])
+				if _, err := io.ReadFull(c, make([]byte, size-4)); err != nil {
+					return
+				}
+				c.Write(tc.answer)
+			})
+			err := probePostgres(addr)
+			if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
+				t.Errorf("probePostgres = %v, want %q", err, tc.want)
+			}
+		})
+	}
+	if err := probePostgres(closedPort(t)); err == nil || !strings.Contains(err.Error(), "nothing answers") {
+		t.Errorf("probePostgres of a closed port = %v", err)
+	}
+}
+
+func TestProbeRedis(t *testing.T) {
+	for answer, want := range map[string]string{
+		"+PONG\r\n":                           "",
+		"-NOAUTH Authentication required.\r\n": "answered PING with",
+	} {
+		addr := fake(t, func(c net.Conn) {
+			if _, err := bufio.NewReader(c).ReadString('\n'); err == nil {
+				c.Write([]byte(answer))
+			}
+		})
+		err := probeRedis(addr)
+		if want == "" && err != nil || want != "" && (err == nil || !strings.Contains(err.Error(), want)) {
+			t.Errorf("probeRedis answered %q = %v, want %q", answer, err, want)
+		}
+	}
+	if err := probeRedis(closedPort(t)); err == nil || !strings.Contains(err.Error(), "nothing answers") {
+		t.Errorf("probeRedis of a closed port = %v", err)
+	}
+}
+
+// closedPort returns an address where nothing listens.
+func closedPort(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return addr
+}
+
+func TestSkippedNotice(t *testing.T) {
+	var b strings.Builder
+	writeSkipped(&b, map[string]error{"Redis": errors.New("nothing answers on 127.0.0.1:6379")})
+	for _, want := range []string{"SKIPPED", "Redis: nothing answers", EnvPostgres, EnvRedis, EnvRequire + "=1"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("the notice lacks %q:\n%s", want, b.String())
+		}
+	}
+	if strings.Contains(b.String(), "PostgreSQL:") {
+		t.Errorf("the notice names PostgreSQL, which was not skipped:\n%s", b.String())
+	}
+}
