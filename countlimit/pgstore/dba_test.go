@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -496,6 +498,77 @@ func TestDBAFunctionsResolve(t *testing.T) {
 	}
 	if plan := strings.Join(lines, "\n"); !strings.Contains(plan, `'{x}'::text[]`) {
 		t.Errorf("countlimit_reset('u', '{x}') resolves as %q, want its second argument a text[]", plan)
+	}
+}
+
+// dbaSection returns the SQL blocks of docs/operations.md's "SQL for DBAs".
+func dbaSection(t *testing.T) []string {
+	t.Helper()
+	doc, err := os.ReadFile("../../docs/operations.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, ok := strings.Cut(string(doc), "\n## SQL for DBAs\n")
+	if !ok {
+		t.Fatal(`docs/operations.md has no "## SQL for DBAs" section`)
+	}
+	if end := strings.Index(section, "\n## "); end >= 0 {
+		section = section[:end]
+	}
+	var blocks []string
+	for _, m := range regexp.MustCompile("(?s)```sql\n(.*?)```").FindAllStringSubmatch(section, -1) {
+		blocks = append(blocks, m[1])
+	}
+	return blocks
+}
+
+// TestDBADocSQL runs every SQL block of docs/operations.md's "SQL for DBAs"
+// in order, in one session, each on the same ids in the same state (the
+// ones the document names), so that the document cannot drift from the
+// schema: a call that does not resolve or a column that does not exist
+// fails here. Every DBA function must be shown.
+func TestDBADocSQL(t *testing.T) {
+	pool := dbaSchema(t, 2, nil)
+	ctx := context.Background()
+	blocks := dbaSection(t)
+	all := strings.Join(blocks, "\n")
+	for _, f := range dbaFunctions {
+		name, _, _ := strings.Cut(f, "(")
+		if !strings.Contains(all, name+"(") {
+			t.Errorf("docs/operations.md, SQL for DBAs: no SQL block calls %s", name)
+		}
+	}
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	l := countlimit.New(pgstore.New(conn.Conn()))
+	rules := []countlimit.Rule{
+		{UseType: "sms.code", Limit: 5, Window: countlimit.Rolling(5 * time.Minute)},
+		{UseType: "password.change", Limit: 3, Window: countlimit.Rolling(24 * time.Hour), Block: 30 * time.Minute},
+	}
+	for i, b := range blocks {
+		// The state the document speaks of: user-42 has sent SMS codes and
+		// is blocked from changing passwords; others were denied too.
+		if _, err := conn.Exec(ctx, `DELETE FROM count_limit`); err != nil {
+			t.Fatal(err)
+		}
+		for _, id := range []string{"user-42", "user-7"} {
+			for _, r := range rules {
+				for range 4 {
+					if _, err := l.Allow(ctx, r, id); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+		}
+		if _, err := conn.Exec(ctx, b); err != nil {
+			t.Errorf("docs/operations.md, SQL for DBAs, block %d: %v\n%s", i+1, err, b)
+		}
+	}
+	if len(blocks) < 6 {
+		t.Errorf("found %d SQL blocks in SQL for DBAs, want one per call at least", len(blocks))
 	}
 }
 
