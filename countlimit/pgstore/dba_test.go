@@ -885,3 +885,27 @@ func TestDBAPlansUseTheKey(t *testing.T) {
 		}
 	}
 }
+
+// TestPingWantsDBAFunctions checks that Ping reports a schema without the
+// DBA functions as not at its latest migration.
+func TestPingWantsDBAFunctions(t *testing.T) {
+	pool := dbaSchema(t, 2, nil)
+	ctx := context.Background()
+	p, closeDB, err := pgstore.NewMigrationProvider(pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeDB()
+	if _, err := p.DownTo(ctx, 5); err != nil {
+		t.Fatal(err)
+	}
+	if err := pgstore.New(pool).Ping(ctx); !errors.Is(err, countlimit.ErrUnavailable) || !strings.Contains(err.Error(), "latest migration") {
+		t.Errorf("Ping at migration 5 = %v, want ErrUnavailable saying the schema is not at its latest migration", err)
+	}
+	if _, err := p.Up(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := pgstore.New(pool).Ping(ctx); err != nil {
+		t.Errorf("Ping at the latest migration: %v", err)
+	}
+}
