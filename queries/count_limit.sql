@@ -50,7 +50,7 @@ LIMIT @max_rows::int;
 -- is on the search path: its tables and the newest migration's function
 -- (an older schema lacks it; update this with every migration).
 SELECT (to_regclass('count_limit') IS NOT NULL AND to_regclass('count_limit_lease') IS NOT NULL
-    AND to_regprocedure('countlimit_allow_one(text, text, timestamptz, bigint, bigint, timestamptz, timestamptz, timestamptz, boolean)') IS NOT NULL
+    AND to_regprocedure('countlimit_adjust_count(text, text, bigint)') IS NOT NULL
 )::boolean AS ready;
 
 -- name: StoreTime :one

@@ -128,7 +128,7 @@ func (q *Queries) Reset(ctx context.Context, db DBTX, arg ResetParams) error {
 
 const schemaReady = `-- name: SchemaReady :one
 SELECT (to_regclass('count_limit') IS NOT NULL AND to_regclass('count_limit_lease') IS NOT NULL
-    AND to_regprocedure('countlimit_allow_one(text, text, timestamptz, bigint, bigint, timestamptz, timestamptz, timestamptz, boolean)') IS NOT NULL
+    AND to_regprocedure('countlimit_adjust_count(text, text, bigint)') IS NOT NULL
 )::boolean AS ready
 `
 
