@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -59,27 +60,44 @@ func snippet() error {
 
 var goBlock = regexp.MustCompile("(?s)```go\n(.*?)```")
 
-// TestReadmeSnippetsCompile type-checks every Go block of the README as the
-// body of a function, so a snippet that would not compile when pasted
-// (a method that does not exist, a wrong argument) fails here.
+// TestReadmeSnippetsCompile type-checks every Go block of the README and of
+// docs/*.md: a whole program (a block that starts with "package") as it
+// is, any other as the body of a function, so a snippet that would not
+// compile when pasted (a method that does not exist, a wrong argument)
+// fails here.
 func TestReadmeSnippetsCompile(t *testing.T) {
-	readme, err := os.ReadFile("README.md")
+	docs, err := filepath.Glob("docs/*.md")
 	if err != nil {
 		t.Fatal(err)
 	}
 	exports := exportData(t)
+	for _, name := range append([]string{"README.md"}, docs...) {
+		checkSnippets(t, exports, name)
+	}
+}
+
+func checkSnippets(t *testing.T, exports map[string]string, name string) {
+	t.Helper()
+	readme, err := os.ReadFile(name)
+	if err != nil {
+		t.Fatal(err)
+	}
 	blocks := goBlock.FindAllSubmatch(readme, -1)
-	if len(blocks) < 4 {
-		t.Fatalf("found %d Go blocks in README.md, want the quick start, middleware, PostgreSQL and Redis ones at least", len(blocks))
+	if name == "README.md" && len(blocks) < 4 {
+		t.Fatalf("found %d Go blocks in README.md, want the quick start, PostgreSQL, Redis and failure ones at least", len(blocks))
 	}
 	for i, b := range blocks {
 		body := string(b[1])
+		if strings.HasPrefix(body, "package ") {
+			checkProgram(t, exports, fmt.Sprintf("%s Go block %d", name, i+1), body)
+			continue
+		}
 		// A leading import block names packages the prelude imports.
 		if strings.HasPrefix(body, "import (") {
 			end := strings.Index(body, "\n)\n")
 			for _, line := range strings.Split(body[:end], "\n")[1:] {
 				if p := strings.TrimSpace(line); p != "" && !strings.Contains(snippetPrelude, p) {
-					t.Errorf("block %d imports %s, which the test's prelude lacks: add it there", i+1, p)
+					t.Errorf("%s block %d imports %s, which the test's prelude lacks: add it there", name, i+1, p)
 				}
 			}
 			body = body[end+3:]
@@ -88,7 +106,7 @@ func TestReadmeSnippetsCompile(t *testing.T) {
 		fset := token.NewFileSet()
 		f, err := parser.ParseFile(fset, "snippet.go", src, 0)
 		if err != nil {
-			t.Errorf("README Go block %d does not parse: %v\n%s", i+1, err, body)
+			t.Errorf("%s Go block %d does not parse: %v\n%s", name, i+1, err, body)
 			continue
 		}
 		var hard []string
@@ -108,8 +126,35 @@ func TestReadmeSnippetsCompile(t *testing.T) {
 		}
 		_, _ = conf.Check("snippet", fset, []*ast.File{f}, nil)
 		if len(hard) > 0 {
-			t.Errorf("README Go block %d does not compile:\n  %s\n%s", i+1, strings.Join(hard, "\n  "), body)
+			t.Errorf("%s Go block %d does not compile:\n  %s\n%s", name, i+1, strings.Join(hard, "\n  "), body)
 		}
+	}
+}
+
+// checkProgram type-checks src, a whole file, as the compiler would: every
+// error counts, unused imports and variables too.
+func checkProgram(t *testing.T, exports map[string]string, what, src string) {
+	t.Helper()
+	fset := token.NewFileSet()
+	f, err := parser.ParseFile(fset, "main.go", src, 0)
+	if err != nil {
+		t.Errorf("%s does not parse: %v\n%s", what, err, src)
+		return
+	}
+	var errs []string
+	conf := types.Config{
+		Importer: importer.ForCompiler(fset, "gc", func(path string) (io.ReadCloser, error) {
+			file, ok := exports[path]
+			if !ok {
+				return nil, fmt.Errorf("no export data for %s (add it to the snippet prelude's imports)", path)
+			}
+			return os.Open(file)
+		}),
+		Error: func(err error) { errs = append(errs, err.Error()) },
+	}
+	_, _ = conf.Check("main", fset, []*ast.File{f}, nil)
+	if len(errs) > 0 {
+		t.Errorf("%s does not compile:\n  %s\n%s", what, strings.Join(errs, "\n  "), src)
 	}
 }
 

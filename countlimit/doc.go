@@ -12,7 +12,7 @@
 // Quick start:
 //
 //	store := memstore.New() // or pgstore.New(pool), redisstore.New(client)
-//	defer store.Close()
+//	defer store.Close()     // memstore's janitor; the others close with their pool or client
 //	limiter := countlimit.New(store)
 //
 //	shanghai, _ := time.LoadLocation("Asia/Shanghai")

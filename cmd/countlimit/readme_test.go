@@ -163,18 +163,19 @@ func TestREADMESession(t *testing.T) {
 	}
 }
 
-// TestREADMERuleFile checks that the README's rule-file example loads.
-func TestREADMERuleFile(t *testing.T) {
-	raw, err := os.ReadFile("../../README.md")
+// TestServiceDocRuleFile checks that docs/service.md's rule-file example
+// loads.
+func TestServiceDocRuleFile(t *testing.T) {
+	raw, err := os.ReadFile("../../docs/service.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, after, ok := strings.Cut(string(raw), "### Rule files\n\n```yaml\n")
+	_, after, ok := strings.Cut(string(raw), "## Rule files\n\n```yaml\n")
 	if !ok {
-		t.Fatal("README.md: no yaml block under ### Rule files")
+		t.Fatal("docs/service.md: no yaml block under ## Rule files")
 	}
 	block, _, _ := strings.Cut(after, "```")
-	if _, err := rulefile.Parse("README.md rule example", []byte(block)); err != nil {
+	if _, err := rulefile.Parse("docs/service.md rule example", []byte(block)); err != nil {
 		t.Error(err)
 	}
 }

@@ -13,10 +13,12 @@
 //
 //  1. the URL in COUNTLIMIT_TEST_POSTGRES_URL (a database the tests may
 //     create schemas in), e.g. postgres://postgres@127.0.0.1:5432/test?sslmode=disable;
-//  2. else a container started with testcontainers-go, where a Docker engine
+//  2. else a server on the default local port that lets the postgres user
+//     in without a password (postgres://postgres@127.0.0.1:5432/postgres);
+//  3. else a container started with testcontainers-go, where a Docker engine
 //     answers, of the image in COUNTLIMIT_TEST_POSTGRES_IMAGE (default
 //     postgres:15-alpine, or any image that behaves like the official one);
-//  3. else the test is skipped with a message naming both variables and
+//  4. else the test is skipped with a message naming both variables and
 //     what was tried; with COUNTLIMIT_REQUIRE_BACKENDS=1 (for CI) it fails
 //     instead.
 //

@@ -13,10 +13,12 @@
 // The server comes from, in order:
 //
 //  1. the URL in COUNTLIMIT_TEST_REDIS_URL, e.g. redis://127.0.0.1:6379/0;
-//  2. else a container started with testcontainers-go, where a Docker engine
+//  2. else a server on the default local port that answers PING without a
+//     password (redis://127.0.0.1:6379/0);
+//  3. else a container started with testcontainers-go, where a Docker engine
 //     answers, of the image in COUNTLIMIT_TEST_REDIS_IMAGE (default
 //     redis:7-alpine, or any image that behaves like the official one);
-//  3. else the test is skipped with a message naming both variables and
+//  4. else the test is skipped with a message naming both variables and
 //     what was tried; with COUNTLIMIT_REQUIRE_BACKENDS=1 (for CI) it fails
 //     instead.
 //

@@ -1,0 +1,20 @@
+package storetest_test
+
+import (
+	"testing"
+
+	"github.com/countlimit/countlimit/countlimit"
+	"github.com/countlimit/countlimit/countlimit/memstore"
+	"github.com/countlimit/countlimit/countlimit/storetest"
+)
+
+// A store's own test runs the suite on it; every Store newStore returns
+// must share its state with the others (the same in-process store, or a
+// second client on the same server).
+func ExampleRun() {
+	_ = func(t *testing.T) {
+		s := memstore.New()
+		t.Cleanup(func() { s.Close() })
+		storetest.Run(t, func(*testing.T) countlimit.Store { return s })
+	}
+}
