@@ -1,5 +1,12 @@
 package memstore
 
+import (
+	"slices"
+
+	"github.com/countlimit/countlimit/countlimit"
+	"github.com/countlimit/countlimit/internal/model"
+)
+
 // Sweep runs one sweep now, as the janitor does.
 func Sweep(s *Store) { s.sweep() }
 
@@ -53,3 +60,26 @@ func Looks(s *Store) int64 { return s.looks.Load() }
 
 // SameShard reports whether two ids' counters live in one shard.
 func SameShard(s *Store, a, b string) bool { return s.shard(s.hash(a)) == s.shard(s.hash(b)) }
+
+// KeyForTest returns what s keeps of (ut, id), in the model's terms.
+func KeyForTest(s *Store, ut countlimit.UseType, id string) model.Key {
+	h := s.hash(id)
+	sh := s.shard(h)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e := sh.get(h, ut, id)
+	if e == nil {
+		return model.Key{}
+	}
+	k := model.Key{Count: e.count, Begin: e.begin, End: e.end, Log: slices.Clone(e.events), Denied: e.denied, Blocked: e.blocked}
+	if e.end == forever {
+		k.End = model.Forever
+	}
+	if e.leases != nil {
+		k.Leases = map[string]int64{}
+		for _, l := range e.leases.held {
+			k.Leases[l.token] = l.expires
+		}
+	}
+	return k
+}

@@ -93,8 +93,11 @@ func (s *Store) leaseLocked(r *countlimit.Request, h uint64, sh *shard, mayRecla
 				held = grown
 			}
 			held = append(held, lease{token: r.Lease, expires: now + c.TTL.Microseconds()})
-		} else if !blocked && c.Block > 0 {
-			e.blocked = now + c.Block.Microseconds()
+		} else {
+			e.denied++
+			if !blocked && c.Block > 0 {
+				e.blocked = now + c.Block.Microseconds()
+			}
 		}
 		keep(e, held)
 		sh.resize(e)

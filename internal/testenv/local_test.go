@@ -69,7 +69,7 @@ func TestProbePostgres(t *testing.T) {
 
 func TestProbeRedis(t *testing.T) {
 	for answer, want := range map[string]string{
-		"+PONG\r\n":                           "",
+		"+PONG\r\n":                            "",
 		"-NOAUTH Authentication required.\r\n": "answered PING with",
 	} {
 		addr := fake(t, func(c net.Conn) {

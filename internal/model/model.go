@@ -1,0 +1,253 @@
+// Package model is the executable specification of the countlimit.Store
+// contract: one pure function, Apply, that takes the stored state of a
+// request's keys, the request and its "now", and returns the new state and
+// every check's State, for every operation (allow, peek, refund, reset,
+// acquire, release, extend), every kind of window, several rules at once,
+// penalties and changed limits. It does no I/O and reads no clock.
+//
+// Every store decides as Apply does, each in its own code and language for
+// speed (docs/ARCHITECTURE.md lists the copies and why each stays); the
+// seeded differential harness (internal/modeltest) drives every path of
+// every store and this function through the same random steps and compares
+// the stored states they leave, so that a copy that drifts is found. A
+// change to one rule of the contract is made here first.
+package model
+
+import (
+	"math"
+	"slices"
+	"time"
+
+	"github.com/countlimit/countlimit/countlimit"
+)
+
+// Forever is the end of a lifetime window.
+const Forever = math.MaxInt64
+
+// Key is the stored state of one (use type, id), in Unix microseconds: what
+// a store keeps for it and what the harness reads back from each store.
+// The zero Key is a key with nothing stored.
+type Key struct {
+	// The window of counts: Count events in [Begin, End); End is Forever
+	// for a lifetime window. Begin == End is no window: an empty one, as a
+	// denial of a key with nothing counted leaves.
+	Count, Begin, End int64
+	// Log is a sliding window's events, in time order: the window is then
+	// [Log[0], Log[len-1]+span) and Count is len(Log).
+	Log []int64
+	// Denied is the denial tally since the key was created.
+	Denied int64
+	// Blocked is when the penalty ends; 0 when the key was never blocked.
+	Blocked int64
+	// Leases are a Concurrent check's leases: token to expiry.
+	Leases map[string]int64
+}
+
+// Empty reports whether k holds nothing: no window, log, tally, penalty
+// or lease.
+func (k *Key) Empty() bool {
+	return k == nil || k.Begin >= k.End && len(k.Log) == 0 && k.Denied == 0 && k.Blocked == 0 && len(k.Leases) == 0
+}
+
+// Clone returns a deep copy of k.
+func (k Key) Clone() Key {
+	k.Log = slices.Clone(k.Log)
+	if k.Leases != nil {
+		l := make(map[string]int64, len(k.Leases))
+		for t, e := range k.Leases {
+			l[t] = e
+		}
+		k.Leases = l
+	}
+	return k
+}
+
+func us(t time.Time) int64 { return t.UnixMicro() }
+
+// end is a Check's window end in microseconds: Forever for a lifetime.
+func end(c *countlimit.Check) int64 {
+	if c.End.IsZero() {
+		return Forever
+	}
+	return us(c.End)
+}
+
+func tm(v int64) time.Time {
+	if v == 0 || v == Forever {
+		return time.Time{}
+	}
+	return time.UnixMicro(v)
+}
+
+// view is what a check sees of its key at now: the count in the current
+// window and its bounds, or the fresh window an event would open.
+type view struct {
+	used       int64
+	begin, end int64
+	live       []int64 // a sliding check's events still in its window
+	blocked    bool
+}
+
+func look(k *Key, c *countlimit.Check, now int64) view {
+	v := view{blocked: k.Blocked > now}
+	if span := c.Span.Microseconds(); span > 0 {
+		for _, e := range k.Log {
+			if e > now-span {
+				v.live = append(v.live, e)
+			}
+		}
+		if v.used = int64(len(v.live)); v.used > 0 {
+			v.begin, v.end = v.live[0], v.live[len(v.live)-1]+span
+		}
+		return v
+	}
+	// Current: not empty, not over. Begin is not compared with now.
+	if k.Begin < k.End && now < k.End {
+		v.used, v.begin, v.end = k.Count, k.Begin, k.End
+		return v
+	}
+	v.begin, v.end = us(c.Begin), end(c)
+	return v
+}
+
+func (v *view) fits(c *countlimit.Check, n int64) bool { return !v.blocked && n <= c.Limit-v.used }
+
+// Apply carries out r at r.Now on keys, the stored state of r's checks in
+// order (keys[i] is that of r.Checks[i]), in place, and writes each
+// check's State. The checks of r have distinct use types, as the Limiter
+// makes sure. Apply is the contract of countlimit.Store, spelled out.
+func Apply(r *countlimit.Request, keys []*Key) {
+	now := us(r.Now)
+	switch {
+	case r.Op == countlimit.OpReset:
+		for i := range keys {
+			*keys[i] = Key{}
+			r.Checks[i].State = countlimit.State{}
+		}
+		return
+	case r.OnLeases():
+		applyLease(r, keys[0], now)
+		return
+	}
+	n := r.N
+	if r.Op != countlimit.OpAllow {
+		n = 1
+	}
+	views := make([]view, len(r.Checks))
+	ok := true
+	for i := range r.Checks {
+		c, k := &r.Checks[i], keys[i]
+		if r.Op == countlimit.OpRefund {
+			refund(k, c, now, r.N)
+		}
+		views[i] = look(k, c, now)
+		ok = ok && views[i].fits(c, n)
+	}
+	for i := range r.Checks {
+		c, k, v := &r.Checks[i], keys[i], &views[i]
+		st := countlimit.State{Allowed: ok}
+		if r.Op == countlimit.OpAllow {
+			switch {
+			case ok && c.Span > 0:
+				span := c.Span.Microseconds()
+				log := slices.Clone(v.live)
+				at, _ := slices.BinarySearch(log, now+1) // after any equal ones
+				log = slices.Insert(log, at, slices.Repeat([]int64{now}, int(n))...)
+				k.Log, k.Count = log, int64(len(log))
+				k.Begin, k.End = log[0], log[len(log)-1]+span
+				*v = view{used: k.Count, begin: k.Begin, end: k.End, live: log}
+			case ok:
+				k.Count, k.Begin, k.End = v.used+n, v.begin, v.end
+				k.Log = nil // counting with a window drops a sliding log
+				v.used += n
+			case !v.fits(c, n):
+				k.Denied++
+				if !v.blocked && c.Block > 0 {
+					k.Blocked = now + c.Block.Microseconds()
+				}
+			}
+		}
+		st.Used = v.used
+		if c.Span == 0 || v.used > 0 {
+			st.Begin, st.End = tm(v.begin), tm(v.end)
+		}
+		if k.Blocked > now {
+			st.BlockedUntil = tm(k.Blocked)
+		}
+		if c.Span > 0 && !ok && n <= c.Limit && v.used+n > c.Limit {
+			st.FreeAt = tm(v.live[v.used+n-c.Limit-1])
+		}
+		c.State = st
+	}
+}
+
+// refund gives n events back to the current window of c's key, never
+// below 0; a sliding check drops its n newest events.
+func refund(k *Key, c *countlimit.Check, now, n int64) {
+	v := look(k, c, now)
+	if span := c.Span.Microseconds(); span > 0 {
+		keep := v.live[:max(0, v.used-n)]
+		k.Log, k.Count = slices.Clone(keep), int64(len(keep))
+		if len(keep) > 0 {
+			k.Begin, k.End = keep[0], keep[len(keep)-1]+span
+		}
+		return
+	}
+	if v.used > 0 {
+		k.Count = max(0, k.Count-n)
+	}
+}
+
+// applyLease carries out a request on a Concurrent check's leases.
+func applyLease(r *countlimit.Request, k *Key, now int64) {
+	c := &r.Checks[0]
+	live := map[string]int64{}
+	for t, e := range k.Leases {
+		if e > now {
+			live[t] = e
+		}
+	}
+	blocked := k.Blocked > now
+	fits := !blocked && int64(len(live))+1 <= c.Limit
+	allowed := false
+	switch r.Op {
+	case countlimit.OpPeek:
+		allowed = fits
+	case countlimit.OpAcquire:
+		allowed = fits
+		if fits {
+			live[r.Lease] = now + c.TTL.Microseconds()
+		} else {
+			k.Denied++
+			if !blocked && c.Block > 0 {
+				k.Blocked = now + c.Block.Microseconds()
+			}
+		}
+		k.Leases = live // a write drops the expired leases
+	case countlimit.OpRelease, countlimit.OpExtend:
+		if _, held := live[r.Lease]; held {
+			allowed = true
+			if r.Op == countlimit.OpRelease {
+				delete(live, r.Lease)
+			} else {
+				live[r.Lease] = now + c.TTL.Microseconds()
+			}
+			k.Leases = live
+		}
+	}
+	if len(k.Leases) == 0 {
+		k.Leases = nil
+	}
+	st := countlimit.State{Allowed: allowed, Used: int64(len(live))}
+	if len(live) > 0 {
+		first, last := int64(Forever), int64(0)
+		for _, e := range live {
+			first, last = min(first, e), max(last, e)
+		}
+		st.Begin, st.End = tm(first), tm(last)
+	}
+	if k.Blocked > now {
+		st.BlockedUntil = tm(k.Blocked)
+	}
+	c.State = st
+}

@@ -1,0 +1,447 @@
+// Package modeltest is the seeded differential harness that holds every
+// store path to the reference model (internal/model): random steps over a
+// few ids and rules, on a stub clock that moves forward in small and large
+// steps (sometimes landing exactly on a window's end, a penalty's end or a
+// lease's expiry, sometimes reading a little late), are carried out by the
+// model and by every path a store has; after each step the Results and the
+// whole stored state of every key (count, window, tally, penalty, sliding
+// log, live leases), read back from the store, must equal the model's.
+//
+// A failure prints the seed, the step and the shortest list of steps that
+// still fails, found by dropping steps while the failure stays. The seed
+// comes from COUNTLIMIT_MODEL_SEED (to replay one), else from the time;
+// COUNTLIMIT_MODEL_STEPS sets how many steps a run takes (default 300).
+// Each store's test package calls Run with its paths (see RunPaths'
+// callers: memstore, pgstore and redisstore's model_test.go).
+package modeltest
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/countlimit/countlimit/countlimit"
+	"github.com/countlimit/countlimit/internal/model"
+)
+
+// Path is one way a store carries out requests: PostgreSQL's one
+// statement, its batches, countlimit_apply, a caller's transaction; a
+// Redis script; memstore.
+type Path struct {
+	Name string
+	// Do carries out a step: one request, or a batch of allows of one
+	// rule that is not sliding each, which a path that batches sends
+	// together and any other one after another. It writes the states.
+	Do func(ctx context.Context, reqs []*countlimit.Request) error
+	// Read returns what the store keeps of (ut, id).
+	Read func(ctx context.Context, ut countlimit.UseType, id string) (model.Key, error)
+	// Skip, when not nil, reports the steps the path cannot take (a path
+	// of the fast statements takes no sliding check, say); the model and
+	// the path then carry out the step with Fallback.
+	Skip func(reqs []*countlimit.Request) bool
+	// Fallback carries out the steps Skip reports, so the path's keys
+	// stay in step with the model's.
+	Fallback func(ctx context.Context, reqs []*countlimit.Request) error
+}
+
+// rules are the harness's rules: every kind of window, penalties, a use
+// type whose rule changes kind (sliding and fixed), and slots.
+func rules() []countlimit.Rule {
+	ny, err := time.LoadLocation("America/New_York")
+	if err != nil {
+		panic(err)
+	}
+	return []countlimit.Rule{
+		{UseType: "rolling", Limit: 3, Window: countlimit.Rolling(10 * time.Second)},
+		{UseType: "fixed", Limit: 4, Window: countlimit.Fixed(7 * time.Second), Block: 5 * time.Second},
+		{UseType: "day", Limit: 6, Window: countlimit.Calendar(countlimit.Day, ny)},
+		{UseType: "sliding", Limit: 3, Window: countlimit.Sliding(9 * time.Second)},
+		{UseType: "sliding", Limit: 3, Window: countlimit.Fixed(20 * time.Second)}, // the same use type, another kind
+		{UseType: "slidingblock", Limit: 2, Window: countlimit.Sliding(4 * time.Second), Block: 3 * time.Second},
+		{UseType: "lifetime", Limit: 5, Window: countlimit.Lifetime()},
+		{UseType: "slots", Limit: 2, Window: countlimit.Concurrent(6 * time.Second), Block: 4 * time.Second},
+	}
+}
+
+// spans gives each use type the span of its sliding rule, for the live
+// part of a log.
+var spans = map[countlimit.UseType]int64{"sliding": 9e6, "slidingblock": 4e6}
+
+var ids = []string{"a", "b", "c"}
+
+// Step is one step of a run: the clock's reading and the requests, built
+// by the Limiter as a caller's call would be.
+type Step struct {
+	Desc string
+	Reqs []*countlimit.Request
+}
+
+// recorder is a Store that keeps the requests it is given and answers
+// every check allowed, so that Acquire returns a Lease to release later.
+type recorder struct{ reqs []*countlimit.Request }
+
+func (r *recorder) Do(_ context.Context, reqs []*countlimit.Request) error {
+	for _, q := range reqs {
+		c := *q
+		c.Checks = slices.Clone(q.Checks)
+		r.reqs = append(r.reqs, &c)
+		for i := range q.Checks {
+			q.Checks[i].State = countlimit.State{Allowed: true}
+		}
+	}
+	return nil
+}
+
+// world is the model's state of every key, by use type and id.
+type world map[string]*model.Key
+
+func keyName(ut countlimit.UseType, id string) string { return string(ut) + "\x00" + id }
+
+func (w world) key(ut countlimit.UseType, id string) *model.Key {
+	k := w[keyName(ut, id)]
+	if k == nil {
+		k = &model.Key{}
+		w[keyName(ut, id)] = k
+	}
+	return k
+}
+
+// apply carries out reqs on w, one after another.
+func (w world) apply(reqs []*countlimit.Request) {
+	for _, r := range reqs {
+		keys := make([]*model.Key, len(r.Checks))
+		for i := range r.Checks {
+			keys[i] = w.key(r.Checks[i].UseType, r.ID)
+		}
+		model.Apply(r, keys)
+	}
+}
+
+// expiries returns every instant at which something of w ends: windows,
+// penalties, sliding events and leases.
+func (w world) expiries() []int64 {
+	var out []int64
+	for name, k := range w {
+		ut, _, _ := strings.Cut(name, "\x00")
+		if k.Begin < k.End && k.End != model.Forever {
+			out = append(out, k.End)
+		}
+		if k.Blocked > 0 {
+			out = append(out, k.Blocked)
+		}
+		for _, e := range k.Log {
+			out = append(out, e+spans[countlimit.UseType(ut)])
+		}
+		for _, e := range k.Leases {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// gen makes n steps from seed.
+func gen(seed uint64, n int) []Step {
+	rng := rand.New(rand.NewPCG(seed, 0x636c))
+	rs := rules()
+	ny, _ := time.LoadLocation("America/New_York")
+	now := time.Date(2026, 3, 7, 23, 59, 0, 0, ny) // runs into the DST night
+	w := world{}
+	var leases []countlimit.Lease
+	var steps []Step
+	for len(steps) < n {
+		// The clock: small steps, large ones, an instant something ends
+		// at, or, rarely, a read a little older than the last one.
+		switch p := rng.IntN(20); {
+		case p < 12:
+			now = now.Add(time.Duration(rng.IntN(1500)) * time.Millisecond)
+		case p < 14:
+			now = now.Add(time.Duration(5+rng.IntN(40)) * time.Second)
+		case p < 18:
+			var soon []int64
+			for _, e := range w.expiries() {
+				if e > now.UnixMicro() && e < now.UnixMicro()+30e6 {
+					soon = append(soon, e)
+				}
+			}
+			if len(soon) > 0 {
+				now = time.UnixMicro(soon[rng.IntN(len(soon))]).In(ny)
+				if rng.IntN(3) == 0 {
+					now = now.Add(-time.Microsecond)
+				}
+			}
+		default:
+			// A late read: only where nothing ends in between, so that a
+			// store that drops what has ended (a Redis TTL) and one that
+			// keeps it decide alike.
+			back := now.Add(-time.Duration(1+rng.IntN(50)) * time.Millisecond)
+			late := true
+			for _, e := range w.expiries() {
+				if e > back.UnixMicro()-1e6 && e <= now.UnixMicro()+1e6 {
+					late = false
+				}
+			}
+			if late {
+				now = back
+			}
+		}
+		at := now
+		rec := &recorder{}
+		l := countlimit.New(rec, countlimit.WithClock(func() time.Time { return at }))
+		ctx := context.Background()
+		r := rs[rng.IntN(len(rs))]
+		if rng.IntN(6) == 0 {
+			r.Limit += int64(rng.IntN(3)) - 1
+		}
+		id := ids[rng.IntN(len(ids))]
+		n := int64(1 + rng.IntN(3))
+		var desc string
+		switch op := rng.IntN(14); {
+		case r.Window.IsConcurrent() && op < 6:
+			desc = fmt.Sprintf("Acquire(%s, %s)", r.UseType, id)
+			if ls, _, _ := l.Acquire(ctx, r, id); ls.Token() != "" {
+				leases = append(leases, ls)
+			}
+		case r.Window.IsConcurrent() && op < 10 && len(leases) > 0:
+			ls := leases[rng.IntN(len(leases))]
+			// Bound again to this step's Limiter, whose clock is now.
+			if rl, err := l.ParseLease(ls.String(), r); err == nil {
+				if op < 8 {
+					desc = fmt.Sprintf("Release(%s %s %.6s)", rl.UseType(), rl.ID(), rl.Token())
+					rl.Release(ctx)
+				} else {
+					desc = fmt.Sprintf("Extend(%s %s %.6s)", rl.UseType(), rl.ID(), rl.Token())
+					rl.Extend(ctx)
+				}
+			}
+		case r.Window.IsConcurrent() && op < 12:
+			desc = fmt.Sprintf("Peek(%s, %s)", r.UseType, id)
+			l.Peek(ctx, r, id)
+		case r.Window.IsConcurrent():
+			desc = fmt.Sprintf("Reset(%s, %s)", r.UseType, id)
+			l.Reset(ctx, r, id)
+		case op < 5:
+			desc = fmt.Sprintf("AllowN(%s %v limit %d, %s, %d)", r.UseType, r.Window, r.Limit, id, n)
+			l.AllowN(ctx, r, id, n)
+		case op < 7:
+			// A batch: allows of rules that are not sliding, over the ids,
+			// some of them on one id, as concurrent callers send them.
+			k := 2 + rng.IntN(5)
+			var parts []string
+			for range k {
+				b := rs[rng.IntN(len(rs))]
+				for b.Window.IsConcurrent() || b.Window.String() == "sliding 9s" || b.Window.String() == "sliding 4s" {
+					b = rs[rng.IntN(len(rs))]
+				}
+				bid := ids[rng.IntN(len(ids))]
+				l.AllowN(ctx, b, bid, int64(1+rng.IntN(2)))
+				parts = append(parts, fmt.Sprintf("%s/%s", b.UseType, bid))
+			}
+			desc = "batch(" + strings.Join(parts, " ") + ")"
+		case op < 8:
+			desc = fmt.Sprintf("Peek(%s %v, %s)", r.UseType, r.Window, id)
+			l.Peek(ctx, r, id)
+		case op < 9:
+			desc = fmt.Sprintf("Refund(%s %v, %s, %d)", r.UseType, r.Window, id, n)
+			l.Refund(ctx, r, id, n)
+		case op < 10:
+			desc = fmt.Sprintf("Reset(%s, %s)", r.UseType, id)
+			l.Reset(ctx, r, id)
+		case op < 12:
+			other := rs[rng.IntN(len(rs))]
+			for other.UseType == r.UseType || other.Window.IsConcurrent() {
+				other = rs[rng.IntN(len(rs))]
+			}
+			desc = fmt.Sprintf("AllowAll(%s, %s %v, %s %v)", id, r.UseType, r.Window, other.UseType, other.Window)
+			l.AllowAll(ctx, id, r, other)
+		default:
+			begin := at.Add(-time.Duration(rng.IntN(20)) * time.Second)
+			d := time.Duration(1+rng.IntN(15)) * time.Second
+			desc = fmt.Sprintf("CheckLimit(rolling, %s, 3, %v, %s)", id, d, begin.Format("15:04:05.000000"))
+			l.CheckLimit(ctx, "rolling", id, 3, d, begin)
+		}
+		if len(rec.reqs) == 0 {
+			continue // nothing to do (a lease no longer parses, say)
+		}
+		w.apply(clones(rec.reqs))
+		steps = append(steps, Step{Desc: at.UTC().Format("15:04:05.000000 ") + desc, Reqs: rec.reqs})
+	}
+	return steps
+}
+
+// clones returns deep copies of reqs, with prefix before every use type.
+func clonesFor(reqs []*countlimit.Request, prefix string) []*countlimit.Request {
+	out := make([]*countlimit.Request, len(reqs))
+	for i, r := range reqs {
+		c := *r
+		c.Checks = slices.Clone(r.Checks)
+		for j := range c.Checks {
+			c.Checks[j].UseType = countlimit.UseType(prefix) + c.Checks[j].UseType
+			c.Checks[j].State = countlimit.State{}
+		}
+		out[i] = &c
+	}
+	return out
+}
+
+func clones(reqs []*countlimit.Request) []*countlimit.Request { return clonesFor(reqs, "") }
+
+// canon is what must be equal of a key in every store at now: a key whose
+// window, penalty, log and leases are all over may be gone (a Redis TTL,
+// a janitor) or kept, and counts as empty; a log and the leases count by
+// what is live.
+func canon(k model.Key, ut countlimit.UseType, now int64) string {
+	span := spans[ut]
+	var log []int64
+	for _, e := range k.Log {
+		if span > 0 && e > now-span {
+			log = append(log, e)
+		}
+	}
+	var leases []string
+	for t, e := range k.Leases {
+		if e > now {
+			leases = append(leases, fmt.Sprintf("%.6s@%d", t, e))
+		}
+	}
+	slices.Sort(leases)
+	window := k.Begin < k.End
+	if !window && k.Blocked <= now && len(log) == 0 && len(leases) == 0 ||
+		window && k.End <= now && k.Blocked <= now && len(log) == 0 && len(leases) == 0 {
+		return "(nothing live)"
+	}
+	var b strings.Builder
+	if window {
+		end := "forever"
+		if k.End != model.Forever {
+			end = strconv.FormatInt(k.End, 10)
+		}
+		fmt.Fprintf(&b, "count %d [%d, %s) ", k.Count, k.Begin, end)
+	}
+	if len(log) > 0 {
+		fmt.Fprintf(&b, "log %v ", log)
+	}
+	fmt.Fprintf(&b, "denied %d blocked %d", k.Denied, k.Blocked)
+	if len(leases) > 0 {
+		fmt.Fprintf(&b, " leases %v", leases)
+	}
+	return b.String()
+}
+
+func stateString(s countlimit.State) string {
+	t := func(v time.Time) string {
+		if v.IsZero() {
+			return "-"
+		}
+		return strconv.FormatInt(v.UnixMicro(), 10)
+	}
+	return fmt.Sprintf("{%v used %d [%s, %s) blocked %s free %s}", s.Allowed, s.Used, t(s.Begin), t(s.End), t(s.BlockedUntil), t(s.FreeAt))
+}
+
+// Steps returns how many steps a run takes: COUNTLIMIT_MODEL_STEPS, else
+// def.
+func Steps(def int) int {
+	if n, err := strconv.Atoi(os.Getenv("COUNTLIMIT_MODEL_STEPS")); err == nil && n > 0 {
+		return n
+	}
+	return def
+}
+
+// Seed returns the run's seed: COUNTLIMIT_MODEL_SEED, else from the time.
+func Seed() uint64 {
+	if s, err := strconv.ParseUint(os.Getenv("COUNTLIMIT_MODEL_SEED"), 10, 64); err == nil {
+		return s
+	}
+	return uint64(time.Now().UnixNano())
+}
+
+// prefixes make each run's keys its own.
+var runs = 0
+
+// replay carries out steps on p and the model, on fresh keys, and returns
+// the index of the first step whose Results or stored states differ, with
+// what differs; -1 when none does.
+func replay(ctx context.Context, p Path, steps []Step, prefix string) (int, string) {
+	w := world{}
+	for i, st := range steps {
+		want := clones(st.Reqs)
+		w.apply(want)
+		got := clonesFor(st.Reqs, prefix)
+		do := p.Do
+		if p.Skip != nil && p.Skip(got) {
+			do = p.Fallback
+		}
+		if err := do(ctx, got); err != nil {
+			return i, fmt.Sprintf("%s: %v", p.Name, err)
+		}
+		for j := range want {
+			for c := range want[j].Checks {
+				if g, m := stateString(got[j].Checks[c].State), stateString(want[j].Checks[c].State); g != m {
+					return i, fmt.Sprintf("request %d check %s: %s got %s, the model %s", j, want[j].Checks[c].UseType, p.Name, g, m)
+				}
+			}
+		}
+		now := st.Reqs[0].Now.UnixMicro()
+		for _, r := range rules() {
+			for _, id := range ids {
+				k, err := p.Read(ctx, countlimit.UseType(prefix)+r.UseType, id)
+				if err != nil {
+					return i, fmt.Sprintf("reading (%s, %s): %v", r.UseType, id, err)
+				}
+				if g, m := canon(k, r.UseType, now), canon(*w.key(r.UseType, id), r.UseType, now); g != m {
+					return i, fmt.Sprintf("stored (%s, %s): %s keeps %s, the model %s", r.UseType, id, p.Name, g, m)
+				}
+			}
+		}
+	}
+	return -1, ""
+}
+
+// Run drives every path of paths and the model through one seeded run and
+// fails t at the first difference, with the seed and the shortest list of
+// steps that still shows it.
+func Run(t *testing.T, paths []Path) {
+	t.Helper()
+	seed, n := Seed(), Steps(300)
+	steps := gen(seed, n)
+	ctx := context.Background()
+	for _, p := range paths {
+		t.Run(p.Name, func(t *testing.T) {
+			runs++
+			prefix := fmt.Sprintf("m%d.%d.", seed%1e6, runs)
+			at, why := replay(ctx, p, steps, prefix)
+			if at < 0 {
+				return
+			}
+			short := shrink(ctx, p, steps[:at+1], fmt.Sprintf("m%d.s", seed%1e6))
+			var b strings.Builder
+			for i, st := range short {
+				fmt.Fprintf(&b, "\n  %d. %s", i+1, st.Desc)
+			}
+			t.Fatalf("seed %d (COUNTLIMIT_MODEL_SEED=%d COUNTLIMIT_MODEL_STEPS=%d to replay), step %d of %d: %s\nthe shortest steps that still differ (%d):%s",
+				seed, seed, n, at+1, n, why, len(short), b.String())
+		})
+	}
+}
+
+// shrink drops steps from failing, one at a time, while the path still
+// differs from the model, and returns what is left.
+func shrink(ctx context.Context, p Path, failing []Step, prefix string) []Step {
+	tries := 0
+	for i := 0; i < len(failing); {
+		candidate := append(slices.Clone(failing[:i]), failing[i+1:]...)
+		tries++
+		at, _ := replay(ctx, p, candidate, fmt.Sprintf("%s%d.", prefix, tries))
+		if at >= 0 {
+			failing = candidate[:at+1]
+			continue
+		}
+		i++
+	}
+	return failing
+}
