@@ -41,6 +41,93 @@ DROP INDEX IF EXISTS count_limit_unique_id_idx;
 ALTER TABLE count_limit_lease ADD CONSTRAINT count_limit_lease_use_type_unique_id_fkey
     FOREIGN KEY (use_type, unique_id) REFERENCES count_limit (use_type, unique_id) ON DELETE CASCADE;
 
+-- count_limit_status counts a window's events while the window is current
+-- as every check decides it: not empty, not over. 00004's view also asked
+-- that the window had begun by now(), and showed 0 used for a window opened
+-- by a Limiter whose clock runs ahead of the database's.
+-- +goose StatementBegin
+CREATE OR REPLACE VIEW count_limit_status AS
+SELECT
+    s.use_type,
+    s.unique_id,
+    s.window_kind::text AS window_kind,
+    s.used::bigint AS used,
+    s.limit_value,
+    greatest(s.limit_value - s.used, 0)::bigint AS remaining,
+    s.denied_count,
+    s.window_begin::timestamptz AS window_begin,
+    s.window_end::timestamptz AS window_end,
+    (CASE WHEN s.used > 0 AND s.window_end IS NOT NULL THEN s.window_end - now() END)::interval AS resets_in,
+    (s.blocked_until IS NOT NULL AND s.blocked_until > now())::boolean AS blocked,
+    (CASE WHEN s.blocked_until > now() THEN s.blocked_until END)::timestamptz AS blocked_until,
+    (CASE WHEN s.blocked_until > now() THEN s.blocked_until - now() END)::interval AS blocked_for,
+    s.updated_at
+FROM (
+    SELECT
+        c.use_type,
+        c.unique_id,
+        c.limit_value,
+        c.denied_count,
+        c.blocked_until,
+        c.updated_at,
+        CASE
+            WHEN k.concurrent THEN 'concurrent'
+            WHEN c.events IS NOT NULL THEN 'sliding'
+            WHEN c.end_time IS NULL THEN 'lifetime'
+            ELSE 'window'
+        END AS window_kind,
+        CASE WHEN k.concurrent THEN h.held ELSE n.counted END AS used,
+        CASE WHEN k.concurrent THEN h.first_taken ELSE c.begin_time END AS window_begin,
+        CASE WHEN k.concurrent THEN h.last_expiry ELSE c.end_time END AS window_end
+    FROM count_limit c
+    CROSS JOIN LATERAL (
+        -- No lease outlives lease_until, so keys without one skip the probe.
+        SELECT count(*) AS held, min(l.taken_at) AS first_taken, max(l.expires_at) AS last_expiry
+        FROM count_limit_lease l
+        WHERE c.lease_until > now()
+          AND l.use_type = c.use_type AND l.unique_id = c.unique_id AND l.expires_at > now()
+    ) h
+    CROSS JOIN LATERAL (
+        SELECT CASE
+            -- The log is time-ordered and end_time is its newest event plus
+            -- the window's length; epoch arithmetic keeps DST out of it.
+            WHEN c.events IS NOT NULL THEN (
+                SELECT count(*) FROM unnest(c.events) AS e
+                WHERE extract(epoch FROM e) > extract(epoch FROM now())
+                    - (extract(epoch FROM c.end_time) - extract(epoch FROM c.events[cardinality(c.events)])))
+            -- Current: not empty and not over; its begin is not compared with
+            -- now (a check whose clock runs ahead of the database's opens
+            -- a window that begins later than now() and is current all the
+            -- same).
+            WHEN c.begin_time < coalesce(c.end_time, 'infinity') AND coalesce(c.end_time > now(), true) THEN c.already_count
+            ELSE 0
+        END AS counted
+    ) n
+    CROSS JOIN LATERAL (
+        SELECT c.lease_until IS NOT NULL AND (h.held > 0 OR n.counted = 0) AS concurrent
+    ) k
+) s;
+-- +goose StatementEnd
+
+-- Comments of 00003, repeated so that every column keeps one whatever
+-- reads this schema (sqlc forgets them when a view is replaced).
+COMMENT ON VIEW count_limit_status IS
+    'count_limit as of the database clock, for people: what each id has used of its limit now (for concurrency limits, the slots it holds), what remains, whether it is blocked and for how long.';
+COMMENT ON COLUMN count_limit_status.use_type IS 'What is limited, e.g. password.change.';
+COMMENT ON COLUMN count_limit_status.unique_id IS 'Who or what is limited: user id, phone, IP, token.';
+COMMENT ON COLUMN count_limit_status.limit_value IS 'The limit the last check applied (each check carries its rule; this records it).';
+COMMENT ON COLUMN count_limit_status.denied_count IS 'Denied checks since the row was created (not reset when a window rolls over).';
+COMMENT ON COLUMN count_limit_status.blocked IS 'True while the id sits in the penalty box: every check is denied until blocked_until.';
+COMMENT ON COLUMN count_limit_status.blocked_until IS 'When the penalty ends, while it lasts; NULL when not blocked.';
+COMMENT ON COLUMN count_limit_status.blocked_for IS 'How long the penalty still lasts; NULL when not blocked.';
+COMMENT ON COLUMN count_limit_status.updated_at IS 'When the row was last written (database clock).';
+COMMENT ON COLUMN count_limit_status.window_kind IS 'window (rolling, fixed or calendar), sliding (an exact log of events), lifetime (never resets) or concurrent (slots held at once, as leases in count_limit_lease).';
+COMMENT ON COLUMN count_limit_status.used IS 'Events counted in the current window as of now; 0 once the window has ended. For concurrent limits, the leases live now (slots held).';
+COMMENT ON COLUMN count_limit_status.remaining IS 'limit_value - used, never below 0: how many more events (for concurrent limits, slots) the last applied limit allows now.';
+COMMENT ON COLUMN count_limit_status.window_begin IS 'When the current window began; for sliding windows, the oldest logged event; for concurrent limits, when the oldest live lease was taken (NULL when none is held).';
+COMMENT ON COLUMN count_limit_status.window_end IS 'When the current window ends (exclusive); NULL for lifetime limits. For sliding windows, the newest event plus the window length; for concurrent limits, when the last live lease expires unless extended or released (NULL when none is held).';
+COMMENT ON COLUMN count_limit_status.resets_in IS 'How long until the window ends and its count goes, while something is counted; NULL otherwise and for lifetime limits. For concurrent limits, until the last live lease expires.';
+
 ALTER FUNCTION countlimit_apply(text, text, timestamptz, bigint, text[], bigint[], timestamptz[], bigint[], bigint[], bigint[])
     SET enable_seqscan = off;
 ALTER FUNCTION countlimit_acquire(text, text, timestamptz, text, bigint, timestamptz, timestamptz, boolean)
@@ -770,6 +857,85 @@ $fn$;
 -- +goose StatementEnd
 
 -- +goose Down
+-- +goose StatementBegin
+CREATE OR REPLACE VIEW count_limit_status AS
+SELECT
+    s.use_type,
+    s.unique_id,
+    s.window_kind::text AS window_kind,
+    s.used::bigint AS used,
+    s.limit_value,
+    greatest(s.limit_value - s.used, 0)::bigint AS remaining,
+    s.denied_count,
+    s.window_begin::timestamptz AS window_begin,
+    s.window_end::timestamptz AS window_end,
+    (CASE WHEN s.used > 0 AND s.window_end IS NOT NULL THEN s.window_end - now() END)::interval AS resets_in,
+    (s.blocked_until IS NOT NULL AND s.blocked_until > now())::boolean AS blocked,
+    (CASE WHEN s.blocked_until > now() THEN s.blocked_until END)::timestamptz AS blocked_until,
+    (CASE WHEN s.blocked_until > now() THEN s.blocked_until - now() END)::interval AS blocked_for,
+    s.updated_at
+FROM (
+    SELECT
+        c.use_type,
+        c.unique_id,
+        c.limit_value,
+        c.denied_count,
+        c.blocked_until,
+        c.updated_at,
+        CASE
+            WHEN k.concurrent THEN 'concurrent'
+            WHEN c.events IS NOT NULL THEN 'sliding'
+            WHEN c.end_time IS NULL THEN 'lifetime'
+            ELSE 'window'
+        END AS window_kind,
+        CASE WHEN k.concurrent THEN h.held ELSE n.counted END AS used,
+        CASE WHEN k.concurrent THEN h.first_taken ELSE c.begin_time END AS window_begin,
+        CASE WHEN k.concurrent THEN h.last_expiry ELSE c.end_time END AS window_end
+    FROM count_limit c
+    CROSS JOIN LATERAL (
+        -- No lease outlives lease_until, so keys without one skip the probe.
+        SELECT count(*) AS held, min(l.taken_at) AS first_taken, max(l.expires_at) AS last_expiry
+        FROM count_limit_lease l
+        WHERE c.lease_until > now()
+          AND l.use_type = c.use_type AND l.unique_id = c.unique_id AND l.expires_at > now()
+    ) h
+    CROSS JOIN LATERAL (
+        SELECT CASE
+            -- The log is time-ordered and end_time is its newest event plus
+            -- the window's length; epoch arithmetic keeps DST out of it.
+            WHEN c.events IS NOT NULL THEN (
+                SELECT count(*) FROM unnest(c.events) AS e
+                WHERE extract(epoch FROM e) > extract(epoch FROM now())
+                    - (extract(epoch FROM c.end_time) - extract(epoch FROM c.events[cardinality(c.events)])))
+            WHEN c.begin_time <= now() AND (c.end_time IS NULL OR c.end_time > now()) THEN c.already_count
+            ELSE 0
+        END AS counted
+    ) n
+    CROSS JOIN LATERAL (
+        SELECT c.lease_until IS NOT NULL AND (h.held > 0 OR n.counted = 0) AS concurrent
+    ) k
+) s;
+-- +goose StatementEnd
+
+-- Comments of 00003, repeated so that every column keeps one whatever
+-- reads this schema (sqlc forgets them when a view is replaced).
+COMMENT ON VIEW count_limit_status IS
+    'count_limit as of the database clock, for people: what each id has used of its limit now (for concurrency limits, the slots it holds), what remains, whether it is blocked and for how long.';
+COMMENT ON COLUMN count_limit_status.use_type IS 'What is limited, e.g. password.change.';
+COMMENT ON COLUMN count_limit_status.unique_id IS 'Who or what is limited: user id, phone, IP, token.';
+COMMENT ON COLUMN count_limit_status.limit_value IS 'The limit the last check applied (each check carries its rule; this records it).';
+COMMENT ON COLUMN count_limit_status.denied_count IS 'Denied checks since the row was created (not reset when a window rolls over).';
+COMMENT ON COLUMN count_limit_status.blocked IS 'True while the id sits in the penalty box: every check is denied until blocked_until.';
+COMMENT ON COLUMN count_limit_status.blocked_until IS 'When the penalty ends, while it lasts; NULL when not blocked.';
+COMMENT ON COLUMN count_limit_status.blocked_for IS 'How long the penalty still lasts; NULL when not blocked.';
+COMMENT ON COLUMN count_limit_status.updated_at IS 'When the row was last written (database clock).';
+COMMENT ON COLUMN count_limit_status.window_kind IS 'window (rolling, fixed or calendar), sliding (an exact log of events), lifetime (never resets) or concurrent (slots held at once, as leases in count_limit_lease).';
+COMMENT ON COLUMN count_limit_status.used IS 'Events counted in the current window as of now; 0 once the window has ended. For concurrent limits, the leases live now (slots held).';
+COMMENT ON COLUMN count_limit_status.remaining IS 'limit_value - used, never below 0: how many more events (for concurrent limits, slots) the last applied limit allows now.';
+COMMENT ON COLUMN count_limit_status.window_begin IS 'When the current window began; for sliding windows, the oldest logged event; for concurrent limits, when the oldest live lease was taken (NULL when none is held).';
+COMMENT ON COLUMN count_limit_status.window_end IS 'When the current window ends (exclusive); NULL for lifetime limits. For sliding windows, the newest event plus the window length; for concurrent limits, when the last live lease expires unless extended or released (NULL when none is held).';
+COMMENT ON COLUMN count_limit_status.resets_in IS 'How long until the window ends and its count goes, while something is counted; NULL otherwise and for lifetime limits. For concurrent limits, until the last live lease expires.';
+
 DROP FUNCTION countlimit_peek_leases(text, text, timestamptz, bigint);
 DROP FUNCTION countlimit_extend_lease(text, text, timestamptz, text, timestamptz);
 DROP FUNCTION countlimit_release_lease(text, text, timestamptz, text);

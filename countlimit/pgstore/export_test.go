@@ -39,3 +39,9 @@ var ErrBusy = errBusy
 
 // QueuedForTest reports how many calls wait for a group commit.
 func (s *Store) QueuedForTest() int { return s.gather.Queued() }
+
+// ApplyForTest runs r through countlimit_apply, as sliding windows and
+// AllowAll do, whatever its rule.
+func (s *Store) ApplyForTest(ctx context.Context, r *countlimit.Request) error {
+	return interpretError(s.apply(ctx, s.db, r))
+}

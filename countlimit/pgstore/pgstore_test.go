@@ -624,3 +624,22 @@ func TestIndexesMadeByHand(t *testing.T) {
 		t.Errorf("count_limit's indexes: %v, want %s (the key serves lookups by id)", names, want)
 	}
 }
+
+// TestStatusCountsAWindowThatBeginsLater: a Limiter whose clock runs ahead
+// of the database's opens a window that begins after now(); the view
+// counts its events all the same, as every check does (a window is current
+// while it is not empty and not over).
+func TestStatusCountsAWindowThatBeginsLater(t *testing.T) {
+	pool := testbackend.Postgres(t)
+	ctx := context.Background()
+	ahead := countlimit.New(pgstore.New(pool), countlimit.WithClock(func() time.Time { return time.Now().Add(time.Minute) }))
+	rule := countlimit.Rule{UseType: storetest.UseType(t, "status.ahead"), Limit: 5, Window: countlimit.Rolling(time.Hour)}
+	if _, err := ahead.AllowN(ctx, rule, "u", 2); err != nil {
+		t.Fatal(err)
+	}
+	var used, remaining int64
+	if err := pool.QueryRow(ctx, `SELECT used, remaining FROM count_limit_status WHERE use_type = $1 AND unique_id = 'u'`,
+		string(rule.UseType)).Scan(&used, &remaining); err != nil || used != 2 || remaining != 3 {
+		t.Errorf("count_limit_status: used %d, remaining %d (%v); want 2 and 3", used, remaining, err)
+	}
+}

@@ -231,14 +231,23 @@ func gen(seed uint64, n int) []Step {
 		case op < 7:
 			// A batch: allows of rules that are not sliding, over the ids,
 			// some of them on one id, as concurrent callers send them.
-			k := 2 + rng.IntN(5)
+			// Half the batches have a key each (PostgreSQL's
+			// countlimit_allow_distinct), the others repeat keys.
+			k, distinct := 2+rng.IntN(5), rng.IntN(2) == 0
+			if distinct {
+				k = 2 + rng.IntN(len(ids)-1)
+			}
+			order := rng.Perm(len(ids))
 			var parts []string
-			for range k {
+			for j := range k {
 				b := rs[rng.IntN(len(rs))]
-				for b.Window.IsConcurrent() || b.Window.String() == "sliding 9s" || b.Window.String() == "sliding 4s" {
+				for b.Window.IsConcurrent() || strings.HasPrefix(b.Window.String(), "sliding") {
 					b = rs[rng.IntN(len(rs))]
 				}
 				bid := ids[rng.IntN(len(ids))]
+				if distinct {
+					bid = ids[order[j]]
+				}
 				l.AllowN(ctx, b, bid, int64(1+rng.IntN(2)))
 				parts = append(parts, fmt.Sprintf("%s/%s", b.UseType, bid))
 			}
