@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"log"
+	"os"
+	"os/signal"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -106,4 +108,32 @@ func ExampleNew() {
 	}
 	fmt.Println("allowed:", allowed.Load(), "used:", res.Used, "next at:", res.ResetAt.In(shanghai).Format(time.DateTime))
 	// Output: allowed: 3 used: 3 next at: 2026-05-12 00:00:00
+}
+
+// serveUntil stands for a service's own work in the examples.
+func serveUntil(context.Context, *countlimit.Limiter) {}
+
+// Purging beside the service: expired rows and leases go every five
+// minutes, in batches beside live checks, until the service stops. Without
+// a purge, count_limit keeps a row for every (use type, id) it ever saw.
+// (Compiled, not run: it needs a database.)
+func ExampleStore_PurgeEvery() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	pool, err := pgxpool.New(ctx, "postgres://app@db/app")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	store := pgstore.New(pool) // the Store your Limiter checks with
+	go store.PurgeEvery(ctx, 5*time.Minute, pgstore.WithPurgeReport(func(p pgstore.PurgePass) {
+		if p.Err != nil {
+			log.Printf("purge: %v (trying again next time)", p.Err)
+			return
+		}
+		log.Printf("purged %d expired rows in %v", p.Rows, p.Took)
+	}))
+
+	limiter := countlimit.New(store)
+	serveUntil(ctx, limiter) // the service's own work
 }

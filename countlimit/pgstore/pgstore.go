@@ -56,6 +56,16 @@
 // batched; pgx's default (the larger of 4 and the number of CPUs) serves
 // most services, and pool_max_conns in the URL changes it.
 //
+// # Purging
+//
+// Rows are never deleted by checks: count_limit keeps a row for every
+// (use type, id) it ever saw until a purge deletes the expired ones. A
+// deployment must purge: run PurgeEvery beside your Limiter, or let
+// "countlimit serve" do it (its --purge-interval), or run "countlimit
+// purge" or Purge from a scheduler. All delete in bounded batches that
+// skip rows live checks hold locked, so they run beside live traffic and
+// beside each other.
+//
 // Checks need READ COMMITTED, PostgreSQL's default isolation level. In a
 // REPEATABLE READ or SERIALIZABLE transaction, concurrent checks of one id
 // fail with a serialization error (SQLSTATE 40001, wrapped in
