@@ -76,6 +76,10 @@ type Config struct {
 	// Conns, when not nil, is the cap on the connections the service's
 	// listeners hold open; /metrics then shows it at work.
 	Conns *ConnLimit
+	// Purges, when not nil, records the service's background purges of
+	// expired rows; /metrics then shows them. Nil: the service does not
+	// purge (memory and Redis counters expire on their own).
+	Purges *Purges
 }
 
 // limiterCollectors export the Limiter's failure counts (see
@@ -198,6 +202,9 @@ func New(cfg Config) *Server {
 	s.reg.MustRegister(limiterCollectors(cfg.Limiter)...)
 	if cfg.Conns != nil {
 		s.reg.MustRegister(connCollectors(cfg.Conns)...)
+	}
+	if cfg.Purges != nil {
+		s.reg.MustRegister(cfg.Purges.collectors()...)
 	}
 
 	for _, o := range ruleops.Ops {
