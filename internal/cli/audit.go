@@ -147,7 +147,7 @@ func human(d time.Duration) string {
 func purge(ctx context.Context, args []string, stdout io.Writer) error {
 	fs := newFlagSet("purge")
 	storeURL := storeFlag(fs, "", "postgres://...")
-	batch := fs.Int("batch", 1000, "`N` rows per batch (each batch is one short statement)")
+	batch := fs.Int("batch", pgstore.DefaultPurgeBatchSize, "`N` rows per batch (each batch is one short statement)")
 	if err := parse(fs, args); err != nil {
 		return err
 	}

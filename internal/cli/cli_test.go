@@ -91,7 +91,8 @@ func TestHelp(t *testing.T) {
 		flags []string
 	}{
 		{"serve", "countlimit serve [flags]", []string{"--addr ADDR", "--store URL", "--rules FILE", "--migrate", "--token-file FILE", "--insecure",
-			"--metrics-addr ADDR", "--log-level LEVEL", "--store-timeout duration", "--breaker-failures N", "--breaker-cooldown duration", "--max-conns N"}},
+			"--metrics-addr ADDR", "--log-level LEVEL", "--store-timeout duration", "--breaker-failures N", "--breaker-cooldown duration", "--max-conns N",
+			"--purge-interval duration", "--purge-batch N", "countlimit purge"}},
 		{"allow", "countlimit allow RULE ID --store URL [flags]", []string{"--store URL", "--rules FILE", "--cost N", "--tier T", "--json"}},
 		{"peek", "countlimit peek RULE ID", []string{"--store URL", "--tier T", "--json"}},
 		{"refund", "countlimit refund RULE ID", []string{"--cost N", "Exit status: 0 once refunded"}},

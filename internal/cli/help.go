@@ -64,7 +64,19 @@ the keep-alive connection idle longest; when none is idle it is refused at
 once (503, Connection: close). 0, the default, is the file limit
 (RLIMIT_NOFILE) less the store's pool and an eighth of the limit (at least
 64) for the rest of the process, never below a quarter of the limit; no cap
-where the system sets no file limit. The "serving" log line says the cap.`,
+where the system sets no file limit. The "serving" log line says the cap.
+
+On PostgreSQL, serve purges expired rows and leases in the background: a
+pass at start, then about every --purge-interval (0: never), each in
+statements of at most --purge-batch rows that skip rows live checks hold,
+pausing between statements. Each pass logs one line (rows, batches, took);
+/metrics counts them (countlimit_purged_rows_total, countlimit_purge_*). A
+pass that fails is logged and the next tries again; it never fails a check
+or opens the breaker. Several services may purge one database at once.
+With --purge-interval 0, purge some other way ("countlimit purge" from
+cron, or pg_cron: see docs/operations.md), or count_limit keeps a row for
+every id it ever saw. Memory and Redis counters expire on their own: there
+the purge flags do nothing.`,
 	},
 	"allow": {
 		usage: "countlimit allow RULE ID --store URL [flags]",
@@ -123,9 +135,11 @@ Redis keeps no index to rank by, memory lives in one process).`,
 	},
 	"purge": {
 		usage: "countlimit purge --store postgres://... [flags]",
-		about: `Deletes expired rows in batches, each one short statement with SKIP LOCKED,
-so it runs beside live traffic; on a terminal it shows its progress.
-PostgreSQL only: Redis keys expire on their own.`,
+		about: `Deletes expired rows and leases in batches, each one short statement with
+SKIP LOCKED, so it runs beside live traffic; on a terminal it shows its
+progress. "countlimit serve" does the same by itself (its --purge-interval);
+run this from cron where no serve purges. PostgreSQL only: Redis keys
+expire on their own.`,
 	},
 	"migrate": {
 		usage: "countlimit migrate up|down|status --store postgres://...",

@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/countlimit/countlimit/countlimit"
+	"github.com/countlimit/countlimit/countlimit/pgstore"
 	"github.com/countlimit/countlimit/internal/rulefile"
 	"github.com/countlimit/countlimit/internal/server"
 )
@@ -24,6 +26,13 @@ const DefaultAddr = "127.0.0.1:8080"
 
 // MinTokenLen is the shortest bearer token serve accepts.
 const MinTokenLen = 16
+
+// DefaultPurgeInterval is how often serve purges expired rows on
+// PostgreSQL unless --purge-interval says otherwise: often enough that
+// count_limit stays near the size of its live rows, and each pass, at
+// most a few batches on a table that is purged, costs little beside the
+// checks.
+const DefaultPurgeInterval = 5 * time.Minute
 
 // startTimeout bounds serve's first ping of its store, so that a store
 // whose address drops packets does not hold the start for minutes.
@@ -48,6 +57,8 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	breakerFailures := fs.Int("breaker-failures", 5, "open the circuit breaker after `N` store failures in a row; 0: no breaker")
 	breakerCoolDown := fs.Duration("breaker-cooldown", time.Second, "how long the open breaker answers 503 without calling the store before one probe")
 	maxConns := fs.Int("max-conns", 0, "keep at most `N` HTTP connections open (--addr's and --metrics-addr's together); 0: the file limit less headroom")
+	purgeInterval := fs.Duration("purge-interval", DefaultPurgeInterval, "on PostgreSQL, purge expired rows and leases in the background about every `duration`; 0: never")
+	purgeBatch := fs.Int("purge-batch", pgstore.DefaultPurgeBatchSize, fmt.Sprintf("delete at most `N` rows per purge statement (1 to %d)", pgstore.MaxBatchSize))
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -67,6 +78,10 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return usageErrorf("serve: --breaker-cooldown must be positive, got %v", *breakerCoolDown)
 	case *maxConns < 0:
 		return usageErrorf("serve: --max-conns must not be negative, got %d", *maxConns)
+	case *purgeInterval < 0:
+		return usageErrorf("serve: --purge-interval must not be negative (0 turns the purge off), got %v", *purgeInterval)
+	case *purgeBatch < 1 || *purgeBatch > pgstore.MaxBatchSize:
+		return usageErrorf("serve: --purge-batch must be 1 to %d, got %d", pgstore.MaxBatchSize, *purgeBatch)
 	}
 	var lvl slog.Level
 	if err := lvl.UnmarshalText([]byte(*level)); err != nil {
@@ -128,6 +143,10 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			OnChange: breakerLog(log),
 		}))
 	}
+	var purges *server.Purges
+	if st.pg != nil && *purgeInterval > 0 {
+		purges = &server.Purges{}
+	}
 	handler := server.New(server.Config{
 		Limiter:     countlimit.New(st.store, opts...),
 		Rules:       rf,
@@ -138,6 +157,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		OmitMetrics: metricsLn != nil,
 		StartErr:    storeDown,
 		Conns:       conns,
+		Purges:      purges,
 	})
 	// Requests run under base, which is canceled if draining them takes too
 	// long, so a stuck store cannot hold shutdown.
@@ -194,7 +214,16 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if conns != nil {
 		attrs = append(attrs, "max_conns", conns.Max())
 	}
+	if purges != nil {
+		attrs = append(attrs, "purge_interval", purgeInterval.String())
+	}
 	log.Info("serving", attrs...)
+	if purges != nil {
+		stopPurge := startPurge(ctx, st.pg, *purgeInterval, *purgeBatch, purges, log)
+		defer stopPurge() // before st.close: the pool waits for the purge's connection
+	} else if st.pg == nil {
+		ignoredPurgeFlags(fs, st, log)
+	}
 
 	errc := make(chan error, len(servers))
 	for _, s := range servers {
@@ -252,6 +281,58 @@ func connLimit(n, storeConns int, log *slog.Logger) *server.ConnLimit {
 			"max_conns", n, "file_limit", files, "store_conns", storeConns)
 	}
 	return server.NewConnLimit(n, log)
+}
+
+// startPurge runs the background purge of expired rows and leases
+// (pgstore.Store.PurgeEvery) until ctx ends or the returned func is
+// called, which waits for it to stop. Each pass is one log line and goes
+// into purges. A pass that fails is a warning, and the next tries again:
+// the purge goes straight to the store, not through the Limiter, so it
+// never opens the circuit breaker or fails a check.
+func startPurge(ctx context.Context, pg *pgstore.Store, interval time.Duration, batch int, purges *server.Purges, log *slog.Logger) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	report := func(p pgstore.PurgePass) {
+		purges.Observe(p.Rows, p.Took, p.Err)
+		took := p.Took.Round(time.Microsecond).String()
+		if p.Err != nil {
+			log.Warn("purge failed; the next pass tries again", "rows", p.Rows, "batches", p.Batches, "took", took, "err", p.Err)
+			return
+		}
+		log.Info("purged expired rows", "rows", p.Rows, "batches", p.Batches, "took", took)
+	}
+	go func() {
+		defer close(done)
+		// It returns only when ctx ends: its arguments were checked.
+		_ = pg.PurgeEvery(ctx, interval, pgstore.WithPurgeBatchSize(batch), pgstore.WithPurgeReport(report))
+	}()
+	return func() {
+		cancel()
+		<-done
+	}
+}
+
+// ignoredPurgeFlags notes the purge flags given for a store that expires
+// its own keys, where they do nothing.
+func ignoredPurgeFlags(fs *flag.FlagSet, st *opened, log *slog.Logger) {
+	var given []string
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name == "purge-interval" || f.Name == "purge-batch" {
+			given = append(given, "--"+f.Name)
+		}
+	})
+	if len(given) == 0 {
+		return
+	}
+	why := "memory counters expire on their own"
+	if st.redis != nil {
+		why = "Redis keys expire on their own"
+	}
+	verb := "is"
+	if len(given) > 1 {
+		verb = "are"
+	}
+	log.Info(fmt.Sprintf("%s %s ignored: %s", strings.Join(given, " and "), verb, why))
 }
 
 // breakerLog logs the breaker opening and closing, one line each; its

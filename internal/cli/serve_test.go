@@ -293,6 +293,9 @@ func TestServeFailureFlags(t *testing.T) {
 		{"serve", "--breaker-failures", "-1"},
 		{"serve", "--breaker-cooldown", "0s"},
 		{"serve", "--max-conns", "-1"},
+		{"serve", "--purge-interval", "-1s"},
+		{"serve", "--purge-batch", "0"},
+		{"serve", "--purge-batch", "2000000"},
 	} {
 		var stdout, stderr strings.Builder
 		if code := cli.Run(context.Background(), args, &stdout, &stderr); code != cli.ExitError || !strings.Contains(stderr.String(), args[1]) {
