@@ -64,14 +64,15 @@ func WithPurgeClock(now func() time.Time) PurgeOption {
 // WithPurgeReport makes PurgeEvery call report after every pass, failed
 // ones included, on PurgeEvery's goroutine: for a log line or metrics. The
 // next pass waits for it to return. A pass cut short because PurgeEvery's
-// context ended is not reported.
+// context ended is not reported; one that finished is, even if the
+// context ended meanwhile.
 func WithPurgeReport(report func(PurgePass)) PurgeOption {
 	return func(c *purgeConfig) { c.report = report }
 }
 
-// PurgeEvery purges expired rows and leases, as Purge does, once at once
-// and then about every interval, until ctx ends; it then returns ctx's
-// error. Run it on a goroutine of its own, on a Store made on a pool, in
+// PurgeEvery purges expired rows and leases, as Purge does, in one pass at
+// once and then one about every interval, until ctx ends; it then returns
+// ctx's error. Run it on a goroutine of its own, on a Store made on a pool, in
 // one process or several: a PostgreSQL deployment must purge somehow, or
 // count_limit keeps a row for every (use type, id) it ever saw.
 //
@@ -125,8 +126,8 @@ func (s *Store) PurgeEvery(ctx context.Context, interval time.Duration, opts ...
 		case <-timer.C:
 		}
 		pass := s.purgePass(ctx, cfg)
-		if ctx.Err() != nil {
-			return ctx.Err()
+		if pass.Err != nil && ctx.Err() != nil {
+			return ctx.Err() // cut short: not a failure of the database
 		}
 		if cfg.report != nil {
 			cfg.report(pass)
@@ -148,7 +149,7 @@ func (s *Store) purgePass(ctx context.Context, cfg purgeConfig) PurgePass {
 		p.Batches++
 		p.Rows += n
 		if err != nil && ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
-			err = fmt.Errorf("pgstore: purge: a batch took over %v: %w", purgeBatchTimeout, err)
+			err = fmt.Errorf("%w (the batch took over %v)", err, purgeBatchTimeout)
 		}
 		if err != nil || n < int64(cfg.batchSize) {
 			p.Err = err
