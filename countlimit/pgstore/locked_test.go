@@ -18,16 +18,18 @@ import (
 )
 
 // TestLockedRowHoldsNoOtherIDHostage: another transaction holds one id's
-// row locked for a second (as a check inside a caller's pgx.Tx does until
-// it commits) while 64 callers spread over 1 000 ids, with a store timeout
-// and the circuit breaker on, as the service runs. Group commit must not
+// row locked for two seconds (as a check inside a caller's pgx.Tx does
+// until it commits) while 64 callers spread over 1 000 ids, with a store
+// timeout and the circuit breaker on, as the service runs. The timeout
+// (500 ms) is generous for a loaded machine and four times shorter than
+// the lock, so a batch that waited for the lock would fail every call in it. Group commit must not
 // hold the other ids' calls behind that lock: none of them fails, the
 // breaker stays closed, and the locked id's calls, which may wait out their
 // timeout, are not store failures.
 func TestLockedRowHoldsNoOtherIDHostage(t *testing.T) {
 	admin := testbackend.Postgres(t)
 	l := countlimit.New(pgstore.New(testbackend.PostgresPool(t)),
-		countlimit.WithStoreTimeout(200*time.Millisecond),
+		countlimit.WithStoreTimeout(500*time.Millisecond),
 		countlimit.WithCircuitBreaker(countlimit.CircuitBreaker{}))
 	rule := countlimit.Rule{UseType: storetest.UseType(t, "hostage"), Limit: countlimit.MaxLimit, Window: countlimit.Fixed(time.Hour)}
 	ctx := context.Background()
@@ -42,7 +44,7 @@ func TestLockedRowHoldsNoOtherIDHostage(t *testing.T) {
 	}
 	locked := ids[0]
 	b := lockRows(t, admin, rule.UseType, locked)
-	held := time.AfterFunc(time.Second, func() { b.tx.Rollback(context.Background()) })
+	held := time.AfterFunc(2*time.Second, func() { b.tx.Rollback(context.Background()) })
 	defer held.Stop()
 
 	var (
@@ -51,7 +53,7 @@ func TestLockedRowHoldsNoOtherIDHostage(t *testing.T) {
 		otherErrs                      []error
 		wg                             sync.WaitGroup
 	)
-	stop := time.Now().Add(1500 * time.Millisecond)
+	stop := time.Now().Add(2500 * time.Millisecond)
 	for c := range 64 {
 		wg.Go(func() {
 			rng := rand.New(rand.NewPCG(uint64(c), 1))

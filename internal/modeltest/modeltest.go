@@ -59,8 +59,8 @@ func rules() []countlimit.Rule {
 	}
 	return []countlimit.Rule{
 		{UseType: "rolling", Limit: 3, Window: countlimit.Rolling(10 * time.Second)},
-		{UseType: "fixed", Limit: 4, Window: countlimit.Fixed(7 * time.Second), Block: 5 * time.Second},
-		{UseType: "day", Limit: 6, Window: countlimit.Calendar(countlimit.Day, ny)},
+		{UseType: "fixed", Limit: 2, Window: countlimit.Fixed(7 * time.Second), Block: 5 * time.Second},
+		{UseType: "day", Limit: 4, Window: countlimit.Calendar(countlimit.Day, ny), Block: 2 * time.Second},
 		{UseType: "sliding", Limit: 3, Window: countlimit.Sliding(9 * time.Second)},
 		{UseType: "sliding", Limit: 3, Window: countlimit.Fixed(20 * time.Second)}, // the same use type, another kind
 		{UseType: "slidingblock", Limit: 2, Window: countlimit.Sliding(4 * time.Second), Block: 3 * time.Second},
@@ -123,25 +123,34 @@ func (w world) apply(reqs []*countlimit.Request) {
 	}
 }
 
+// instant is when something of a key ends.
+type instant struct {
+	at int64
+	ut countlimit.UseType
+	id string
+}
+
 // expiries returns every instant at which something of w ends: windows,
 // penalties, sliding events and leases.
-func (w world) expiries() []int64 {
-	var out []int64
+func (w world) expiries() []instant {
+	var out []instant
 	for name, k := range w {
-		ut, _, _ := strings.Cut(name, "\x00")
+		u, id, _ := strings.Cut(name, "\x00")
+		ut := countlimit.UseType(u)
 		if k.Begin < k.End && k.End != model.Forever {
-			out = append(out, k.End)
+			out = append(out, instant{k.End, ut, id})
 		}
 		if k.Blocked > 0 {
-			out = append(out, k.Blocked)
+			out = append(out, instant{k.Blocked, ut, id})
 		}
 		for _, e := range k.Log {
-			out = append(out, e+spans[countlimit.UseType(ut)])
+			out = append(out, instant{e + spans[ut], ut, id})
 		}
 		for _, e := range k.Leases {
-			out = append(out, e)
+			out = append(out, instant{e, ut, id})
 		}
 	}
+	slices.SortFunc(out, func(a, b instant) int { return int(a.at - b.at) })
 	return out
 }
 
@@ -157,20 +166,24 @@ func gen(seed uint64, n int) []Step {
 	for len(steps) < n {
 		// The clock: small steps, large ones, an instant something ends
 		// at, or, rarely, a read a little older than the last one.
+		// focus, when set, is the key whose instant the clock landed on:
+		// the step then works on it.
+		var focus *instant
 		switch p := rng.IntN(20); {
-		case p < 12:
+		case p < 11:
 			now = now.Add(time.Duration(rng.IntN(1500)) * time.Millisecond)
-		case p < 14:
+		case p < 13:
 			now = now.Add(time.Duration(5+rng.IntN(40)) * time.Second)
 		case p < 18:
-			var soon []int64
+			var soon []instant
 			for _, e := range w.expiries() {
-				if e > now.UnixMicro() && e < now.UnixMicro()+30e6 {
+				if e.at > now.UnixMicro() && e.at < now.UnixMicro()+30e6 {
 					soon = append(soon, e)
 				}
 			}
 			if len(soon) > 0 {
-				now = time.UnixMicro(soon[rng.IntN(len(soon))]).In(ny)
+				focus = &soon[rng.IntN(len(soon))]
+				now = time.UnixMicro(focus.at).In(ny)
 				if rng.IntN(3) == 0 {
 					now = now.Add(-time.Microsecond)
 				}
@@ -182,7 +195,7 @@ func gen(seed uint64, n int) []Step {
 			back := now.Add(-time.Duration(1+rng.IntN(50)) * time.Millisecond)
 			late := true
 			for _, e := range w.expiries() {
-				if e > back.UnixMicro()-1e6 && e <= now.UnixMicro()+1e6 {
+				if e.at > back.UnixMicro()-1e6 && e.at <= now.UnixMicro()+1e6 {
 					late = false
 				}
 			}
@@ -195,13 +208,23 @@ func gen(seed uint64, n int) []Step {
 		l := countlimit.New(rec, countlimit.WithClock(func() time.Time { return at }))
 		ctx := context.Background()
 		r := rs[rng.IntN(len(rs))]
+		id := ids[rng.IntN(len(ids))]
+		if focus != nil {
+			for r.UseType != focus.ut {
+				r = rs[rng.IntN(len(rs))]
+			}
+			id = focus.id
+		}
 		if rng.IntN(6) == 0 {
 			r.Limit += int64(rng.IntN(3)) - 1
 		}
-		id := ids[rng.IntN(len(ids))]
 		n := int64(1 + rng.IntN(3))
 		var desc string
-		switch op := rng.IntN(14); {
+		op := rng.IntN(14)
+		if focus != nil && !r.Window.IsConcurrent() && rng.IntN(5) < 4 {
+			op = []int{0, 5}[rng.IntN(2)] // an allow, or a batch, at the instant
+		}
+		switch {
 		case r.Window.IsConcurrent() && op < 6:
 			desc = fmt.Sprintf("Acquire(%s, %s)", r.UseType, id)
 			if ls, _, _ := l.Acquire(ctx, r, id); ls.Token() != "" {
@@ -233,7 +256,7 @@ func gen(seed uint64, n int) []Step {
 			// some of them on one id, as concurrent callers send them.
 			// Half the batches have a key each (PostgreSQL's
 			// countlimit_allow_distinct), the others repeat keys.
-			k, distinct := 2+rng.IntN(5), rng.IntN(2) == 0
+			k, distinct := 2+rng.IntN(5), rng.IntN(2) == 0 && focus == nil
 			if distinct {
 				k = 2 + rng.IntN(len(ids)-1)
 			}
@@ -247,6 +270,15 @@ func gen(seed uint64, n int) []Step {
 				bid := ids[rng.IntN(len(ids))]
 				if distinct {
 					bid = ids[order[j]]
+				}
+				if focus != nil && rng.IntN(3) > 0 {
+					// Calls on the key whose instant this is.
+					bid = focus.id
+					for _, fr := range rs {
+						if fr.UseType == focus.ut && !fr.Window.IsConcurrent() && !strings.HasPrefix(fr.Window.String(), "sliding") {
+							b = fr
+						}
+					}
 				}
 				l.AllowN(ctx, b, bid, int64(1+rng.IntN(2)))
 				parts = append(parts, fmt.Sprintf("%s/%s", b.UseType, bid))
