@@ -221,8 +221,11 @@ func gen(seed uint64, n int) []Step {
 		n := int64(1 + rng.IntN(3))
 		var desc string
 		op := rng.IntN(14)
-		if focus != nil && !r.Window.IsConcurrent() && rng.IntN(5) < 4 {
+		switch {
+		case focus != nil && !r.Window.IsConcurrent() && rng.IntN(5) < 4:
 			op = []int{0, 5}[rng.IntN(2)] // an allow, or a batch, at the instant
+		case focus != nil && r.Window.IsConcurrent() && rng.IntN(5) < 4:
+			op = []int{0, 6, 8}[rng.IntN(3)] // an acquire, release or extend
 		}
 		switch {
 		case r.Window.IsConcurrent() && op < 6:
@@ -232,6 +235,14 @@ func gen(seed uint64, n int) []Step {
 			}
 		case r.Window.IsConcurrent() && op < 10 && len(leases) > 0:
 			ls := leases[rng.IntN(len(leases))]
+			if focus != nil {
+				// The lease whose expiry the clock landed on.
+				for _, c := range leases {
+					if w.key(focus.ut, focus.id).Leases[c.Token()] == focus.at {
+						ls = c
+					}
+				}
+			}
 			// Bound again to this step's Limiter, whose clock is now.
 			if rl, err := l.ParseLease(ls.String(), r); err == nil {
 				if op < 8 {
