@@ -230,9 +230,9 @@ CREATE FUNCTION countlimit_allow_one(
 ) RETURNS TABLE (
     o_busy          boolean,
     o_allowed       boolean,
-    o_already_count bigint,
-    o_begin_time    timestamptz,
-    o_end_time      timestamptz,
+    o_used          bigint,
+    o_window_begin  timestamptz,
+    o_window_end    timestamptz,
     o_blocked_until timestamptz
 ) LANGUAGE plpgsql SET enable_seqscan = off AS $fn$
 BEGIN
@@ -284,11 +284,20 @@ BEGIN
                     THEN c.already_count ELSE 0 END
             RETURNING c.denied_count = 0 AS allowed, c.already_count, c.begin_time, c.end_time, c.blocked_until
         )
-        SELECT false, a.allowed::boolean, a.already_count::bigint, a.begin_time::timestamptz, a.end_time::timestamptz, a.blocked_until::timestamptz
+        SELECT false, a.allowed::boolean, a.already_count::bigint, a.begin_time::timestamptz, a.end_time::timestamptz,
+            (CASE WHEN a.blocked_until > p_now THEN a.blocked_until END)::timestamptz
         FROM a
         UNION ALL
-        SELECT false, i.allowed, i.already_count, i.begin_time, i.end_time, i.blocked_until
+        -- A denial leaves the window as it was: the state is that window
+        -- when it is current, else the fresh one an event would open.
+        SELECT false, i.allowed,
+            CASE WHEN x.shown THEN i.already_count ELSE 0 END,
+            CASE WHEN x.shown THEN i.begin_time ELSE p_begin_time END,
+            CASE WHEN x.shown THEN i.end_time ELSE p_window_end END,
+            CASE WHEN i.blocked_until > p_now THEN i.blocked_until END
         FROM i
+        CROSS JOIN LATERAL (SELECT i.allowed OR i.begin_time < coalesce(i.end_time, 'infinity')
+            AND coalesce(i.end_time > p_now, true) AS shown) x
         UNION ALL
         SELECT true, false, 0, NULL, NULL, NULL
         FROM p
@@ -333,11 +342,20 @@ BEGIN
                     THEN c.already_count ELSE 0 END
             RETURNING c.denied_count = 0 AS allowed, c.already_count, c.begin_time, c.end_time, c.blocked_until
         )
-        SELECT false, a.allowed::boolean, a.already_count::bigint, a.begin_time::timestamptz, a.end_time::timestamptz, a.blocked_until::timestamptz
+        SELECT false, a.allowed::boolean, a.already_count::bigint, a.begin_time::timestamptz, a.end_time::timestamptz,
+            (CASE WHEN a.blocked_until > p_now THEN a.blocked_until END)::timestamptz
         FROM a
         UNION ALL
-        SELECT false, i.allowed, i.already_count, i.begin_time, i.end_time, i.blocked_until
-        FROM i;
+        -- A denial leaves the window as it was: the state is that window
+        -- when it is current, else the fresh one an event would open.
+        SELECT false, i.allowed,
+            CASE WHEN x.shown THEN i.already_count ELSE 0 END,
+            CASE WHEN x.shown THEN i.begin_time ELSE p_begin_time END,
+            CASE WHEN x.shown THEN i.end_time ELSE p_window_end END,
+            CASE WHEN i.blocked_until > p_now THEN i.blocked_until END
+        FROM i
+        CROSS JOIN LATERAL (SELECT i.allowed OR i.begin_time < coalesce(i.end_time, 'infinity')
+            AND coalesce(i.end_time > p_now, true) AS shown) x;
     END IF;
 END
 $fn$;

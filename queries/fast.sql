@@ -9,8 +9,8 @@
 -- and sets the penalty (countlimit_allow_one). With skip_locked, a row
 -- another transaction holds locked comes back busy, nothing written. No
 -- row means: send it again (its row was created concurrently).
-SELECT r.o_busy::boolean AS busy, r.o_allowed::boolean AS allowed, r.o_already_count::bigint AS already_count,
-    r.o_begin_time::timestamptz AS begin_time, r.o_end_time::timestamptz AS end_time,
+SELECT r.o_busy::boolean AS busy, r.o_allowed::boolean AS allowed, r.o_used::bigint AS used,
+    r.o_window_begin::timestamptz AS window_begin, r.o_window_end::timestamptz AS window_end,
     r.o_blocked_until::timestamptz AS blocked_until
 FROM countlimit_allow_one(@use_type::text, @unique_id::text, @now::timestamptz, @n::bigint, @limit_value::bigint,
     @begin_time::timestamptz, sqlc.narg(window_end)::timestamptz, sqlc.narg(penalty_end)::timestamptz, @skip_locked::boolean) AS r;

@@ -106,7 +106,7 @@ func (s *Store) allowOne(ctx context.Context, d DBTX, r *countlimit.Request, ski
 		if row.Busy {
 			return errBusy
 		}
-		c.State = rowState(r.Now, c, row)
+		c.State = state(row.Allowed, row.Used, row.WindowBegin, row.WindowEnd, row.BlockedUntil)
 		return nil
 	}
 	return fmt.Errorf("pgstore: row (%s, %s) was created concurrently %d times over", c.UseType, r.ID, maxAttempts)
@@ -127,24 +127,6 @@ func (s *Store) peekOne(ctx context.Context, d DBTX, r *countlimit.Request) erro
 	}
 	c.State = state(row.Allowed, row.Used, row.WindowBegin, row.WindowEnd, row.BlockedUntil)
 	return nil
-}
-
-// rowState turns the row AllowOne wrote into the call's state. A denial
-// leaves the window as it was, so the row tells whether it is current; when
-// it is not, the state shows the window an allowed event would open.
-func rowState(now time.Time, c *countlimit.Check, row db.AllowOneRow) countlimit.State {
-	s := countlimit.State{Allowed: row.Allowed, BlockedUntil: timeOf(row.BlockedUntil)}
-	if !s.BlockedUntil.After(now) {
-		s.BlockedUntil = time.Time{}
-	}
-	begin, end := timeOf(row.BeginTime), timeOf(row.EndTime)
-	current := end.IsZero() || begin.Before(end) && end.After(now) // lifetime, or not empty and not over
-	if row.Allowed || current {
-		s.Used, s.Begin, s.End = row.AlreadyCount, begin, end
-	} else {
-		s.Begin, s.End = c.Begin, c.End
-	}
-	return s
 }
 
 // state is a State from a statement's columns. For a Concurrent check,

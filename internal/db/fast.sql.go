@@ -159,8 +159,8 @@ func (q *Queries) AllowBatchDistinct(ctx context.Context, db DBTX, arg AllowBatc
 
 const allowOne = `-- name: AllowOne :one
 
-SELECT r.o_busy::boolean AS busy, r.o_allowed::boolean AS allowed, r.o_already_count::bigint AS already_count,
-    r.o_begin_time::timestamptz AS begin_time, r.o_end_time::timestamptz AS end_time,
+SELECT r.o_busy::boolean AS busy, r.o_allowed::boolean AS allowed, r.o_used::bigint AS used,
+    r.o_window_begin::timestamptz AS window_begin, r.o_window_end::timestamptz AS window_end,
     r.o_blocked_until::timestamptz AS blocked_until
 FROM countlimit_allow_one($1::text, $2::text, $3::timestamptz, $4::bigint, $5::bigint,
     $6::timestamptz, $7::timestamptz, $8::timestamptz, $9::boolean) AS r
@@ -181,9 +181,9 @@ type AllowOneParams struct {
 type AllowOneRow struct {
 	Busy         bool
 	Allowed      bool
-	AlreadyCount int64
-	BeginTime    pgtype.Timestamptz
-	EndTime      pgtype.Timestamptz
+	Used         int64
+	WindowBegin  pgtype.Timestamptz
+	WindowEnd    pgtype.Timestamptz
 	BlockedUntil pgtype.Timestamptz
 }
 
@@ -212,9 +212,9 @@ func (q *Queries) AllowOne(ctx context.Context, db DBTX, arg AllowOneParams) (Al
 	err := row.Scan(
 		&i.Busy,
 		&i.Allowed,
-		&i.AlreadyCount,
-		&i.BeginTime,
-		&i.EndTime,
+		&i.Used,
+		&i.WindowBegin,
+		&i.WindowEnd,
 		&i.BlockedUntil,
 	)
 	return i, err
