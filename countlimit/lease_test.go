@@ -2,6 +2,7 @@ package countlimit_test
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"strings"
 	"testing"
@@ -173,4 +174,53 @@ func TestSignedLeases(t *testing.T) {
 		}()
 		countlimit.WithLeaseKey(make([]byte, countlimit.MinLeaseKeyLen-1))
 	}()
+}
+
+// TestParseLeaseRefusesEdits: a lease string that is malformed, edited or
+// names another id than its token was taken for is ErrInvalid; and a
+// string's ttl must be its rule's.
+func TestParseLeaseRefusesEdits(t *testing.T) {
+	ctx := context.Background()
+	l := countlimit.New(memstore.New(memstore.WithJanitorInterval(0)))
+	rule := countlimit.Rule{UseType: "lease.forged", Limit: 1, Window: countlimit.Concurrent(time.Minute)}
+	alice, _, err := l.Acquire(ctx, rule, "alice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := alice.String()
+	parts := strings.Split(s, ".")
+	if len(parts) != 6 {
+		t.Fatalf("lease string %q: want 6 dot-separated parts", s)
+	}
+	other := func(i int, v string) string {
+		p := append([]string(nil), parts...)
+		p[i] = v
+		return strings.Join(p, ".")
+	}
+	bobID := base64.RawURLEncoding.EncodeToString([]byte("bob")) // as a lease string spells it
+	for name, f := range map[string]string{
+		"empty":                "",
+		"garbage":              "not a lease",
+		"truncated":            s[:len(s)-1],
+		"another id":           other(2, bobID),
+		"another ttl":          other(3, "1000"),
+		"another token":        other(4, strings.Repeat("A", 22)),
+		"short token":          other(4, "AAAA"),
+		"bad base64":           other(1, "!!"),
+		"another version":      other(0, "cl9"),
+		"an extra part":        s + ".x",
+		"a zero ttl":           other(3, "0"),
+		"a leading-zero ttl":   other(3, "0"+parts[3]),
+		"a NUL in the id part": other(2, "AA"),
+	} {
+		if ls, err := l.ParseLease(f, rule); !errors.Is(err, countlimit.ErrInvalid) {
+			t.Errorf("ParseLease(%s) = %v, %v; want ErrInvalid", name, ls, err)
+		}
+	}
+	if _, err := l.ParseLease(s); !errors.Is(err, countlimit.ErrInvalid) || !strings.Contains(err.Error(), "rules") {
+		t.Errorf("ParseLease with no rule = %v; want ErrInvalid naming rules", err)
+	}
+	if ls, err := l.ParseLease(s, rule); err != nil || ls.Token() != alice.Token() || ls.TTL() != time.Minute {
+		t.Errorf("ParseLease of the lease's own string = %v, %v", ls, err)
+	}
 }
