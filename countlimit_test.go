@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/countlimit/countlimit/countlimit"
+	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/countlimit/storetest"
 	"github.com/countlimit/countlimit/internal/testbackend"
 )
@@ -134,7 +135,7 @@ func TestStoresAgree(t *testing.T) {
 		t.Fatal(err)
 	}
 	bs := testbackend.Backends()
-	stores := make([]countlimit.Store, 0, len(bs))
+	stores := make([]driver.Store, 0, len(bs))
 	names := make([]string, 0, len(bs))
 	for _, b := range bs {
 		t.Run("open "+b.Name, func(t *testing.T) {

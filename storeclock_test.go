@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/countlimit/countlimit/countlimit"
+	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/internal/testbackend"
 )
 
@@ -18,9 +19,9 @@ func TestStoreClocks(t *testing.T) {
 		t.Run(b.Name, func(t *testing.T) {
 			t.Parallel()
 			store := b.Open(t)
-			sc, ok := store.(countlimit.StoreClock)
+			sc, ok := store.(driver.StoreClock)
 			if !ok {
-				t.Fatalf("%T does not implement countlimit.StoreClock", store)
+				t.Fatalf("%T does not implement driver.StoreClock", store)
 			}
 			ctx := context.Background()
 			before := time.Now()

@@ -6,18 +6,17 @@ import (
 	"time"
 
 	"github.com/countlimit/countlimit/countlimit"
+	"github.com/countlimit/countlimit/countlimit/driver"
 )
 
 // nopStore allows everything and keeps nothing: what the Limiter costs on
 // its own around a store.
 type nopStore struct{}
 
-func (nopStore) Do(_ context.Context, reqs []*countlimit.Request) error {
-	for _, r := range reqs {
-		for i := range r.Checks {
-			c := &r.Checks[i]
-			c.State = countlimit.State{Allowed: true, Used: 1, Begin: c.Begin, End: c.End}
-		}
+func (nopStore) Do(_ context.Context, r *driver.Request) error {
+	for i := range r.Checks {
+		c := &r.Checks[i]
+		c.State = driver.State{Allowed: true, Used: 1, Begin: c.Begin, End: c.End}
 	}
 	return nil
 }

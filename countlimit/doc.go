@@ -4,7 +4,7 @@
 // A [Rule] names what is limited (a [UseType]), how many events a window
 // allows, and the [Window]: [Rolling], [Fixed], natural [Calendar] days,
 // weeks, months and years in any time zone, an exact [Sliding] log, or a
-// [Lifetime]. A [Limiter] checks rules against a [Store]: memstore (in
+// [Lifetime]. A [Limiter] checks rules against a store: memstore (in
 // process), pgstore (PostgreSQL, inside your own transaction if you like) or
 // redisstore. Every check is one atomic step in the store, so N concurrent
 // callers with a limit of L get exactly min(N, L) allowed.

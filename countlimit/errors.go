@@ -3,6 +3,8 @@ package countlimit
 import (
 	"errors"
 	"fmt"
+
+	"github.com/countlimit/countlimit/countlimit/driver"
 )
 
 // ErrInvalid is returned by every Limiter method when an argument is bad: an
@@ -16,8 +18,8 @@ var ErrInvalid = errors.New("invalid argument")
 // errors.Is(err, ErrUnavailable) holds and errors.As still finds the cause.
 // A call that fails with ErrUnavailable may or may not have been counted
 // (the network may fail after the store committed); the Result is zero and
-// Allowed is false.
-var ErrUnavailable = errors.New("store unavailable")
+// Allowed is false. It is driver.ErrUnavailable.
+var ErrUnavailable = driver.ErrUnavailable
 
 // fieldError is an ErrInvalid that names the offending field.
 type fieldError struct {
@@ -30,13 +32,4 @@ func (e *fieldError) Unwrap() error { return ErrInvalid }
 
 func invalidf(field, format string, args ...any) error {
 	return &fieldError{field: field, msg: fmt.Sprintf(format, args...)}
-}
-
-// Unavailable wraps a store's error so that errors.Is(err, ErrUnavailable)
-// holds. Store implementations use it; a nil err stays nil.
-func Unavailable(err error) error {
-	if err == nil || errors.Is(err, ErrUnavailable) {
-		return err
-	}
-	return fmt.Errorf("%w: %w", ErrUnavailable, err)
 }

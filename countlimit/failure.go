@@ -7,6 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/countlimit/countlimit/countlimit/driver"
 )
 
 // ErrCircuitOpen is returned, wrapped, while a circuit breaker (see
@@ -26,7 +28,7 @@ var ErrCircuitOpen = fmt.Errorf("%w: circuit breaker open", ErrUnavailable)
 // call that could not be decided; but the store is not failing: it does
 // not count toward the circuit breaker (nor as a failure or timeout in
 // Stats), and the fallback store does not answer for it.
-var ErrLocked = fmt.Errorf("%w: the id's state is locked by another transaction", ErrUnavailable)
+var ErrLocked = driver.ErrLocked
 
 // WithStoreTimeout bounds every store call the Limiter makes to d, on top of
 // the caller's own context: a store that does not answer within d fails the
@@ -131,7 +133,7 @@ func WithCircuitBreaker(cb CircuitBreaker) Option {
 // whose slots are the store's alone.
 // Without this option the Limiter fails closed: the call returns
 // ErrUnavailable. [Limiter.Stats] counts the calls the fallback answered.
-func WithFallback(fallback Store) Option {
+func WithFallback(fallback driver.Store) Option {
 	return func(l *Limiter) {
 		if fallback != nil {
 			l.guard().fallback = fallback
@@ -189,7 +191,7 @@ func (l *Limiter) Stats() Stats {
 type guarded struct {
 	timeout  time.Duration
 	breaker  *breaker
-	fallback Store
+	fallback driver.Store
 
 	failures, timeouts, rejected, fallbacks, locked atomic.Uint64
 }
@@ -201,21 +203,21 @@ func (l *Limiter) guard() *guarded {
 	return l.guarded
 }
 
-// do runs reqs, whose operation is op, on the store with the failure
+// do runs r, whose operation is op, on the store with the failure
 // options applied.
-func (l *Limiter) do(ctx context.Context, op Op, reqs []*Request) error {
+func (l *Limiter) do(ctx context.Context, op driver.Op, r *driver.Request) error {
 	g := l.guarded
 	if g == nil {
-		return Unavailable(l.store.Do(ctx, reqs))
+		return driver.Unavailable(l.store.Do(ctx, r))
 	}
-	now := reqs[0].Now // the call's clock read; the breaker needs no other
+	now := r.Now // the call's clock read; the breaker needs no other
 	var err error
 	if sc := l.sclock; sc != nil && !sc.synced() {
 		// Only a fallback gets here (clockFor fails the call otherwise):
 		// the store's time is unknown, so the store is not written.
 		err = errClockUnknown
 	} else if probe, ok := g.breaker.admit(now); ok {
-		err = g.call(ctx, l.store, reqs)
+		err = g.call(ctx, l.store, r)
 		locked := errors.Is(err, ErrLocked)
 		if locked {
 			g.locked.Add(1)
@@ -233,24 +235,24 @@ func (l *Limiter) do(ctx context.Context, op Op, reqs []*Request) error {
 	// Only counting calls fall back: not Refund or Reset, nor anything of a
 	// Concurrent rule, whose slots are the store's alone; and only when the
 	// store is unavailable, not when another transaction holds the id.
-	if err == nil || g.fallback == nil || (op != OpAllow && op != OpPeek) || reqs[0].Checks[0].TTL > 0 || ctx.Err() != nil ||
+	if err == nil || g.fallback == nil || (op != driver.OpAllow && op != driver.OpPeek) || r.Checks[0].TTL > 0 || ctx.Err() != nil ||
 		errors.Is(err, ErrLocked) {
 		return err
 	}
-	if ferr := g.call(ctx, g.fallback, reqs); ferr != nil {
+	if ferr := g.call(ctx, g.fallback, r); ferr != nil {
 		return fmt.Errorf("%w; the fallback store failed too: %w", err, ferr)
 	}
 	g.fallbacks.Add(1)
 	return nil
 }
 
-// call runs reqs on s within the store timeout.
-func (g *guarded) call(ctx context.Context, s Store, reqs []*Request) error {
+// call runs r on s within the store timeout.
+func (g *guarded) call(ctx context.Context, s driver.Store, r *driver.Request) error {
 	if g.timeout <= 0 {
-		return Unavailable(s.Do(ctx, reqs))
+		return driver.Unavailable(s.Do(ctx, r))
 	}
 	tctx, cancel := context.WithTimeout(ctx, g.timeout)
-	err := s.Do(tctx, reqs)
+	err := s.Do(tctx, r)
 	if err != nil && ctx.Err() == nil && errors.Is(tctx.Err(), context.DeadlineExceeded) {
 		what := "no answer"
 		if errors.Is(err, ErrLocked) {
@@ -261,7 +263,7 @@ func (g *guarded) call(ctx context.Context, s Store, reqs []*Request) error {
 		err = fmt.Errorf("%s within the store timeout of %v: %w", what, g.timeout, err)
 	}
 	cancel()
-	return Unavailable(err)
+	return driver.Unavailable(err)
 }
 
 // breaker is a consecutive-failure circuit breaker. A nil breaker admits

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/countlimit/countlimit/countlimit"
+	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/countlimit/memstore"
 )
 
@@ -36,7 +37,7 @@ func newFlaky(t *testing.T) *flaky {
 	return &flaky{mem: mem}
 }
 
-func (f *flaky) Do(ctx context.Context, reqs []*countlimit.Request) error {
+func (f *flaky) Do(ctx context.Context, r *driver.Request) error {
 	f.calls.Add(1)
 	n := f.inFlight.Add(1)
 	defer f.inFlight.Add(-1)
@@ -57,11 +58,11 @@ func (f *flaky) Do(ctx context.Context, reqs []*countlimit.Request) error {
 	switch {
 	case f.stall.Load():
 		<-ctx.Done()
-		return countlimit.Unavailable(ctx.Err())
+		return driver.Unavailable(ctx.Err())
 	case f.down.Load():
-		return countlimit.Unavailable(errDown)
+		return driver.Unavailable(errDown)
 	}
-	return f.mem.Do(ctx, reqs)
+	return f.mem.Do(ctx, r)
 }
 
 // stubClock is a settable clock.
@@ -351,7 +352,7 @@ type clockStore struct {
 func (c *clockStore) StoreTime(context.Context) (time.Time, error) {
 	c.reads.Add(1)
 	if c.fail.Load() {
-		return time.Time{}, countlimit.Unavailable(errDown)
+		return time.Time{}, driver.Unavailable(errDown)
 	}
 	return c.local.now().Add(time.Duration(c.skew.Load())), nil
 }
@@ -476,13 +477,11 @@ type nowStore struct {
 	nows []time.Time
 }
 
-func (s *nowStore) Do(ctx context.Context, reqs []*countlimit.Request) error {
+func (s *nowStore) Do(ctx context.Context, r *driver.Request) error {
 	s.mu.Lock()
-	for _, r := range reqs {
-		s.nows = append(s.nows, r.Now)
-	}
+	s.nows = append(s.nows, r.Now)
 	s.mu.Unlock()
-	return s.clockStore.Do(ctx, reqs)
+	return s.clockStore.Do(ctx, r)
 }
 
 // TestClockReadingsAreMicroseconds: whatever the clock given to WithClock
@@ -526,7 +525,7 @@ func TestClockReadingsAreMicroseconds(t *testing.T) {
 // with ErrLocked.
 type lockedStore struct{}
 
-func (lockedStore) Do(ctx context.Context, _ []*countlimit.Request) error {
+func (lockedStore) Do(ctx context.Context, _ *driver.Request) error {
 	<-ctx.Done()
 	return fmt.Errorf("%w: %w", countlimit.ErrLocked, ctx.Err())
 }

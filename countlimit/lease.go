@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/countlimit/countlimit/countlimit/driver"
 )
 
 // ErrLeaseExpired is returned by [Lease.Extend] when the lease is no longer
@@ -50,7 +52,7 @@ type Lease struct {
 func (l *Limiter) Acquire(ctx context.Context, r Rule, id string) (Lease, Result, error) {
 	var res Result
 	token := newToken()
-	if err := l.one(ctx, &res, OpAcquire, r, id, 1, token); err != nil || !res.Allowed {
+	if err := l.one(ctx, &res, driver.OpAcquire, r, id, 1, token); err != nil || !res.Allowed {
 		return Lease{}, res, err
 	}
 	return Lease{l: l, useType: r.UseType, id: id, token: token, ttl: truncMicro(r.Window.d)}, res, nil
@@ -63,7 +65,7 @@ func (ls Lease) Release(ctx context.Context) error {
 	if ls.l == nil {
 		return nil
 	}
-	_, err := ls.l.keyOp(ctx, OpRelease, ls.useType, ls.id, ls.token, ls.ttl)
+	_, err := ls.l.keyOp(ctx, driver.OpRelease, ls.useType, ls.id, ls.token, ls.ttl)
 	return err
 }
 
@@ -74,11 +76,11 @@ func (ls Lease) Release(ctx context.Context) error {
 // ErrInvalid.
 func (ls Lease) Extend(ctx context.Context) error {
 	if ls.l == nil {
-		return wrap(OpExtend, "", invalidf("lease", "the zero Lease holds nothing (Acquire was denied or never called)"))
+		return wrap(driver.OpExtend, "", invalidf("lease", "the zero Lease holds nothing (Acquire was denied or never called)"))
 	}
-	held, err := ls.l.keyOp(ctx, OpExtend, ls.useType, ls.id, ls.token, ls.ttl)
+	held, err := ls.l.keyOp(ctx, driver.OpExtend, ls.useType, ls.id, ls.token, ls.ttl)
 	if err == nil && !held {
-		err = wrap(OpExtend, ls.useType, ErrLeaseExpired)
+		err = wrap(driver.OpExtend, ls.useType, ErrLeaseExpired)
 	}
 	return err
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/countlimit/countlimit/countlimit"
+	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/countlimit/memstore"
 )
 
@@ -92,8 +93,8 @@ func TestLeasesNeverFallBack(t *testing.T) {
 // downStore is a store that cannot be reached.
 type downStore struct{}
 
-func (downStore) Do(context.Context, []*countlimit.Request) error {
-	return countlimit.Unavailable(errors.New("down"))
+func (downStore) Do(context.Context, *driver.Request) error {
+	return driver.Unavailable(errors.New("down"))
 }
 
 // TestSignedLeases: with a lease key, lease strings are signed; a string

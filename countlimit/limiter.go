@@ -5,13 +5,15 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/countlimit/countlimit/countlimit/driver"
 )
 
 // Limiter checks rules against a Store. It is safe for concurrent use; its
 // state is the store, the clock and what its failure options count. Make
 // one with New: the zero Limiter has no store, and its methods panic.
 type Limiter struct {
-	store Store
+	store driver.Store
 	// now reads the clock at the stores' precision: to the microsecond,
 	// without a monotonic reading (wallClock, or WithClock's clock cut by
 	// micro), so the hot path cuts nothing.
@@ -43,7 +45,7 @@ func WithClock(now func() time.Time) Option {
 }
 
 // New returns a Limiter over s. It panics if s is nil.
-func New(s Store, opts ...Option) *Limiter {
+func New(s driver.Store, opts ...Option) *Limiter {
 	if s == nil {
 		panic("countlimit: New called with a nil Store")
 	}
@@ -58,26 +60,21 @@ func New(s Store, opts ...Option) *Limiter {
 // nothing: the Request goes to the Store through an interface, so it cannot
 // live on the caller's stack.
 type call struct {
-	req    Request
-	reqs   [1]*Request
-	checks [1]Check
+	req    driver.Request
+	checks [1]driver.Check
 	// Every check writes its call: the padding keeps the calls of two
 	// goroutines, which may be neighbours on the heap, off one cache line
 	// (and its prefetched pair), or they would run at the speed of one.
 	_ [128]byte
 }
 
-var callPool = sync.Pool{New: func() any {
-	c := new(call)
-	c.reqs[0] = &c.req
-	return c
-}}
+var callPool = sync.Pool{New: func() any { return new(call) }}
 
 // set makes c's request and returns its check. It and setCheck write field
 // by field: a Request or Check built on the stack and copied in was read
 // back right after it was written, and the read stalled (docs/benchmarks.md
 // has the figures).
-func (c *call) set(op Op, id string, now time.Time, n int64) *Check {
+func (c *call) set(op driver.Op, id string, now time.Time, n int64) *driver.Check {
 	c.req.Op = op
 	c.req.ID = id
 	c.req.Now = now
@@ -91,7 +88,7 @@ func (c *call) set(op Op, id string, now time.Time, n int64) *Check {
 // counts it if so. It is AllowN(ctx, r, id, 1).
 func (l *Limiter) Allow(ctx context.Context, r Rule, id string) (Result, error) {
 	var res Result
-	err := l.one(ctx, &res, OpAllow, r, id, 1, "")
+	err := l.one(ctx, &res, driver.OpAllow, r, id, 1, "")
 	return res, err
 }
 
@@ -99,14 +96,14 @@ func (l *Limiter) Allow(ctx context.Context, r Rule, id string) (Result, error) 
 // n > r.Limit is denied with RetryAfter -1; n < 1 is ErrInvalid.
 func (l *Limiter) AllowN(ctx context.Context, r Rule, id string, n int64) (Result, error) {
 	var res Result
-	err := l.one(ctx, &res, OpAllow, r, id, n, "")
+	err := l.one(ctx, &res, driver.OpAllow, r, id, n, "")
 	return res, err
 }
 
 // Peek reports what Allow would answer now, counting nothing.
 func (l *Limiter) Peek(ctx context.Context, r Rule, id string) (Result, error) {
 	var res Result
-	err := l.one(ctx, &res, OpPeek, r, id, 1, "")
+	err := l.one(ctx, &res, driver.OpPeek, r, id, 1, "")
 	return res, err
 }
 
@@ -115,7 +112,7 @@ func (l *Limiter) Peek(ctx context.Context, r Rule, id string) (Result, error) {
 // leaves a penalty in place.
 func (l *Limiter) Refund(ctx context.Context, r Rule, id string, n int64) (Result, error) {
 	var res Result
-	err := l.one(ctx, &res, OpRefund, r, id, n, "")
+	err := l.one(ctx, &res, driver.OpRefund, r, id, n, "")
 	return res, err
 }
 
@@ -123,16 +120,16 @@ func (l *Limiter) Refund(ctx context.Context, r Rule, id string, n int64) (Resul
 // Only r.UseType is read from r.
 func (l *Limiter) Reset(ctx context.Context, r Rule, id string) error {
 	if err := validateKey(r.UseType, id); err != nil {
-		return wrap(OpReset, r.UseType, err)
+		return wrap(driver.OpReset, r.UseType, err)
 	}
-	_, err := l.keyOp(ctx, OpReset, r.UseType, id, "", 0)
+	_, err := l.keyOp(ctx, driver.OpReset, r.UseType, id, "", 0)
 	return err
 }
 
 // keyOp carries out an operation on a key that takes no rule: Reset, or a
 // lease's Release or Extend (token and ttl are the lease's). It reports
 // the State's verdict.
-func (l *Limiter) keyOp(ctx context.Context, op Op, ut UseType, id, token string, ttl time.Duration) (bool, error) {
+func (l *Limiter) keyOp(ctx context.Context, op driver.Op, ut UseType, id, token string, ttl time.Duration) (bool, error) {
 	now, err := l.clockFor(ctx)
 	if err != nil {
 		return false, wrap(op, ut, err)
@@ -141,8 +138,8 @@ func (l *Limiter) keyOp(ctx context.Context, op Op, ut UseType, id, token string
 	defer callPool.Put(c)
 	ch := c.set(op, id, now, 1)
 	c.req.Lease = token
-	*ch = Check{UseType: ut, TTL: ttl}
-	if err := l.do(ctx, op, c.reqs[:]); err != nil {
+	*ch = driver.Check{UseType: string(ut), TTL: ttl}
+	if err := l.do(ctx, op, &c.req); err != nil {
 		return false, wrap(op, ut, err)
 	}
 	return ch.State.Allowed, nil
@@ -151,14 +148,14 @@ func (l *Limiter) keyOp(ctx context.Context, op Op, ut UseType, id, token string
 // one carries out a single-rule call and fills res. res is the caller's
 // (Allow's, inlined into its caller): a Result returned by value was copied
 // out right after it was written, which stalled the copy.
-func (l *Limiter) one(ctx context.Context, res *Result, op Op, r Rule, id string, n int64, lease string) error {
+func (l *Limiter) one(ctx context.Context, res *Result, op driver.Op, r Rule, id string, n int64, lease string) error {
 	if err := validate(&r, id, n); err != nil {
 		return wrap(op, r.UseType, err)
 	}
 	switch concurrent := r.Window.kind == kindConcurrent; {
-	case op == OpAcquire && !concurrent:
+	case op == driver.OpAcquire && !concurrent:
 		return wrap(op, r.UseType, invalidf("Rule.Window", "Acquire takes slots of a Concurrent window, got %s", r.Window))
-	case concurrent && op != OpAcquire && op != OpPeek:
+	case concurrent && op != driver.OpAcquire && op != driver.OpPeek:
 		return wrap(op, r.UseType, errCountsSlots("Rule.Window"))
 	}
 	now, err := l.clockFor(ctx)
@@ -170,12 +167,12 @@ func (l *Limiter) one(ctx context.Context, res *Result, op Op, r Rule, id string
 	ch := c.set(op, id, now, n)
 	c.req.Lease = lease
 	setCheck(ch, &r, now)
-	if err := l.do(ctx, op, c.reqs[:]); err != nil {
+	if err := l.do(ctx, op, &c.req); err != nil {
 		return wrap(op, r.UseType, err)
 	}
 	var retry time.Duration
 	if !ch.State.Allowed {
-		if op != OpAllow {
+		if op != driver.OpAllow {
 			n = 1
 		}
 		retry, _ = need(ch, now, n)
@@ -192,32 +189,32 @@ func (l *Limiter) one(ctx context.Context, res *Result, op Op, r Rule, id string
 // ErrInvalid.
 func (l *Limiter) AllowAll(ctx context.Context, id string, rules ...Rule) ([]Result, error) {
 	if len(rules) == 0 {
-		return nil, wrap(OpAllow, "", invalidf("rules", "none given"))
+		return nil, wrap(driver.OpAllow, "", invalidf("rules", "none given"))
 	}
 	for i, r := range rules {
 		if err := validate(&r, id, 1); err != nil {
-			return nil, wrap(OpAllow, r.UseType, err)
+			return nil, wrap(driver.OpAllow, r.UseType, err)
 		}
 		if r.Window.kind == kindConcurrent {
-			return nil, wrap(OpAllow, r.UseType, errCountsSlots(fmt.Sprintf("rules[%d].Window", i)))
+			return nil, wrap(driver.OpAllow, r.UseType, errCountsSlots(fmt.Sprintf("rules[%d].Window", i)))
 		}
 		for _, prev := range rules[:i] {
 			if prev.UseType == r.UseType {
-				return nil, wrap(OpAllow, r.UseType, invalidf(fmt.Sprintf("rules[%d].UseType", i), "%q appears twice", r.UseType))
+				return nil, wrap(driver.OpAllow, r.UseType, invalidf(fmt.Sprintf("rules[%d].UseType", i), "%q appears twice", r.UseType))
 			}
 		}
 	}
 	now, err := l.clockFor(ctx)
 	if err != nil {
-		return nil, wrap(OpAllow, rules[0].UseType, err)
+		return nil, wrap(driver.OpAllow, rules[0].UseType, err)
 	}
-	checks := make([]Check, len(rules))
+	checks := make([]driver.Check, len(rules))
 	for i := range rules {
 		setCheck(&checks[i], &rules[i], now)
 	}
-	req := &Request{Op: OpAllow, ID: id, Now: now, N: 1, Checks: checks}
-	if err := l.do(ctx, OpAllow, []*Request{req}); err != nil {
-		return nil, wrap(OpAllow, rules[0].UseType, err)
+	req := &driver.Request{Op: driver.OpAllow, ID: id, Now: now, N: 1, Checks: checks}
+	if err := l.do(ctx, driver.OpAllow, req); err != nil {
+		return nil, wrap(driver.OpAllow, rules[0].UseType, err)
 	}
 	var retry time.Duration
 	for i := range checks {
@@ -248,22 +245,22 @@ func (l *Limiter) AllowAll(ctx context.Context, id string, rules ...Rule) ([]Res
 // must: outside that range it is ErrInvalid and nothing is written.
 func (l *Limiter) CheckLimit(ctx context.Context, useType UseType, id string, limit int64, duration time.Duration, beginTime time.Time) (bool, error) {
 	if err := validateKey(useType, id); err != nil {
-		return false, wrap(OpAllow, useType, err)
+		return false, wrap(driver.OpAllow, useType, err)
 	}
 	if limit < 0 || limit > MaxLimit {
-		return false, wrap(OpAllow, useType, invalidf("limit", "must be 0 to 2^53, got %d", limit))
+		return false, wrap(driver.OpAllow, useType, invalidf("limit", "must be 0 to 2^53, got %d", limit))
 	}
 	if duration < time.Microsecond || duration > MaxDuration {
-		return false, wrap(OpAllow, useType, invalidf("duration", "must be 1µs to 100 years, got %v", duration))
+		return false, wrap(driver.OpAllow, useType, invalidf("duration", "must be 1µs to 100 years, got %v", duration))
 	}
 	if !beginTime.IsZero() {
 		if err := checkTime("beginTime", beginTime); err != nil {
-			return false, wrap(OpAllow, useType, err)
+			return false, wrap(driver.OpAllow, useType, err)
 		}
 	}
 	now, err := l.clockFor(ctx)
 	if err != nil {
-		return false, wrap(OpAllow, useType, err)
+		return false, wrap(driver.OpAllow, useType, err)
 	}
 	begin := now
 	if !beginTime.IsZero() {
@@ -271,10 +268,10 @@ func (l *Limiter) CheckLimit(ctx context.Context, useType UseType, id string, li
 	}
 	c := callPool.Get().(*call)
 	defer callPool.Put(c)
-	ch := c.set(OpAllow, id, now, 1)
-	*ch = Check{UseType: useType, Limit: limit, Begin: begin, End: begin.Add(truncMicro(duration))}
-	if err := l.do(ctx, OpAllow, c.reqs[:]); err != nil {
-		return false, wrap(OpAllow, useType, err)
+	ch := c.set(driver.OpAllow, id, now, 1)
+	*ch = driver.Check{UseType: string(useType), Limit: limit, Begin: begin, End: begin.Add(truncMicro(duration))}
+	if err := l.do(ctx, driver.OpAllow, &c.req); err != nil {
+		return false, wrap(driver.OpAllow, useType, err)
 	}
 	return ch.State.Allowed, nil
 }
@@ -286,8 +283,8 @@ func (l *Limiter) Now() time.Time { return l.clock() }
 
 // setCheck turns a validated rule into the explicit form a Store needs, in
 // place (see call.set).
-func setCheck(c *Check, r *Rule, now time.Time) {
-	c.UseType = r.UseType
+func setCheck(c *driver.Check, r *Rule, now time.Time) {
+	c.UseType = string(r.UseType)
 	c.Limit = r.Limit
 	c.Begin, c.End = bounds(now, r.Window)
 	c.Span, c.TTL = 0, 0
@@ -298,10 +295,10 @@ func setCheck(c *Check, r *Rule, now time.Time) {
 		c.TTL = truncMicro(r.Window.d)
 	}
 	c.Block = truncMicro(r.Block)
-	c.State = State{}
+	c.State = driver.State{}
 }
 
-func wrap(op Op, ut UseType, err error) error {
+func wrap(op driver.Op, ut UseType, err error) error {
 	if ut == "" {
 		return fmt.Errorf("countlimit: %s: %w", op, err)
 	}

@@ -9,6 +9,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/countlimit/countlimit/countlimit"
+	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/countlimit/memstore"
 )
 
@@ -64,7 +65,7 @@ func TestNewPanicsOnNilStore(t *testing.T) {
 // failing is a Store whose every call fails with a given error.
 type failing struct{ err error }
 
-func (f failing) Do(context.Context, []*countlimit.Request) error { return f.err }
+func (f failing) Do(context.Context, *driver.Request) error { return f.err }
 
 func TestStoreErrorsAreUnavailable(t *testing.T) {
 	cause := errors.New("disk on fire")

@@ -1,6 +1,10 @@
 package countlimit
 
-import "time"
+import (
+	"time"
+
+	"github.com/countlimit/countlimit/countlimit/driver"
+)
 
 // Result is the outcome of a check. A denial is a Result with Allowed false,
 // never an error.
@@ -29,7 +33,7 @@ type Result struct {
 
 // need reports how long until a check with this state has room for n, or
 // never when no wait helps. It is 0 when the request was allowed.
-func need(c *Check, now time.Time, n int64) (wait time.Duration, never bool) {
+func need(c *driver.Check, now time.Time, n int64) (wait time.Duration, never bool) {
 	s := &c.State
 	if s.Allowed {
 		return 0, false
@@ -64,7 +68,7 @@ func need(c *Check, now time.Time, n int64) (wait time.Duration, never bool) {
 }
 
 // setResult fills r from a check's state, field by field (see call.set).
-func setResult(r *Result, c *Check, now time.Time, retry time.Duration) {
+func setResult(r *Result, c *driver.Check, now time.Time, retry time.Duration) {
 	s := &c.State
 	r.Allowed = s.Allowed
 	r.Limit = c.Limit

@@ -6,20 +6,15 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-)
 
-// StoreClock is implemented by stores that can tell their own time:
-// pgstore (the server's clock_timestamp()), redisstore (TIME) and memstore
-// (this process's clock). [WithStoreClock] uses it.
-type StoreClock interface {
-	StoreTime(ctx context.Context) (time.Time, error)
-}
+	"github.com/countlimit/countlimit/countlimit/driver"
+)
 
 // WithStoreClock makes the Limiter take "now" from its store's clock rather
 // than its own, for fleets whose servers' clocks disagree: every process
 // sharing the store then decides with the same time, as go-redis/redis_rate
 // does by reading Redis's TIME. It panics in New if the store does not
-// implement [StoreClock].
+// implement [driver.StoreClock].
 //
 // The store is not asked on every call. The Limiter reads the store's time
 // on its first call and then once per resync (default one minute when
@@ -43,9 +38,9 @@ type StoreClock interface {
 // Store), so skew never loses counts, it moves window edges by the skew.
 func WithStoreClock(resync time.Duration) Option {
 	return func(l *Limiter) {
-		sc, ok := l.store.(StoreClock)
+		sc, ok := l.store.(driver.StoreClock)
 		if !ok {
-			panic(fmt.Sprintf("countlimit: WithStoreClock: the store %T cannot tell its time (it does not implement StoreClock)", l.store))
+			panic(fmt.Sprintf("countlimit: WithStoreClock: the store %T cannot tell its time (it does not implement driver.StoreClock)", l.store))
 		}
 		if resync <= 0 {
 			resync = time.Minute
@@ -56,7 +51,7 @@ func WithStoreClock(resync time.Duration) Option {
 
 // storeClock keeps the offset of the store's clock from the Limiter's.
 type storeClock struct {
-	store  StoreClock
+	store  driver.StoreClock
 	resync time.Duration
 
 	offset     atomic.Int64 // nanoseconds to add to the Limiter's clock: whole microseconds, as its readings are
@@ -150,7 +145,7 @@ func (l *Limiter) readStoreClock(ctx context.Context) error {
 		if sc.next.Load() != 0 {
 			sc.next.Store(t1.Add(min(sc.resync, time.Second)).UnixNano())
 		}
-		return fmt.Errorf("reading the store's clock: %w", Unavailable(err))
+		return fmt.Errorf("reading the store's clock: %w", driver.Unavailable(err))
 	}
 	mid := t0.Add(t1.Sub(t0) / 2)
 	sc.offset.Store(int64(truncMicro(st.Sub(mid))))

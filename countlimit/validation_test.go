@@ -8,12 +8,13 @@ import (
 	"time"
 
 	"github.com/countlimit/countlimit/countlimit"
+	"github.com/countlimit/countlimit/countlimit/driver"
 )
 
 // untouchable is a Store that fails the test when called.
 type untouchable struct{ t *testing.T }
 
-func (u untouchable) Do(context.Context, []*countlimit.Request) error {
+func (u untouchable) Do(context.Context, *driver.Request) error {
 	u.t.Helper()
 	u.t.Error("an invalid call reached the store")
 	return nil

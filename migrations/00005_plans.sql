@@ -152,7 +152,7 @@ ALTER FUNCTION countlimit_acquire(text, text, timestamptz, text, bigint, timesta
 -- locked in phase 1, or as countlimit_allow_one's UPDATE reads it again or
 -- its ON CONFLICT locks it), never from the statement's snapshot, so it is
 -- exact under READ COMMITTED. A window is current when it is not empty and
--- not over (begin is not compared with now; see countlimit.Store).
+-- not over (begin is not compared with now; see driver.Store).
 --
 -- Twins: that rule (current, blocked, fits, then the count, window, tally and
 -- penalty written) is spelled out in countlimit_allow_one,

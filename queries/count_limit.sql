@@ -1,5 +1,5 @@
 -- name: Apply :many
--- Apply runs one countlimit.Request (allow, peek or refund) as one statement.
+-- Apply runs one driver.Request (allow, peek or refund) as one statement.
 SELECT
     r.o_ord::int                   AS ord,
     r.o_allowed::boolean           AS allowed,

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
 	// Rule files name IANA time zones; embed the database so the binary
 	// finds them on hosts without /usr/share/zoneinfo.
 	_ "time/tzdata"

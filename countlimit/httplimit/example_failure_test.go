@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/countlimit/countlimit/countlimit"
+	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/countlimit/httplimit"
 	"github.com/countlimit/countlimit/countlimit/memstore"
 )
@@ -15,9 +16,9 @@ import (
 // stalledStore stands in for a database that has stopped answering.
 type stalledStore struct{}
 
-func (stalledStore) Do(ctx context.Context, _ []*countlimit.Request) error {
+func (stalledStore) Do(ctx context.Context, _ *driver.Request) error {
 	<-ctx.Done()
-	return countlimit.Unavailable(ctx.Err())
+	return driver.Unavailable(ctx.Err())
 }
 
 // When the store stalls or fails, the Limiter's failure options decide how

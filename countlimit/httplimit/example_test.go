@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/countlimit/countlimit/countlimit"
+	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/countlimit/httplimit"
 	"github.com/countlimit/countlimit/countlimit/memstore"
 )
@@ -110,8 +111,8 @@ func ExampleClientIP() {
 // unreachable is a store whose server is down.
 type unreachable struct{}
 
-func (unreachable) Do(context.Context, []*countlimit.Request) error {
-	return countlimit.Unavailable(errors.New("connection refused"))
+func (unreachable) Do(context.Context, *driver.Request) error {
+	return driver.Unavailable(errors.New("connection refused"))
 }
 
 // While the store is down, serve requests unlimited rather than fail them

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/countlimit/countlimit/countlimit"
+	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/countlimit/httplimit"
 	"github.com/countlimit/countlimit/countlimit/memstore"
 	"github.com/countlimit/countlimit/countlimit/storetest"
@@ -31,8 +32,8 @@ func newLimiter(t *testing.T, clock *storetest.Clock) *countlimit.Limiter {
 // downStore is a store that cannot be reached.
 type downStore struct{}
 
-func (downStore) Do(context.Context, []*countlimit.Request) error {
-	return countlimit.Unavailable(errors.New("down"))
+func (downStore) Do(context.Context, *driver.Request) error {
+	return driver.Unavailable(errors.New("down"))
 }
 
 // served answers "ok", so a test can tell the next handler ran.

@@ -2,8 +2,6 @@ package memstore
 
 import (
 	"testing"
-
-	"github.com/countlimit/countlimit/countlimit"
 )
 
 // TestChainsKeepCollidingIDsApart puts the counters of two ids under one
@@ -13,7 +11,7 @@ func TestChainsKeepCollidingIDsApart(t *testing.T) {
 	const h = 42
 	sh := &shard{m: map[uint64]*entry{}}
 	keys := []struct {
-		ut countlimit.UseType
+		ut string
 		id string
 	}{{"a", "x"}, {"b", "x"}, {"a", "y"}, {"b", "y"}}
 	for i, k := range keys {

@@ -3,8 +3,7 @@ package memstore
 import (
 	"slices"
 
-	"github.com/countlimit/countlimit/countlimit"
-	"github.com/countlimit/countlimit/internal/model"
+	"github.com/countlimit/countlimit/countlimit/driver"
 )
 
 // Sweep runs one sweep now, as the janitor does.
@@ -62,18 +61,18 @@ func Looks(s *Store) int64 { return s.looks.Load() }
 func SameShard(s *Store, a, b string) bool { return s.shard(s.hash(a)) == s.shard(s.hash(b)) }
 
 // KeyForTest returns what s keeps of (ut, id), in the model's terms.
-func KeyForTest(s *Store, ut countlimit.UseType, id string) model.Key {
+func KeyForTest(s *Store, ut, id string) driver.Key {
 	h := s.hash(id)
 	sh := s.shard(h)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	e := sh.get(h, ut, id)
 	if e == nil {
-		return model.Key{}
+		return driver.Key{}
 	}
-	k := model.Key{Count: e.count, Begin: e.begin, End: e.end, Log: slices.Clone(e.events), Denied: e.denied, Blocked: e.blocked}
+	k := driver.Key{Count: e.count, Begin: e.begin, End: e.end, Log: slices.Clone(e.events), Denied: e.denied, Blocked: e.blocked}
 	if e.end == forever {
-		k.End = model.Forever
+		k.End = driver.Forever
 	}
 	if e.leases != nil {
 		k.Leases = map[string]int64{}

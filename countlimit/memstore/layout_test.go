@@ -34,7 +34,7 @@ func TestCountersNeverShareACacheLine(t *testing.T) {
 		h := s.hash(id)
 		sh := s.shard(h)
 		sh.mu.Lock()
-		e := sh.get(h, rule.UseType, id)
+		e := sh.get(h, string(rule.UseType), id)
 		sh.mu.Unlock()
 		if e == nil {
 			t.Fatalf("no counter for %s", id)

@@ -4,7 +4,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/countlimit/countlimit/countlimit"
+	"github.com/countlimit/countlimit/countlimit/driver"
 )
 
 // leaseSet holds the leases of a key's Concurrent check, never empty: an
@@ -31,7 +31,7 @@ type lease struct {
 // peek, release or extend. Its twins are pgstore's lease statements and
 // redisstore's lease.lua; storetest's Lease cases pin all three. A key's
 // leases live in its entry beside the count, and neither touches the other.
-func (s *Store) leaseOp(r *countlimit.Request, h uint64, sh *shard) error {
+func (s *Store) leaseOp(r *driver.Request, h uint64, sh *shard) error {
 	sh.mu.Lock()
 	st, err := s.leaseLocked(r, h, sh, true)
 	sh.mu.Unlock()
@@ -45,7 +45,7 @@ func (s *Store) leaseOp(r *countlimit.Request, h uint64, sh *shard) error {
 // leaseLocked is leaseOp with sh locked. An Acquire that needs more room
 // than sh has drops expired counters when mayReclaim, and starts over: the
 // key's own counter may have been one.
-func (s *Store) leaseLocked(r *countlimit.Request, h uint64, sh *shard, mayReclaim bool) (countlimit.State, error) {
+func (s *Store) leaseLocked(r *driver.Request, h uint64, sh *shard, mayReclaim bool) (driver.State, error) {
 	c := &r.Checks[0]
 	now := r.Now.UnixMicro()
 	e := sh.get(h, c.UseType, r.ID)
@@ -66,9 +66,9 @@ func (s *Store) leaseLocked(r *countlimit.Request, h uint64, sh *shard, mayRecla
 	fits := !blocked && 1 <= c.Limit-used
 	allowed := false
 	switch r.Op {
-	case countlimit.OpPeek:
+	case driver.OpPeek:
 		allowed = fits
-	case countlimit.OpAcquire:
+	case driver.OpAcquire:
 		allowed = fits
 		bytes, entries := leaseNeed(sh, h, r, e, held, fits)
 		if full := s.full(sh, bytes, entries); full != nil {
@@ -77,9 +77,9 @@ func (s *Store) leaseLocked(r *countlimit.Request, h uint64, sh *shard, mayRecla
 				s.reclaim(sh, bytes, entries)
 				return s.leaseLocked(r, h, sh, false)
 			case fits:
-				return countlimit.State{}, full
+				return driver.State{}, full
 			case e == nil:
-				return countlimit.State{}, nil // a denial that found the shard full keeps nothing
+				return driver.State{}, nil // a denial that found the shard full keeps nothing
 			}
 		}
 		if e == nil {
@@ -102,24 +102,24 @@ func (s *Store) leaseLocked(r *countlimit.Request, h uint64, sh *shard, mayRecla
 		keep(e, held)
 		sh.resize(e)
 		s.touch(sh, e, now)
-	case countlimit.OpRelease, countlimit.OpExtend:
+	case driver.OpRelease, driver.OpExtend:
 		i := slices.IndexFunc(held, func(l lease) bool { return l.token == r.Lease })
 		if i < 0 {
 			break // released before, expired, or never taken
 		}
 		allowed = true
-		if r.Op == countlimit.OpRelease {
+		if r.Op == driver.OpRelease {
 			held = slices.Delete(held, i, i+1)
 		} else {
 			held[i].expires = now + c.TTL.Microseconds()
 		}
 		keep(e, held)
 		sh.resize(e)
-		if r.Op == countlimit.OpExtend {
+		if r.Op == driver.OpExtend {
 			s.touch(sh, e, now)
 		}
 	}
-	st := countlimit.State{Allowed: allowed, Used: int64(len(held))}
+	st := driver.State{Allowed: allowed, Used: int64(len(held))}
 	if len(held) > 0 {
 		first, last := leaseBounds(held)
 		st.Begin, st.End = time.UnixMicro(first), time.UnixMicro(last)
@@ -135,7 +135,7 @@ func (s *Store) leaseLocked(r *countlimit.Request, h uint64, sh *shard, mayRecla
 // leaseNeed returns the bytes and the counters an Acquire would add to sh:
 // a new counter when the key has none, and when it fits a lease with its
 // token, in a set that may have to grow as Acquire grows it.
-func leaseNeed(sh *shard, h uint64, r *countlimit.Request, e *entry, held []lease, fits bool) (bytes int64, entries int) {
+func leaseNeed(sh *shard, h uint64, r *driver.Request, e *entry, held []lease, fits bool) (bytes int64, entries int) {
 	if e == nil {
 		entries = 1
 		bytes = newEntryBytes(r.Checks[0].UseType, r.ID)

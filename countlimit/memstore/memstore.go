@@ -1,4 +1,4 @@
-// Package memstore is the in-process countlimit.Store: sharded maps behind
+// Package memstore is the in-process driver.Store: sharded maps behind
 // mutexes, with a janitor that drops expired state. It is the embedded
 // default of the countlimit command and the store for tests and single-process
 // services. State is lost when the process exits; so are its leases: a
@@ -41,11 +41,11 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/countlimit/countlimit/countlimit"
+	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/internal/wire"
 )
 
-var _ countlimit.Store = (*Store)(nil)
+var _ driver.Store = (*Store)(nil)
 
 const (
 	// DefaultJanitorInterval is how often the janitor sweeps expired state.
@@ -153,7 +153,7 @@ func (sh *shard) resize(e *entry) {
 }
 
 // get returns the counter of (ut, id), whose hash is h, or nil.
-func (sh *shard) get(h uint64, ut countlimit.UseType, id string) *entry {
+func (sh *shard) get(h uint64, ut string, id string) *entry {
 	e := find(sh.m[h], ut, id)
 	if e == nil && sh.old != nil {
 		e = find(sh.old[h], ut, id)
@@ -161,7 +161,7 @@ func (sh *shard) get(h uint64, ut countlimit.UseType, id string) *entry {
 	return e
 }
 
-func find(e *entry, ut countlimit.UseType, id string) *entry {
+func find(e *entry, ut string, id string) *entry {
 	for ; e != nil && (e.useType != ut || e.id != id); e = e.next {
 	}
 	return e
@@ -182,7 +182,7 @@ func (sh *shard) add(h uint64, e *entry) {
 }
 
 // remove drops the counter of (ut, id), whose hash is h, if it is held.
-func (sh *shard) remove(h uint64, ut countlimit.UseType, id string) {
+func (sh *shard) remove(h uint64, ut string, id string) {
 	for _, m := range [...]map[uint64]*entry{sh.m, sh.old} {
 		head := m[h]
 		if head == nil {
@@ -241,7 +241,7 @@ func (sh *shard) prune(m, to map[uint64]*entry, h uint64, mono int64) (seen int,
 
 // entry is one (use type, id) counter. Times are Unix microseconds.
 type entry struct {
-	useType countlimit.UseType
+	useType string
 	id      string
 	next    *entry // the next counter in the chain of the id's hash
 	count   int64
@@ -419,22 +419,16 @@ func (s *Store) Len() int {
 	return n
 }
 
-// Do implements countlimit.Store. A request that needs more memory than
-// its shard has room for fails the call (see WithMaxBytes), after the
-// requests before it in reqs have been carried out.
-func (s *Store) Do(ctx context.Context, reqs []*countlimit.Request) error {
+// Do implements driver.Store. A request that needs more memory than its
+// shard has room for fails with ErrFull (see WithMaxBytes).
+func (s *Store) Do(ctx context.Context, r *driver.Request) error {
 	if err := ctx.Err(); err != nil {
-		return countlimit.Unavailable(err)
+		return driver.Unavailable(err)
 	}
 	if s.closed.Load() {
-		return countlimit.Unavailable(errClosed)
+		return driver.Unavailable(errClosed)
 	}
-	for _, r := range reqs {
-		if err := s.apply(r); err != nil {
-			return countlimit.Unavailable(err)
-		}
-	}
-	return nil
+	return driver.Unavailable(s.apply(r))
 }
 
 // hash is the hash of an id: its low bits pick the shard, and the whole
@@ -458,7 +452,7 @@ type view struct {
 // look sets v to the check's current window as e shows it at now. It
 // writes v in place, as write does: returned by value, views were copied
 // through the stack several times a check.
-func look(v *view, e *entry, c *countlimit.Check, now int64) {
+func look(v *view, e *entry, c *driver.Check, now int64) {
 	*v = view{}
 	span := c.Span.Microseconds()
 	if e != nil {
@@ -483,7 +477,7 @@ func look(v *view, e *entry, c *countlimit.Check, now int64) {
 	v.begin, v.end = c.Begin.UnixMicro(), wire.Micros(c.End, forever)
 }
 
-func (v *view) fits(c *countlimit.Check, n int64) bool { return !v.blocked && n <= c.Limit-v.used }
+func (v *view) fits(c *driver.Check, n int64) bool { return !v.blocked && n <= c.Limit-v.used }
 
 // slot is one check of a request while apply works on it: its entry and
 // view, and what its State needs from the entry, read under the shard's
@@ -508,17 +502,17 @@ const inline = 2
 // Twins: countlimit_apply (migrations/00002_apply_locking.sql) and
 // redisstore's apply.lua make the same decision, each atomic in its own
 // store, and queries/fast.sql and redisstore's fast.lua again for one
-// rule that is not sliding: change one, change them all. The contract is countlimit.Store's;
+// rule that is not sliding: change one, change them all. The contract is driver.Store's;
 // storetest.Run, in each store's TestConformance, holds them to it, the
 // corners in RollingStartsAtFirstCountedEvent and LateClockReadJoinsWindow
 // (fresh or current window), Sliding, AllowNSliding and SlidingOutOfOrder
 // (the log), Refund and RefundSliding, AllowAllHourAndDay, AllowAllBlock and
 // ConcurrentAllowAllNoDeadlock (all or nothing), PenaltyOutlivesWindow,
 // LimitChangedMidWindow and WindowKindChanged.
-func (s *Store) apply(r *countlimit.Request) error {
+func (s *Store) apply(r *driver.Request) error {
 	h := s.hash(r.ID)
 	sh := s.shard(h)
-	if r.Op == countlimit.OpReset {
+	if r.Op == driver.OpReset {
 		sh.mu.Lock()
 		for i := range r.Checks {
 			sh.remove(h, r.Checks[i].UseType, r.ID)
@@ -531,7 +525,7 @@ func (s *Store) apply(r *countlimit.Request) error {
 	}
 	now := r.Now.UnixMicro()
 	n := r.N
-	if r.Op != countlimit.OpAllow {
+	if r.Op != driver.OpAllow {
 		n = 1
 	}
 	var buf [inline]slot
@@ -545,7 +539,7 @@ func (s *Store) apply(r *countlimit.Request) error {
 	for i := range r.Checks {
 		c, sl := &r.Checks[i], &slots[i]
 		sl.e = sh.get(h, c.UseType, r.ID)
-		if r.Op == countlimit.OpRefund && sl.e != nil {
+		if r.Op == driver.OpRefund && sl.e != nil {
 			look(&sl.v, sl.e, c, now)
 			s.refund(sl.e, c, &sl.v, r.N)
 		}
@@ -554,7 +548,7 @@ func (s *Store) apply(r *countlimit.Request) error {
 		grows = grows || sl.e == nil || (c.Span > 0 && sl.v.used+n > int64(cap(sl.e.events)))
 	}
 	room := true // for what this request adds
-	if r.Op == countlimit.OpAllow && grows && (s.perShard > 0 || s.perBytes > 0) {
+	if r.Op == driver.OpAllow && grows && (s.perShard > 0 || s.perBytes > 0) {
 		var err error
 		if room, err = s.makeRoom(sh, h, r, slots, ok, n, now); err != nil {
 			sh.mu.Unlock()
@@ -563,7 +557,7 @@ func (s *Store) apply(r *countlimit.Request) error {
 	}
 	for i := range r.Checks {
 		c, sl := &r.Checks[i], &slots[i]
-		if r.Op == countlimit.OpAllow && (ok || !sl.v.fits(c, n)) && (sl.e != nil || room) {
+		if r.Op == driver.OpAllow && (ok || !sl.v.fits(c, n)) && (sl.e != nil || room) {
 			if sl.e == nil {
 				sl.e = newEntry(c.UseType, r.ID, now) // an empty window until counted
 				sh.add(h, sl.e)
@@ -591,7 +585,7 @@ func (s *Store) apply(r *countlimit.Request) error {
 // denial that finds no room is answered, and its new counters not kept.
 // The slots' entries and views are looked up again after a reclaim, which
 // may have dropped an expired counter of r's.
-func (s *Store) makeRoom(sh *shard, h uint64, r *countlimit.Request, slots []slot, ok bool, n, now int64) (room bool, err error) {
+func (s *Store) makeRoom(sh *shard, h uint64, r *driver.Request, slots []slot, ok bool, n, now int64) (room bool, err error) {
 	bytes, entries := s.need(sh, h, r, slots, ok, n)
 	full := s.full(sh, bytes, entries)
 	if full == nil {
@@ -621,7 +615,7 @@ func (s *Store) makeRoom(sh *shard, h uint64, r *countlimit.Request, slots []slo
 // of each sliding log whose array is too short; a denial writes only the
 // checks that deny (see apply), and logs nothing. write grows a log just as
 // need reckons (logCap).
-func (s *Store) need(sh *shard, h uint64, r *countlimit.Request, slots []slot, ok bool, n int64) (bytes int64, entries int) {
+func (s *Store) need(sh *shard, h uint64, r *driver.Request, slots []slot, ok bool, n int64) (bytes int64, entries int) {
 	for i := range r.Checks {
 		c, sl := &r.Checks[i], &slots[i]
 		if !ok && sl.v.fits(c, n) {
@@ -687,7 +681,7 @@ func (s *Store) reclaim(sh *shard, bytes int64, entries int) bool {
 
 // write counts n (allowed) or records the denial of an entry, and updates
 // its view v.
-func (s *Store) write(sh *shard, e *entry, c *countlimit.Check, v *view, allowed bool, n, now int64) {
+func (s *Store) write(sh *shard, e *entry, c *driver.Check, v *view, allowed bool, n, now int64) {
 	deadline := max(e.end, e.blocked)
 	switch span := c.Span.Microseconds(); {
 	case !allowed:
@@ -721,7 +715,7 @@ func (s *Store) write(sh *shard, e *entry, c *countlimit.Check, v *view, allowed
 	}
 }
 
-func (s *Store) refund(e *entry, c *countlimit.Check, v *view, n int64) {
+func (s *Store) refund(e *entry, c *driver.Check, v *view, n int64) {
 	if span := c.Span.Microseconds(); span > 0 {
 		keep := max(0, v.used-n)
 		e.events = append(e.events[:0], e.events[v.live:v.live+int(keep)]...)
@@ -773,9 +767,9 @@ func (s *Store) touch(sh *shard, e *entry, now int64) {
 }
 
 // state writes c.State from its slot, after the lock is let go.
-func state(c *countlimit.Check, sl *slot, allowed bool, now int64) {
+func state(c *driver.Check, sl *slot, allowed bool, now int64) {
 	st, v := &c.State, &sl.v
-	*st = countlimit.State{Allowed: allowed, Used: v.used}
+	*st = driver.State{Allowed: allowed, Used: v.used}
 	if c.Span == 0 || v.used > 0 {
 		st.Begin, st.End = time.UnixMicro(v.begin), wire.Time(v.end, forever)
 	}

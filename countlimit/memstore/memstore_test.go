@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/countlimit/countlimit/countlimit"
+	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/countlimit/memstore"
 	"github.com/countlimit/countlimit/countlimit/storetest"
 )
@@ -15,7 +16,7 @@ import (
 func TestConformance(t *testing.T) {
 	s := memstore.New()
 	t.Cleanup(func() { s.Close() })
-	storetest.Run(t, func(*testing.T) countlimit.Store { return s })
+	storetest.Run(t, func(*testing.T) driver.Store { return s })
 }
 
 func TestJanitorDropsExpiredState(t *testing.T) {

@@ -4,9 +4,9 @@ import (
 	"context"
 	"testing"
 
-	"github.com/countlimit/countlimit/countlimit"
+	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/countlimit/memstore"
-	"github.com/countlimit/countlimit/internal/model"
+
 	"github.com/countlimit/countlimit/internal/modeltest"
 )
 
@@ -16,8 +16,8 @@ func TestModel(t *testing.T) {
 	defer s.Close()
 	modeltest.Run(t, []modeltest.Path{{
 		Name: "memstore",
-		Do:   s.Do,
-		Read: func(_ context.Context, ut countlimit.UseType, id string) (model.Key, error) {
+		Do:   modeltest.Each(s.Do),
+		Read: func(_ context.Context, ut, id string) (driver.Key, error) {
 			return memstore.KeyForTest(s, ut, id), nil
 		},
 	}})

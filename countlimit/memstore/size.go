@@ -52,10 +52,10 @@ const (
 // keyBytes is what a counter's use type and id take. The id is a copy of
 // its own (see newEntry); the use type is counted as one too, though it is
 // mostly the rule's, shared by every counter of the rule: an upper bound.
-func keyBytes(ut countlimit.UseType, id string) int64 { return allocSize(len(ut)) + allocSize(len(id)) }
+func keyBytes(ut string, id string) int64 { return allocSize(len(ut)) + allocSize(len(id)) }
 
 // newEntryBytes is what a new counter of (ut, id) takes before it counts.
-func newEntryBytes(ut countlimit.UseType, id string) int64 {
+func newEntryBytes(ut string, id string) int64 {
 	return entryBytes + keyBytes(ut, id)
 }
 
@@ -77,7 +77,7 @@ func (e *entry) heap() int64 {
 // body) would keep all of it alive, unaccounted. The use type is the
 // rule's: a check compares it with the rule's at the cost of a pointer
 // when they share their bytes.
-func newEntry(ut countlimit.UseType, id string, now int64) *entry {
+func newEntry(ut string, id string, now int64) *entry {
 	return &entry{useType: ut, id: strings.Clone(id), begin: now, end: now}
 }
 

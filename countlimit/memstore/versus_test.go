@@ -11,6 +11,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/countlimit/countlimit/countlimit"
+	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/countlimit/memstore"
 )
 
@@ -103,12 +104,11 @@ func BenchmarkDo(b *testing.B) {
 	ctx := context.Background()
 	now := time.Now().Truncate(time.Microsecond)
 	begin := now.Truncate(time.Hour).UTC()
-	c := countlimit.Check{UseType: "api", Limit: countlimit.MaxLimit, Begin: begin, End: begin.Add(time.Hour)}
-	req := &countlimit.Request{Op: countlimit.OpAllow, ID: "user-1", Now: now, N: 1, Checks: []countlimit.Check{c}}
-	reqs := []*countlimit.Request{req}
+	c := driver.Check{UseType: "api", Limit: countlimit.MaxLimit, Begin: begin, End: begin.Add(time.Hour)}
+	req := &driver.Request{Op: driver.OpAllow, ID: "user-1", Now: now, N: 1, Checks: []driver.Check{c}}
 	b.ReportAllocs()
 	for b.Loop() {
-		if err := s.Do(ctx, reqs); err != nil || !req.Checks[0].State.Allowed {
+		if err := s.Do(ctx, req); err != nil || !req.Checks[0].State.Allowed {
 			b.Fatal(err)
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/countlimit/countlimit/countlimit"
+	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/countlimit/memstore"
 	"github.com/countlimit/countlimit/countlimit/pgstore"
 	"github.com/countlimit/countlimit/countlimit/storetest"
@@ -17,14 +18,12 @@ import (
 
 // recorder is a Store that keeps the requests a Limiter makes and answers
 // nothing: it turns Limiter calls into the exact requests stores receive.
-type recorder struct{ reqs []*countlimit.Request }
+type recorder struct{ reqs []*driver.Request }
 
-func (r *recorder) Do(_ context.Context, reqs []*countlimit.Request) error {
-	for _, q := range reqs {
-		c := *q
-		c.Checks = slices.Clone(q.Checks)
-		r.reqs = append(r.reqs, &c)
-	}
+func (r *recorder) Do(_ context.Context, q *driver.Request) error {
+	c := *q
+	c.Checks = slices.Clone(q.Checks)
+	r.reqs = append(r.reqs, &c)
 	return nil
 }
 
@@ -121,14 +120,14 @@ func matchOneByOne(t *testing.T, nids int, distinct bool) {
 			if rows == 0 {
 				inserted++
 			}
-			if err := mem.Do(ctx, []*countlimit.Request{r}); err != nil {
+			if err := mem.Do(ctx, r); err != nil {
 				t.Fatal(err)
 			}
 		}
-		want := make([]countlimit.State, len(rec.reqs))
+		want := make([]driver.State, len(rec.reqs))
 		for i, r := range rec.reqs {
 			want[i] = r.Checks[0].State
-			r.Checks[0].State = countlimit.State{}
+			r.Checks[0].State = driver.State{}
 		}
 		if err := pg.AllowBatchForTest(ctx, rec.reqs); err != nil {
 			t.Fatalf("batch %d: %v", batch, err)
@@ -148,7 +147,7 @@ func matchOneByOne(t *testing.T, nids int, distinct bool) {
 			default:
 				denied++
 			}
-			if i > 0 && slices.ContainsFunc(rec.reqs[:i], func(q *countlimit.Request) bool {
+			if i > 0 && slices.ContainsFunc(rec.reqs[:i], func(q *driver.Request) bool {
 				return q.ID == r.ID && q.Checks[0].UseType == r.Checks[0].UseType
 			}) {
 				repeated++
@@ -177,12 +176,12 @@ func matchOneByOne(t *testing.T, nids int, distinct bool) {
 	}
 }
 
-func sameState(a, b countlimit.State) bool {
+func sameState(a, b driver.State) bool {
 	return a.Allowed == b.Allowed && a.Used == b.Used && a.Begin.Equal(b.Begin) && a.End.Equal(b.End) &&
 		a.BlockedUntil.Equal(b.BlockedUntil) && a.FreeAt.Equal(b.FreeAt)
 }
 
-func fmtState(s countlimit.State) string {
+func fmtState(s driver.State) string {
 	f := func(t time.Time) string {
 		if t.IsZero() {
 			return "-"

@@ -4,12 +4,12 @@ import (
 	"context"
 	"time"
 
-	"github.com/countlimit/countlimit/countlimit"
+	"github.com/countlimit/countlimit/countlimit/driver"
 )
 
-var _ countlimit.StoreClock = (*Store)(nil)
+var _ driver.StoreClock = (*Store)(nil)
 
-// StoreTime implements countlimit.StoreClock: the server's
+// StoreTime implements driver.StoreClock: the server's
 // clock_timestamp(), to the microsecond. One statement, on the Store's
 // pool, connection or transaction.
 func (s *Store) StoreTime(ctx context.Context) (time.Time, error) {

@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/countlimit/countlimit/countlimit"
+	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/internal/gather"
 )
 
@@ -13,7 +13,7 @@ import (
 // writes the state of each request it applied: what a batch of concurrent
 // calls does. Its error names each call that failed, was busy (ErrBusy)
 // or was left for a retry.
-func (s *Store) AllowBatchForTest(ctx context.Context, reqs []*countlimit.Request) error {
+func (s *Store) AllowBatchForTest(ctx context.Context, reqs []*driver.Request) error {
 	calls := make([]*gather.Call, len(reqs))
 	for i, r := range reqs {
 		calls[i] = &gather.Call{Req: *r}
@@ -42,6 +42,6 @@ func (s *Store) QueuedForTest() int { return s.gather.Queued() }
 
 // ApplyForTest runs r through countlimit_apply, as sliding windows and
 // AllowAll do, whatever its rule.
-func (s *Store) ApplyForTest(ctx context.Context, r *countlimit.Request) error {
+func (s *Store) ApplyForTest(ctx context.Context, r *driver.Request) error {
 	return interpretError(s.apply(ctx, s.db, r))
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/countlimit/countlimit/countlimit"
+	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/internal/db"
 	"github.com/countlimit/countlimit/internal/gather"
 )
@@ -40,7 +41,7 @@ const (
 // call whose row another transaction holds locked is sent again, after a
 // pause, until its row is free or its context ends; then it fails with
 // countlimit.ErrLocked, which is not a store failure.
-func (s *Store) gathered(ctx context.Context, r *countlimit.Request) error {
+func (s *Store) gathered(ctx context.Context, r *driver.Request) error {
 	err := s.gather.Do(ctx, r)
 	for pause := firstBusyPause; err == errBusy; pause = min(2*pause, lastBusyPause) {
 		t := time.NewTimer(pause)
@@ -60,19 +61,19 @@ func (s *Store) gathered(ctx context.Context, r *countlimit.Request) error {
 
 // locked is the error of a call that waited for its row, locked by another
 // transaction, until its context ended with err.
-func locked(r *countlimit.Request, err error) error {
+func locked(r *driver.Request, err error) error {
 	return fmt.Errorf("%w (%s, %s): %w", countlimit.ErrLocked, r.Checks[0].UseType, r.ID, err)
 }
 
 // fast reports whether r takes the plain-SQL path: one rule whose window is
 // not sliding, allowed or peeked.
-func fast(r *countlimit.Request) bool {
+func fast(r *driver.Request) bool {
 	return len(r.Checks) == 1 && r.Checks[0].Span == 0 &&
-		(r.Op == countlimit.OpAllow || r.Op == countlimit.OpPeek)
+		(r.Op == driver.OpAllow || r.Op == driver.OpPeek)
 }
 
 // penaltyEnd is when a denial of c at now would end its penalty, or zero.
-func penaltyEnd(r *countlimit.Request, c *countlimit.Check) pgtype.Timestamptz {
+func penaltyEnd(r *driver.Request, c *driver.Check) pgtype.Timestamptz {
 	if c.Block <= 0 {
 		return pgtype.Timestamptz{}
 	}
@@ -82,7 +83,7 @@ func penaltyEnd(r *countlimit.Request, c *countlimit.Check) pgtype.Timestamptz {
 // allowOne runs r, which takes the fast path, as one AllowOne statement.
 // With skipLocked a row another transaction holds locked is not waited
 // for: the call fails with errBusy, nothing written.
-func (s *Store) allowOne(ctx context.Context, d DBTX, r *countlimit.Request, skipLocked bool) error {
+func (s *Store) allowOne(ctx context.Context, d DBTX, r *driver.Request, skipLocked bool) error {
 	c := &r.Checks[0]
 	p := db.AllowOneParams{
 		SkipLocked: skipLocked,
@@ -112,7 +113,7 @@ func (s *Store) allowOne(ctx context.Context, d DBTX, r *countlimit.Request, ski
 	return fmt.Errorf("pgstore: row (%s, %s) was created concurrently %d times over", c.UseType, r.ID, maxAttempts)
 }
 
-func (s *Store) peekOne(ctx context.Context, d DBTX, r *countlimit.Request) error {
+func (s *Store) peekOne(ctx context.Context, d DBTX, r *driver.Request) error {
 	c := &r.Checks[0]
 	row, err := s.q.PeekOne(ctx, d, db.PeekOneParams{
 		LimitValue: c.Limit,
@@ -132,8 +133,8 @@ func (s *Store) peekOne(ctx context.Context, d DBTX, r *countlimit.Request) erro
 // state is a State from a statement's columns. For a Concurrent check,
 // begin and end are the first and the last expiry of a live lease, both
 // NULL when none is.
-func state(allowed bool, used int64, begin, end, blocked pgtype.Timestamptz) countlimit.State {
-	return countlimit.State{Allowed: allowed, Used: used, Begin: timeOf(begin), End: timeOf(end), BlockedUntil: timeOf(blocked)}
+func state(allowed bool, used int64, begin, end, blocked pgtype.Timestamptz) driver.State {
+	return driver.State{Allowed: allowed, Used: used, Begin: timeOf(begin), End: timeOf(end), BlockedUntil: timeOf(blocked)}
 }
 
 // sendBatch is the group commit: one statement for all calls. A batch of
@@ -287,7 +288,7 @@ func settle(calls []*gather.Call, done []bool, err error) {
 type key struct{ id, useType string }
 
 // firstKey is the first row r locks: its id with its least use type.
-func firstKey(r *countlimit.Request) key {
+func firstKey(r *driver.Request) key {
 	k := key{id: r.ID}
 	for i := range r.Checks {
 		if ut := string(r.Checks[i].UseType); i == 0 || ut < k.useType {
@@ -302,7 +303,7 @@ var rowSeed = maphash.MakeSeed()
 
 // rowHash is the hash of the row a group-committed call (one rule) locks,
 // for the batcher, which never lets two batches in flight share a row.
-func rowHash(r *countlimit.Request) uint64 {
+func rowHash(r *driver.Request) uint64 {
 	var h maphash.Hash
 	h.SetSeed(rowSeed)
 	h.WriteString(r.ID)

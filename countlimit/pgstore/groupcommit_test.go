@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/countlimit/countlimit/countlimit"
+	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/countlimit/pgstore"
 	"github.com/countlimit/countlimit/countlimit/storetest"
 	"github.com/countlimit/countlimit/internal/testbackend"
@@ -319,37 +320,6 @@ func TestMixedTrafficNeverFails(t *testing.T) {
 	t.Logf("calls: %v", counts)
 }
 
-// TestSeveralRequestsAllOrNothing gives Do two requests of which the
-// second fails in PostgreSQL: the call fails, and the first is not
-// committed either.
-func TestSeveralRequestsAllOrNothing(t *testing.T) {
-	pool := testbackend.Postgres(t)
-	s := pgstore.New(pool)
-	ut := storetest.UseType(t, "several")
-	ctx := context.Background()
-	now := time.Now()
-	req := func(id string) *countlimit.Request {
-		return &countlimit.Request{Op: countlimit.OpAllow, ID: id, N: 1, Now: now, Checks: []countlimit.Check{{
-			UseType: ut, Limit: 10, Begin: now, End: now.Add(time.Hour)}}}
-	}
-	// PostgreSQL text cannot hold a NUL byte: the second request fails
-	// after the first has run in the same transaction.
-	err := s.Do(ctx, []*countlimit.Request{req("b\x00"), req("a")})
-	if !errors.Is(err, countlimit.ErrUnavailable) {
-		t.Fatalf("Do with a failing request: %v, want ErrUnavailable", err)
-	}
-	var n int
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM count_limit WHERE use_type = $1`, string(ut)).Scan(&n); err != nil || n != 0 {
-		t.Errorf("a failed Do committed %d rows (%v), want none", n, err)
-	}
-	if err := s.Do(ctx, []*countlimit.Request{req("b"), req("a")}); err != nil {
-		t.Fatal(err)
-	}
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM count_limit WHERE use_type = $1`, string(ut)).Scan(&n); err != nil || n != 2 {
-		t.Errorf("Do of two requests wrote %d rows (%v), want 2", n, err)
-	}
-}
-
 // TestBatchLeavesRowCreatedMeanwhile creates a row in a transaction of its
 // own while a group commit waits to insert the same key: the batch counts
 // its other calls, leaves that row as the transaction wrote it and asks for
@@ -404,7 +374,7 @@ func TestBatchLeavesRowCreatedMeanwhile(t *testing.T) {
 			}
 			// Sent again, it counts on the row the transaction created.
 			again := rec.reqs[1:2]
-			again[0].Checks[0].State = countlimit.State{}
+			again[0].Checks[0].State = driver.State{}
 			if err := s.AllowBatchForTest(ctx, again); err != nil || again[0].Checks[0].State.Used != 6 {
 				t.Errorf("the call sent again: %+v, %v; want Used 6", again[0].Checks[0].State, err)
 			}

@@ -6,24 +6,24 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/countlimit/countlimit/countlimit"
+	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/internal/db"
 )
 
 // lease runs a request of a Concurrent check as one statement (see
 // queries/lease.sql): never batched, on the pool, connection or
 // transaction d.
-func (s *Store) lease(ctx context.Context, d DBTX, r *countlimit.Request) error {
+func (s *Store) lease(ctx context.Context, d DBTX, r *driver.Request) error {
 	if len(r.Checks) != 1 {
 		return fmt.Errorf("pgstore: %s of a Concurrent rule takes 1 check, got %d", r.Op, len(r.Checks))
 	}
 	c := &r.Checks[0]
 	var (
-		st  countlimit.State
+		st  driver.State
 		err error
 	)
 	switch r.Op {
-	case countlimit.OpAcquire:
+	case driver.OpAcquire:
 		var row db.AcquireLeaseRow
 		row, err = s.q.AcquireLease(ctx, d, db.AcquireLeaseParams{
 			UseType:    string(c.UseType),
@@ -36,7 +36,7 @@ func (s *Store) lease(ctx context.Context, d DBTX, r *countlimit.Request) error 
 			LazyTally:  autocommit(d),
 		})
 		st = state(row.Allowed, row.Used, row.FirstExpiry, row.LastExpiry, row.BlockedUntil)
-	case countlimit.OpRelease:
+	case driver.OpRelease:
 		var row db.ReleaseLeaseRow
 		row, err = s.q.ReleaseLease(ctx, d, db.ReleaseLeaseParams{
 			UseType:    string(c.UseType),
@@ -45,7 +45,7 @@ func (s *Store) lease(ctx context.Context, d DBTX, r *countlimit.Request) error 
 			Now:        timestamptz(r.Now),
 		})
 		st = state(row.Allowed, row.Used, row.FirstExpiry, row.LastExpiry, row.BlockedUntil)
-	case countlimit.OpExtend:
+	case driver.OpExtend:
 		var row db.ExtendLeaseRow
 		row, err = s.q.ExtendLease(ctx, d, db.ExtendLeaseParams{
 			UseType:    string(c.UseType),
@@ -55,7 +55,7 @@ func (s *Store) lease(ctx context.Context, d DBTX, r *countlimit.Request) error 
 			ExpiresAt:  timestamptz(r.Now.Add(c.TTL)),
 		})
 		st = state(row.Allowed, row.Used, row.FirstExpiry, row.LastExpiry, row.BlockedUntil)
-	case countlimit.OpPeek:
+	case driver.OpPeek:
 		var row db.PeekLeasesRow
 		row, err = s.q.PeekLeases(ctx, d, db.PeekLeasesParams{
 			UseType:    string(c.UseType),

@@ -9,9 +9,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 
-	"github.com/countlimit/countlimit/countlimit"
+	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/countlimit/pgstore"
-	"github.com/countlimit/countlimit/internal/model"
+
 	"github.com/countlimit/countlimit/internal/modeltest"
 	"github.com/countlimit/countlimit/internal/testbackend"
 )
@@ -31,27 +31,17 @@ func TestModel(t *testing.T) {
 	}
 	defer conn.Close(ctx)
 	onPool := pgstore.New(pool)
-	read := func(ctx context.Context, ut countlimit.UseType, id string) (model.Key, error) {
+	read := func(ctx context.Context, ut, id string) (driver.Key, error) {
 		return readKey(ctx, pool, ut, id)
 	}
-	each := func(do func(context.Context, *countlimit.Request) error) func(context.Context, []*countlimit.Request) error {
-		return func(ctx context.Context, reqs []*countlimit.Request) error {
-			for _, r := range reqs {
-				if err := do(ctx, r); err != nil {
-					return err
-				}
-			}
-			return nil
-		}
+	single := func(s *pgstore.Store) func(context.Context, *driver.Request) error {
+		return s.Do
 	}
-	single := func(s *pgstore.Store) func(context.Context, *countlimit.Request) error {
-		return func(ctx context.Context, r *countlimit.Request) error { return s.Do(ctx, []*countlimit.Request{r}) }
-	}
-	poolEach := each(single(onPool))
+	poolEach := modeltest.Each(single(onPool))
 	// fastOnly skips what the group-commit statements do not take.
-	fastOnly := func(reqs []*countlimit.Request) bool {
+	fastOnly := func(reqs []*driver.Request) bool {
 		for _, r := range reqs {
-			if r.Op != countlimit.OpAllow || len(r.Checks) != 1 || r.Checks[0].Span > 0 || r.Checks[0].TTL > 0 {
+			if r.Op != driver.OpAllow || len(r.Checks) != 1 || r.Checks[0].Span > 0 || r.Checks[0].TTL > 0 {
 				return true
 			}
 		}
@@ -61,24 +51,24 @@ func TestModel(t *testing.T) {
 		{Name: "pool", Do: poolEach, Read: read},
 		{Name: "group commit", Do: onPool.AllowBatchForTest, Read: read, Skip: fastOnly, Fallback: poolEach},
 		{Name: "countlimit_apply", Read: read,
-			Do: each(onPool.ApplyForTest),
-			Skip: func(reqs []*countlimit.Request) bool {
+			Do: modeltest.Each(onPool.ApplyForTest),
+			Skip: func(reqs []*driver.Request) bool {
 				for _, r := range reqs {
-					if r.Op == countlimit.OpReset || r.OnLeases() {
+					if r.Op == driver.OpReset || r.OnLeases() {
 						return true
 					}
 				}
 				return false
 			},
 			Fallback: poolEach},
-		{Name: "connection", Do: each(single(pgstore.New(conn))), Read: read},
-		{Name: "transaction", Read: read, Do: each(func(ctx context.Context, r *countlimit.Request) error {
+		{Name: "connection", Do: modeltest.Each(single(pgstore.New(conn))), Read: read},
+		{Name: "transaction", Read: read, Do: modeltest.Each(func(ctx context.Context, r *driver.Request) error {
 			tx, err := pool.Begin(ctx)
 			if err != nil {
 				return err
 			}
 			defer tx.Rollback(ctx)
-			if err := pgstore.New(tx).Do(ctx, []*countlimit.Request{r}); err != nil {
+			if err := pgstore.New(tx).Do(ctx, r); err != nil {
 				return err
 			}
 			return tx.Commit(ctx)
@@ -90,9 +80,9 @@ func TestModel(t *testing.T) {
 func readKey(ctx context.Context, db interface {
 	QueryRow(context.Context, string, ...any) pgx.Row
 	Query(context.Context, string, ...any) (pgx.Rows, error)
-}, ut countlimit.UseType, id string) (model.Key, error) {
+}, ut, id string) (driver.Key, error) {
 	var (
-		k                  model.Key
+		k                  driver.Key
 		begin, end, blockd pgtype.Timestamptz
 		events             []time.Time
 	)
@@ -100,13 +90,13 @@ func readKey(ctx context.Context, db interface {
 		FROM count_limit WHERE use_type = $1 AND unique_id = $2`, string(ut), id).
 		Scan(&k.Count, &begin, &end, &events, &k.Denied, &blockd)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return model.Key{}, nil
+		return driver.Key{}, nil
 	}
 	if err != nil {
 		return k, err
 	}
 	k.Begin = begin.Time.UnixMicro()
-	k.End = model.Forever
+	k.End = driver.Forever
 	if end.Valid {
 		k.End = end.Time.UnixMicro()
 	}

@@ -1,4 +1,4 @@
-// Package pgstore is the PostgreSQL countlimit.Store, the durable one: its
+// Package pgstore is the PostgreSQL driver.Store, the durable one: its
 // counters are rows of the count_limit table that DBAs can audit with plain
 // SQL (see the count_limit_status view).
 //
@@ -77,7 +77,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -86,12 +85,13 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/countlimit/countlimit/countlimit"
+	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/internal/db"
 	"github.com/countlimit/countlimit/internal/gather"
 	"github.com/countlimit/countlimit/internal/wire"
 )
 
-var _ countlimit.Store = (*Store)(nil)
+var _ driver.Store = (*Store)(nil)
 
 // DBTX is what a Store runs its statements on: *pgxpool.Pool, *pgx.Conn and
 // pgx.Tx all satisfy it.
@@ -101,7 +101,7 @@ type DBTX interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-// Store is a countlimit.Store on PostgreSQL. It is safe for concurrent use
+// Store is a driver.Store on PostgreSQL. It is safe for concurrent use
 // when its DBTX is (a pool is; a single *pgx.Conn or pgx.Tx is not). It is
 // cheap to make: make one per transaction, and one per pool.
 type Store struct {
@@ -154,25 +154,21 @@ func New(d DBTX, opts ...Option) *Store {
 	return s
 }
 
-// Do implements countlimit.Store. Several requests run in one transaction,
-// all or nothing.
-func (s *Store) Do(ctx context.Context, reqs []*countlimit.Request) error {
-	if len(reqs) == 1 {
-		return interpretError(s.do(ctx, s.db, reqs[0], true))
-	}
-	return interpretError(s.several(ctx, reqs))
+// Do implements driver.Store.
+func (s *Store) Do(ctx context.Context, r *driver.Request) error {
+	return interpretError(s.do(ctx, s.db, r, true))
 }
 
 // do runs one request on d, in a group commit when batch allows and it can.
-func (s *Store) do(ctx context.Context, d DBTX, r *countlimit.Request, batch bool) error {
+func (s *Store) do(ctx context.Context, d DBTX, r *driver.Request, batch bool) error {
 	switch {
-	case r.Op == countlimit.OpReset:
+	case r.Op == driver.OpReset:
 		return s.reset(ctx, d, r)
 	case r.OnLeases(): // Reset is not: deleting a key's row deletes its leases
 		return s.lease(ctx, d, r)
 	case !fast(r):
 		return s.apply(ctx, d, r)
-	case r.Op == countlimit.OpPeek:
+	case r.Op == driver.OpPeek:
 		return s.peekOne(ctx, d, r)
 	case batch && s.gather != nil:
 		return s.gathered(ctx, r)
@@ -180,42 +176,12 @@ func (s *Store) do(ctx context.Context, d DBTX, r *countlimit.Request, batch boo
 	return s.allowOne(ctx, d, r, false)
 }
 
-// several runs reqs in one transaction. The requests are sorted by their
-// first key so that their row locks are taken in the order every statement
-// uses; a request of several rules can still interleave with another's keys,
-// so concurrent multi-request calls over the same ids may deadlock, which
-// PostgreSQL detects: the call then fails and commits nothing.
-func (s *Store) several(ctx context.Context, reqs []*countlimit.Request) error {
-	if len(reqs) == 0 {
-		return nil
-	}
-	b, ok := s.db.(interface {
-		Begin(context.Context) (pgx.Tx, error)
-	})
-	if !ok {
-		return errors.New("pgstore: several requests in one call need a DBTX with a Begin method")
-	}
-	tx, err := b.Begin(ctx)
-	if err != nil {
-		return err
-	}
-	defer tx.Rollback(ctx)
-	order := slices.Clone(reqs)
-	slices.SortStableFunc(order, func(a, b *countlimit.Request) int { return compareKeys(firstKey(a), firstKey(b)) })
-	for _, r := range order {
-		if err := s.do(ctx, tx, r, false); err != nil {
-			return err
-		}
-	}
-	return tx.Commit(ctx)
-}
-
-func (s *Store) reset(ctx context.Context, d DBTX, r *countlimit.Request) error {
+func (s *Store) reset(ctx context.Context, d DBTX, r *driver.Request) error {
 	return s.q.Reset(ctx, d, db.ResetParams{UniqueID: r.ID, UseTypes: useTypes(r)})
 }
 
 // apply runs a request through countlimit_apply.
-func (s *Store) apply(ctx context.Context, d DBTX, r *countlimit.Request) error {
+func (s *Store) apply(ctx context.Context, d DBTX, r *driver.Request) error {
 	p := db.ApplyParams{
 		Op:       r.Op.String(),
 		UniqueID: r.ID,
@@ -249,7 +215,7 @@ func (s *Store) apply(ctx context.Context, d DBTX, r *countlimit.Request) error 
 		if k < 0 || k >= len(r.Checks) {
 			return fmt.Errorf("pgstore: countlimit_apply returned check %d of %d", row.Ord, len(r.Checks))
 		}
-		r.Checks[k].State = countlimit.State{
+		r.Checks[k].State = driver.State{
 			Allowed:      row.Allowed,
 			Used:         row.Used,
 			Begin:        timeOf(row.WindowBegin),
@@ -269,7 +235,7 @@ func (s *Store) Ping(ctx context.Context) error {
 		return interpretError(err)
 	}
 	if !ready {
-		return countlimit.Unavailable(errors.New(`pgstore: countlimit's schema is missing here or not at its latest migration (run pgstore.Migrate or "countlimit migrate up")`))
+		return driver.Unavailable(errors.New(`pgstore: countlimit's schema is missing here or not at its latest migration (run pgstore.Migrate or "countlimit migrate up")`))
 	}
 	return nil
 }
@@ -330,10 +296,10 @@ func interpretError(err error) error {
 	if errors.As(err, &pgErr) && (pgErr.Code == "42883" || pgErr.Code == "42P01") { // undefined function or table
 		err = fmt.Errorf("pgstore: countlimit's schema is missing here (run pgstore.Migrate or \"countlimit migrate up\"): %w", err)
 	}
-	return countlimit.Unavailable(err)
+	return driver.Unavailable(err)
 }
 
-func useTypes(r *countlimit.Request) []string {
+func useTypes(r *driver.Request) []string {
 	uts := make([]string, len(r.Checks))
 	for i := range r.Checks {
 		uts[i] = string(r.Checks[i].UseType)

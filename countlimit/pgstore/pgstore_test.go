@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/countlimit/countlimit/countlimit"
+	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/countlimit/pgstore"
 	"github.com/countlimit/countlimit/countlimit/storetest"
 	"github.com/countlimit/countlimit/internal/testbackend"
@@ -29,7 +30,7 @@ func TestConformance(t *testing.T) {
 	pools := []*pgxpool.Pool{testbackend.Postgres(t), testbackend.PostgresPool(t)}
 	// Two pools, per subtest: two clients on the same counters.
 	next := testbackend.Alternate(pools...)
-	storetest.Run(t, func(t *testing.T) countlimit.Store { return pgstore.New(next(t)) })
+	storetest.Run(t, func(t *testing.T) driver.Store { return pgstore.New(next(t)) })
 }
 
 // counter is a pgx QueryTracer that counts statements sent and keeps the

@@ -5,12 +5,12 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/countlimit/countlimit/countlimit"
+	"github.com/countlimit/countlimit/countlimit/driver"
 )
 
-var _ countlimit.StoreClock = (*Store)(nil)
+var _ driver.StoreClock = (*Store)(nil)
 
-// StoreTime implements countlimit.StoreClock with Redis's TIME, to the
+// StoreTime implements driver.StoreClock with Redis's TIME, to the
 // microsecond. On a Cluster it asks whichever node the client picks: run
 // the nodes' clocks in sync (NTP), as Redis's own expiry needs anyway.
 func (s *Store) StoreTime(ctx context.Context) (time.Time, error) {

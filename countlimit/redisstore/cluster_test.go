@@ -19,6 +19,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/countlimit/countlimit/countlimit"
+	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/countlimit/redisstore"
 	"github.com/countlimit/countlimit/countlimit/storetest"
 	"github.com/countlimit/countlimit/internal/testbackend"
@@ -73,7 +74,7 @@ func TestCluster(t *testing.T) {
 	}
 
 	var n atomic.Int64
-	storetest.Run(t, func(*testing.T) countlimit.Store { return redisstore.New(clients[n.Add(1)%2]) })
+	storetest.Run(t, func(*testing.T) driver.Store { return redisstore.New(clients[n.Add(1)%2]) })
 	// Pipelines of calls on ids of every node: go-redis sends each script to
 	// the node of its slot.
 	t.Run("many ids pipelined", func(t *testing.T) { testManyIDs(t, redisstore.New(clients[0])) })

@@ -1,6 +1,11 @@
 package redisstore
 
-import "time"
+import (
+	"context"
+	"time"
+
+	"github.com/countlimit/countlimit/countlimit/driver"
+)
 
 // ReplyTTL is how long a write's reply is kept, for the tests.
 const ReplyTTL = replyTTL
@@ -16,3 +21,9 @@ var (
 
 // SetPolicyClock makes CheckEviction read the time from now.
 func SetPolicyClock(s *Store, now func() time.Time) { s.now = now }
+
+// PipelineForTest sends reqs together in one pipeline, in their order, as
+// concurrent callers' calls would leave.
+func (s *Store) PipelineForTest(ctx context.Context, reqs []*driver.Request) error {
+	return s.pipeline(ctx, reqs)
+}

@@ -7,6 +7,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/countlimit/countlimit/countlimit"
+	"github.com/countlimit/countlimit/countlimit/driver"
 )
 
 var (
@@ -25,14 +26,14 @@ func LeaseKey(useType countlimit.UseType, id string) string { return Key(useType
 const leaseSuffix = ":lease"
 
 // leaseOpArg names r.Op for lease.lua.
-var leaseOpArg = [...]any{countlimit.OpPeek: "peek", countlimit.OpAcquire: "acquire", countlimit.OpRelease: "release", countlimit.OpExtend: "extend"}
+var leaseOpArg = [...]any{driver.OpPeek: "peek", driver.OpAcquire: "acquire", driver.OpRelease: "release", driver.OpExtend: "extend"}
 
 // leaseCommand returns the EVALSHA of lease.lua for r (see it for KEYS and
 // ARGV). It names no reply key: the lease's token makes a repeat harmless
 // (see lease.lua).
-func leaseCommand(ctx context.Context, r *countlimit.Request) redis.Cmder {
+func leaseCommand(ctx context.Context, r *driver.Request) redis.Cmder {
 	c := &r.Checks[0]
-	key := Key(c.UseType, r.ID)
+	key := Key(countlimit.UseType(c.UseType), r.ID)
 	cmd := redis.NewIntSliceCmd(ctx, "evalsha", leaseSHA, 2, key, key+leaseSuffix,
 		leaseOpArg[r.Op], r.Now.UnixMicro(), r.Lease, c.Limit, c.TTL.Microseconds(), c.Block.Microseconds())
 	cmd.SetFirstKeyPos(3)
@@ -42,7 +43,7 @@ func leaseCommand(ctx context.Context, r *countlimit.Request) redis.Cmder {
 // withLeaseKeys adds the lease set of each of r's checks to the keys of
 // reset.lua's args (the checks' hashes and logs, then the reply key, which
 // stays last), so a reset forgets leases too.
-func withLeaseKeys(args []any, r *countlimit.Request) []any {
+func withLeaseKeys(args []any, r *driver.Request) []any {
 	reply := args[len(args)-1]
 	args = args[:len(args)-1]
 	for i := range r.Checks {

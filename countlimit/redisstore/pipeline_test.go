@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/countlimit/countlimit/countlimit"
+	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/countlimit/redisstore"
 	"github.com/countlimit/countlimit/countlimit/storetest"
 	"github.com/countlimit/countlimit/internal/testbackend"
@@ -419,7 +420,7 @@ func TestManyIDsPipelined(t *testing.T) {
 	testManyIDs(t, redisstore.New(client(t)))
 }
 
-func testManyIDs(t *testing.T, s countlimit.Store) {
+func testManyIDs(t *testing.T, s driver.Store) {
 	t.Helper()
 	l := countlimit.New(s)
 	ctx := context.Background()

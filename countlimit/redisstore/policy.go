@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/countlimit/countlimit/countlimit"
+	"github.com/countlimit/countlimit/countlimit/driver"
 )
 
 // PolicyCheckInterval is how long CheckEviction keeps the server's answer.
@@ -109,7 +110,7 @@ func (s *Store) askPolicy(ctx context.Context) error {
 		err = ask(ctx, c)
 	}
 	if err != nil {
-		errs = append(errs, countlimit.Unavailable(fmt.Errorf("redisstore: CONFIG GET maxmemory-policy: %w", err)))
+		errs = append(errs, driver.Unavailable(fmt.Errorf("redisstore: CONFIG GET maxmemory-policy: %w", err)))
 	}
 	for _, is := range []func(error) bool{
 		func(err error) bool { return errors.Is(err, ErrEvictionPolicy) },
@@ -138,14 +139,14 @@ func policyOf(ctx context.Context, c redis.Cmdable) error {
 	case errors.As(err, &rerr) && !hasPrefix(rerr.Error(), transient[:]):
 		return fmt.Errorf("%w: %w", ErrPolicyUnknown, err)
 	default:
-		return countlimit.Unavailable(fmt.Errorf("redisstore: CONFIG GET maxmemory-policy: %w", err))
+		return driver.Unavailable(fmt.Errorf("redisstore: CONFIG GET maxmemory-policy: %w", err))
 	}
 	p, ok := m["maxmemory-policy"]
 	switch {
 	case !ok:
 		return fmt.Errorf("%w: CONFIG GET maxmemory-policy answered no policy", ErrPolicyUnknown)
 	case p != "noeviction":
-		return countlimit.Unavailable(&evictionError{policy: p})
+		return driver.Unavailable(&evictionError{policy: p})
 	}
 	return nil
 }

@@ -1,4 +1,4 @@
-// Package redisstore is the Redis countlimit.Store, on go-redis v9. It works
+// Package redisstore is the Redis driver.Store, on go-redis v9. It works
 // with a single server, a Redis Cluster or a failover client: anything that
 // is a redis.UniversalClient.
 //
@@ -133,11 +133,12 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/countlimit/countlimit/countlimit"
+	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/internal/gather"
 	"github.com/countlimit/countlimit/internal/wire"
 )
 
-var _ countlimit.Store = (*Store)(nil)
+var _ driver.Store = (*Store)(nil)
 
 var (
 	//go:embed apply.lua
@@ -167,7 +168,7 @@ var (
 	applySHA any = applyScript.Hash()
 	fastSHA  any = fastScript.Hash()
 	resetSHA any = resetScript.Hash()
-	opArg        = [...]any{countlimit.OpAllow: "allow", countlimit.OpPeek: "peek", countlimit.OpRefund: "refund", countlimit.OpReset: "reset"}
+	opArg        = [...]any{driver.OpAllow: "allow", driver.OpPeek: "peek", driver.OpRefund: "refund", driver.OpReset: "reset"}
 )
 
 var (
@@ -183,7 +184,7 @@ func newCallPrefix() string {
 	return base64.RawURLEncoding.EncodeToString(b[:])
 }
 
-// Store is a countlimit.Store on Redis. It is safe for concurrent use.
+// Store is a driver.Store on Redis. It is safe for concurrent use.
 type Store struct {
 	client redis.UniversalClient
 	gather *gather.Batcher // nil: no pipelining
@@ -291,13 +292,18 @@ func escape(s string) string {
 	return escaper.Replace(s)
 }
 
-// Do implements countlimit.Store. One request joins a pipeline (see the
-// package doc); several are sent together in one pipeline of their own, on
-// the caller's goroutine, in their order, each its own script.
-func (s *Store) Do(ctx context.Context, reqs []*countlimit.Request) error {
-	if len(reqs) == 1 && s.gather != nil {
-		return wrap(s.gather.Do(ctx, reqs[0]))
+// Do implements driver.Store: r joins a pipeline (see the package doc).
+func (s *Store) Do(ctx context.Context, r *driver.Request) error {
+	if s.gather != nil {
+		return wrap(s.gather.Do(ctx, r))
 	}
+	return s.pipeline(ctx, []*driver.Request{r})
+}
+
+// pipeline sends reqs together in one pipeline of their own, on the
+// caller's goroutine, in their order (what a Store with WithMaxBatch(1)
+// does with one, and tests with several).
+func (s *Store) pipeline(ctx context.Context, reqs []*driver.Request) error {
 	if len(reqs) == 0 {
 		return nil
 	}
@@ -325,7 +331,7 @@ func wrap(err error) error {
 	if err == nil {
 		return nil
 	}
-	return countlimit.Unavailable(fmt.Errorf("redisstore: %w", err))
+	return driver.Unavailable(fmt.Errorf("redisstore: %w", err))
 }
 
 // send is the Batcher's Send: one pipeline, bounded by its callers' latest
@@ -445,7 +451,7 @@ func combined(ctx context.Context, cmds []redis.Cmder, calls []*gather.Call) (_ 
 	if nfast < 2 {
 		return cmds, nil, nil, 0
 	}
-	fast := make([]*countlimit.Request, 0, nfast)
+	fast := make([]*driver.Request, 0, nfast)
 	ofAt := make([]int32, 2*len(calls))
 	of, at = ofAt[:len(calls)], ofAt[len(calls):]
 	cmds = append(cmds, nil) // the combined script, below
@@ -499,7 +505,7 @@ func (s *Store) exec(ctx context.Context, cmds []redis.Cmder) {
 // command returns the EVALSHA of r's script: lease.lua for leases (see
 // lease.go), reset.lua for a reset, fast.lua for an Allow of one rule that
 // is not sliding, else apply.lua (see each for its KEYS and ARGV).
-func command(ctx context.Context, r *countlimit.Request) redis.Cmder {
+func command(ctx context.Context, r *driver.Request) redis.Cmder {
 	if r.OnLeases() {
 		return leaseCommand(ctx, r)
 	}
@@ -507,18 +513,18 @@ func command(ctx context.Context, r *countlimit.Request) redis.Cmder {
 		return fastCommand(ctx, r)
 	}
 	nkeys := 2 * len(r.Checks)
-	if r.Op != countlimit.OpPeek {
+	if r.Op != driver.OpPeek {
 		nkeys++
 	}
 	nargs := 4 + 5*len(r.Checks)
-	if r.Op == countlimit.OpReset {
+	if r.Op == driver.OpReset {
 		nargs = 1
 	}
 	args := make([]any, 3, 3+nkeys+nargs)
 	args[0], args[2] = "evalsha", nkeys
-	args = appendKeys(args, r, r.Op != countlimit.OpPeek)
+	args = appendKeys(args, r, r.Op != driver.OpPeek)
 	var cmd redis.Cmder
-	if r.Op == countlimit.OpReset {
+	if r.Op == driver.OpReset {
 		args[1] = resetSHA
 		args = withLeaseKeys(args, r)
 		args = append(args, replyMS)
@@ -542,14 +548,14 @@ func command(ctx context.Context, r *countlimit.Request) redis.Cmder {
 
 // isFast reports whether r is fast.lua's: an Allow of one rule that is not
 // sliding.
-func isFast(r *countlimit.Request) bool {
-	return r.Op == countlimit.OpAllow && len(r.Checks) == 1 && r.Checks[0].Span == 0 && !r.OnLeases()
+func isFast(r *driver.Request) bool {
+	return r.Op == driver.OpAllow && len(r.Checks) == 1 && r.Checks[0].Span == 0 && !r.OnLeases()
 }
 
 // fastCommand is fast.lua's EVALSHA for rs, Allows of one rule that is not
 // sliding, applied in order: one reply key for them all, in the slot of
 // the first one's id.
-func fastCommand(ctx context.Context, rs ...*countlimit.Request) redis.Cmder {
+func fastCommand(ctx context.Context, rs ...*driver.Request) redis.Cmder {
 	args := make([]any, 3, 3+2*len(rs)+2+6*len(rs))
 	args[0], args[1], args[2] = "evalsha", fastSHA, 2*len(rs)+1
 	if len(rs) == 1 {
@@ -575,7 +581,7 @@ func fastCommand(ctx context.Context, rs ...*countlimit.Request) redis.Cmder {
 // when reply is set, a reply key for the call (see the package doc), in the
 // id's slot. No Key starts with "countlimit:{": a use type is never empty.
 // The keys are cut from one string, one allocation.
-func appendKeys(args []any, r *countlimit.Request, reply bool) []any {
+func appendKeys(args []any, r *driver.Request, reply bool) []any {
 	id := escape(r.ID)
 	var seq [13]byte
 	var tok []byte
@@ -664,7 +670,7 @@ func withSource(ctx context.Context, cmd redis.Cmder) redis.Cmder {
 // finish writes the reply of cmd, of k calls (k > 1: a combined fast.lua
 // script), for its pos-th call, r, into r's check states. It returns false,
 // and sets nothing, for a call that a combined script left undone.
-func finish(r *countlimit.Request, cmd redis.Cmder, pos, k int) (done bool, err error) {
+func finish(r *driver.Request, cmd redis.Cmder, pos, k int) (done bool, err error) {
 	if err := cmd.Err(); err != nil {
 		return true, err
 	}
@@ -684,7 +690,7 @@ func finish(r *countlimit.Request, cmd redis.Cmder, pos, k int) (done bool, err 
 	allowed := out[n-1] == 1
 	for i := range r.Checks {
 		v := out[5*i : 5*i+5]
-		r.Checks[i].State = countlimit.State{
+		r.Checks[i].State = driver.State{
 			Allowed:      allowed,
 			Used:         v[0],
 			Begin:        wire.Time(v[1], none),

@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/countlimit/countlimit/countlimit"
+	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/countlimit/redisstore"
 	"github.com/countlimit/countlimit/countlimit/storetest"
 	"github.com/countlimit/countlimit/internal/redisurl"
@@ -45,7 +46,7 @@ func TestConformance(t *testing.T) {
 	clients := []*redis.Client{client(t), client(t)}
 	// Two clients (two connection pools) on one server, per subtest.
 	next := testbackend.Alternate(clients...)
-	storetest.Run(t, func(t *testing.T) countlimit.Store { return redisstore.New(next(t)) })
+	storetest.Run(t, func(t *testing.T) driver.Store { return redisstore.New(next(t)) })
 }
 
 func TestKeysAreEscapedAndShareTheIDsSlot(t *testing.T) {

@@ -3,7 +3,7 @@ package storetest_test
 import (
 	"testing"
 
-	"github.com/countlimit/countlimit/countlimit"
+	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/countlimit/memstore"
 	"github.com/countlimit/countlimit/countlimit/storetest"
 )
@@ -15,6 +15,6 @@ func ExampleRun() {
 	_ = func(t *testing.T) {
 		s := memstore.New()
 		t.Cleanup(func() { s.Close() })
-		storetest.Run(t, func(*testing.T) countlimit.Store { return s })
+		storetest.Run(t, func(*testing.T) driver.Store { return s })
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/countlimit/countlimit/countlimit"
+	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/internal/leaseforge"
 )
 
@@ -18,7 +19,7 @@ import (
 // rest.
 var leaseTests = []struct {
 	name string
-	fn   func(*testing.T, func(*testing.T) countlimit.Store)
+	fn   func(*testing.T, func(*testing.T) driver.Store)
 }{
 	{"LeaseAcquireRelease", testLeaseAcquireRelease},
 	{"LeaseExpires", testLeaseExpires},
@@ -73,7 +74,7 @@ func (e *env) held(rule countlimit.Rule, id string, at time.Time, want int64) {
 // testLeaseAcquireRelease: 2 slots of 10 s; a third caller waits for the
 // earliest lease, a release frees its slot at once, and releasing twice
 // frees nothing more.
-func testLeaseAcquireRelease(t *testing.T, newStore func(*testing.T) countlimit.Store) {
+func testLeaseAcquireRelease(t *testing.T, newStore func(*testing.T) driver.Store) {
 	e := newEnv(t, newStore)
 	rule := countlimit.Rule{UseType: UseType(t, "lease"), Limit: 2, Window: countlimit.Concurrent(10 * time.Second)}
 	a := e.acquire(rule, "u", at(0), ok(2, 1, at(sec(10))))
@@ -99,7 +100,7 @@ func testLeaseAcquireRelease(t *testing.T, newStore func(*testing.T) countlimit.
 // testLeaseExpires: a holder that never releases frees its slot ttl after
 // it took it; its late Release frees nothing of the next holder's, and its
 // Extend fails with ErrLeaseExpired.
-func testLeaseExpires(t *testing.T, newStore func(*testing.T) countlimit.Store) {
+func testLeaseExpires(t *testing.T, newStore func(*testing.T) driver.Store) {
 	e := newEnv(t, newStore)
 	rule := countlimit.Rule{UseType: UseType(t, "lease.expires"), Limit: 1, Window: countlimit.Concurrent(10 * time.Second)}
 	ms := time.Millisecond
@@ -122,7 +123,7 @@ func testLeaseExpires(t *testing.T, newStore func(*testing.T) countlimit.Store) 
 }
 
 // testLeaseExtend: Extend pushes the expiry to now + ttl.
-func testLeaseExtend(t *testing.T, newStore func(*testing.T) countlimit.Store) {
+func testLeaseExtend(t *testing.T, newStore func(*testing.T) driver.Store) {
 	e := newEnv(t, newStore)
 	rule := countlimit.Rule{UseType: UseType(t, "lease.extend"), Limit: 1, Window: countlimit.Concurrent(10 * time.Second)}
 	a := e.acquire(rule, "u", at(0), ok(1, 1, at(sec(10))))
@@ -137,7 +138,7 @@ func testLeaseExtend(t *testing.T, newStore func(*testing.T) countlimit.Store) {
 // testLeaseForged: a lease string that was edited, truncated, names another
 // id than its token was taken for, or is garbage is ErrInvalid and frees
 // nothing; a lease written by String in one process is released by another.
-func testLeaseForged(t *testing.T, newStore func(*testing.T) countlimit.Store) {
+func testLeaseForged(t *testing.T, newStore func(*testing.T) driver.Store) {
 	e := newEnv(t, newStore)
 	rule := countlimit.Rule{UseType: UseType(t, "lease.forged"), Limit: 1, Window: countlimit.Concurrent(time.Minute)}
 	alice := e.acquire(rule, "alice", at(0), ok(1, 1, at(time.Minute)))
@@ -193,7 +194,7 @@ func testLeaseForged(t *testing.T, newStore func(*testing.T) countlimit.Store) {
 
 // testLeaseBlock: a denied Acquire of a rule with Block sets the penalty;
 // a release does not lift it.
-func testLeaseBlock(t *testing.T, newStore func(*testing.T) countlimit.Store) {
+func testLeaseBlock(t *testing.T, newStore func(*testing.T) driver.Store) {
 	e := newEnv(t, newStore)
 	rule := countlimit.Rule{UseType: UseType(t, "lease.block"), Limit: 1, Window: countlimit.Concurrent(10 * time.Second), Block: time.Minute}
 	a := e.acquire(rule, "u", at(0), ok(1, 1, at(sec(10))))
@@ -204,7 +205,7 @@ func testLeaseBlock(t *testing.T, newStore func(*testing.T) countlimit.Store) {
 }
 
 // testLeaseLimitZero: no slot ever.
-func testLeaseLimitZero(t *testing.T, newStore func(*testing.T) countlimit.Store) {
+func testLeaseLimitZero(t *testing.T, newStore func(*testing.T) driver.Store) {
 	e := newEnv(t, newStore)
 	rule := countlimit.Rule{UseType: UseType(t, "lease.zero"), Limit: 0, Window: countlimit.Concurrent(10 * time.Second)}
 	e.acquire(rule, "u", at(0), no(0, 0, at(0), -1))
@@ -212,7 +213,7 @@ func testLeaseLimitZero(t *testing.T, newStore func(*testing.T) countlimit.Store
 
 // testLeaseKeptApart: a UseType's count and its leases do not see each
 // other; Reset forgets both.
-func testLeaseKeptApart(t *testing.T, newStore func(*testing.T) countlimit.Store) {
+func testLeaseKeptApart(t *testing.T, newStore func(*testing.T) driver.Store) {
 	e := newEnv(t, newStore)
 	ut := UseType(t, "lease.apart")
 	slots := countlimit.Rule{UseType: ut, Limit: 1, Window: countlimit.Concurrent(10 * time.Second)}
@@ -235,7 +236,7 @@ func testLeaseKeptApart(t *testing.T, newStore func(*testing.T) countlimit.Store
 // to the Release call, which lies inside the store's own interval); at no
 // instant may more than 5 of those intervals overlap, and every goroutine
 // must get slots.
-func testLeasesUnderContention(t *testing.T, newStore func(*testing.T) countlimit.Store) {
+func testLeasesUnderContention(t *testing.T, newStore func(*testing.T) driver.Store) {
 	if testing.Short() {
 		t.Skip("3 s of contention; skipped with -short")
 	}

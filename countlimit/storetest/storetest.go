@@ -1,11 +1,11 @@
-// Package storetest is the conformance suite every countlimit.Store must
+// Package storetest is the conformance suite every driver.Store must
 // pass. A store's tests call Run with a function that returns the store
 // under test:
 //
 //	func TestConformance(t *testing.T) {
 //		s := memstore.New()
 //		t.Cleanup(func() { s.Close() })
-//		storetest.Run(t, func(*testing.T) countlimit.Store { return s })
+//		storetest.Run(t, func(*testing.T) driver.Store { return s })
 //	}
 //
 // Every Store that newStore returns must share its state with the others: a
@@ -27,14 +27,15 @@ import (
 	"time"
 
 	"github.com/countlimit/countlimit/countlimit"
+	"github.com/countlimit/countlimit/countlimit/driver"
 )
 
 // Run runs the whole suite against the stores newStore returns.
-func Run(t *testing.T, newStore func(t *testing.T) countlimit.Store) {
+func Run(t *testing.T, newStore func(t *testing.T) driver.Store) {
 	t.Helper()
 	tests := []struct {
 		name string
-		fn   func(*testing.T, func(*testing.T) countlimit.Store)
+		fn   func(*testing.T, func(*testing.T) driver.Store)
 	}{
 		{"RollingThreePerTenSeconds", testRollingThreePerTenSeconds},
 		{"RollingStartsAtFirstCountedEvent", testRollingStartsAtFirstCountedEvent},
@@ -151,7 +152,7 @@ type env struct {
 	ctx   context.Context
 }
 
-func newEnv(t *testing.T, newStore func(*testing.T) countlimit.Store) *env {
+func newEnv(t *testing.T, newStore func(*testing.T) driver.Store) *env {
 	t.Helper()
 	clock := NewClock(t0)
 	return &env{t: t, clock: clock, l: countlimit.New(newStore(t), countlimit.WithClock(clock.Now)), ctx: context.Background()}
@@ -262,7 +263,7 @@ func at(d time.Duration) time.Time { return t0.Add(d) }
 
 // testRollingThreePerTenSeconds: 3 per 10 s rolling, one try a
 // second for 25 s. Windows begin at the first counted event: 0, 10, 20.
-func testRollingThreePerTenSeconds(t *testing.T, newStore func(*testing.T) countlimit.Store) {
+func testRollingThreePerTenSeconds(t *testing.T, newStore func(*testing.T) driver.Store) {
 	e := newEnv(t, newStore)
 	rule := countlimit.Rule{UseType: UseType(t, "rolling3per10s"), Limit: 3, Window: countlimit.Rolling(10 * time.Second)}
 	var steps []step
@@ -278,7 +279,7 @@ func testRollingThreePerTenSeconds(t *testing.T, newStore func(*testing.T) count
 	e.run(rule, "18500000000", steps)
 }
 
-func testRollingStartsAtFirstCountedEvent(t *testing.T, newStore func(*testing.T) countlimit.Store) {
+func testRollingStartsAtFirstCountedEvent(t *testing.T, newStore func(*testing.T) driver.Store) {
 	e := newEnv(t, newStore)
 	rule := countlimit.Rule{UseType: UseType(t, "rolling"), Limit: 2, Window: countlimit.Rolling(10 * time.Second)}
 	e.run(rule, "u1", []step{
@@ -290,7 +291,7 @@ func testRollingStartsAtFirstCountedEvent(t *testing.T, newStore func(*testing.T
 	})
 }
 
-func testCheckLimit(t *testing.T, newStore func(*testing.T) countlimit.Store) {
+func testCheckLimit(t *testing.T, newStore func(*testing.T) driver.Store) {
 	e := newEnv(t, newStore)
 	ut := UseType(t, "checklimit")
 	want := []struct {
@@ -322,7 +323,7 @@ func testCheckLimit(t *testing.T, newStore func(*testing.T) countlimit.Store) {
 	}
 }
 
-func testCheckLimitNaturalDay(t *testing.T, newStore func(*testing.T) countlimit.Store) {
+func testCheckLimitNaturalDay(t *testing.T, newStore func(*testing.T) driver.Store) {
 	e := newEnv(t, newStore)
 	sh := mustLoad(t, "Asia/Shanghai")
 	ut := UseType(t, "password")
@@ -355,7 +356,7 @@ func testCheckLimitNaturalDay(t *testing.T, newStore func(*testing.T) countlimit
 // testCalendarAndFixedBounds checks the exact end of natural and fixed
 // windows, across DST changes: each row allows one event, then is denied
 // until the window ends to the microsecond.
-func testCalendarAndFixedBounds(t *testing.T, newStore func(*testing.T) countlimit.Store) {
+func testCalendarAndFixedBounds(t *testing.T, newStore func(*testing.T) driver.Store) {
 	sh, ny, berlin := mustLoad(t, "Asia/Shanghai"), mustLoad(t, "America/New_York"), mustLoad(t, "Europe/Berlin")
 	santiago := mustLoad(t, "America/Santiago")
 	// Santiago skips midnight on 2026-09-06: Sept 5 ends, and Sept 6 begins,
@@ -415,7 +416,7 @@ func testCalendarAndFixedBounds(t *testing.T, newStore func(*testing.T) countlim
 // testFixedVersusSlidingAtABoundary: 14 events inside one
 // second. Fixed one-second windows admit all 14 (7 on each side of the
 // boundary); the sliding log admits exactly 10.
-func testFixedVersusSlidingAtABoundary(t *testing.T, newStore func(*testing.T) countlimit.Store) {
+func testFixedVersusSlidingAtABoundary(t *testing.T, newStore func(*testing.T) driver.Store) {
 	times := make([]time.Time, 0, 14)
 	for i := 0; i < 7; i++ {
 		times = append(times, at(500*time.Millisecond+time.Duration(i)*50*time.Millisecond))
@@ -456,7 +457,7 @@ func testFixedVersusSlidingAtABoundary(t *testing.T, newStore func(*testing.T) c
 	}
 }
 
-func testSliding(t *testing.T, newStore func(*testing.T) countlimit.Store) {
+func testSliding(t *testing.T, newStore func(*testing.T) driver.Store) {
 	e := newEnv(t, newStore)
 	rule := countlimit.Rule{UseType: UseType(t, "sliding"), Limit: 2, Window: countlimit.Sliding(10 * time.Second)}
 	e.run(rule, "+8613800000000", []step{
@@ -476,7 +477,7 @@ func testSliding(t *testing.T, newStore func(*testing.T) countlimit.Store) {
 	})
 }
 
-func testAllowNWeighted(t *testing.T, newStore func(*testing.T) countlimit.Store) {
+func testAllowNWeighted(t *testing.T, newStore func(*testing.T) driver.Store) {
 	e := newEnv(t, newStore)
 	rule := countlimit.Rule{UseType: UseType(t, "weighted"), Limit: 10, Window: countlimit.Fixed(time.Minute)}
 	end := at(time.Minute)
@@ -490,7 +491,7 @@ func testAllowNWeighted(t *testing.T, newStore func(*testing.T) countlimit.Store
 	})
 }
 
-func testAllowNSliding(t *testing.T, newStore func(*testing.T) countlimit.Store) {
+func testAllowNSliding(t *testing.T, newStore func(*testing.T) driver.Store) {
 	e := newEnv(t, newStore)
 	rule := countlimit.Rule{UseType: UseType(t, "weightedsliding"), Limit: 5, Window: countlimit.Sliding(time.Minute)}
 	e.run(rule, "api-key-2", []step{
@@ -505,7 +506,7 @@ func testAllowNSliding(t *testing.T, newStore func(*testing.T) countlimit.Store)
 	})
 }
 
-func testPeekCountsNothing(t *testing.T, newStore func(*testing.T) countlimit.Store) {
+func testPeekCountsNothing(t *testing.T, newStore func(*testing.T) driver.Store) {
 	e := newEnv(t, newStore)
 	rule := countlimit.Rule{UseType: UseType(t, "peek"), Limit: 2, Window: countlimit.Fixed(time.Minute)}
 	end := at(time.Minute)
@@ -522,7 +523,7 @@ func testPeekCountsNothing(t *testing.T, newStore func(*testing.T) countlimit.St
 	})
 }
 
-func testRefund(t *testing.T, newStore func(*testing.T) countlimit.Store) {
+func testRefund(t *testing.T, newStore func(*testing.T) driver.Store) {
 	e := newEnv(t, newStore)
 	rule := countlimit.Rule{UseType: UseType(t, "refund"), Limit: 3, Window: countlimit.Fixed(time.Minute)}
 	end := at(time.Minute)
@@ -541,7 +542,7 @@ func testRefund(t *testing.T, newStore func(*testing.T) countlimit.Store) {
 	})
 }
 
-func testRefundSliding(t *testing.T, newStore func(*testing.T) countlimit.Store) {
+func testRefundSliding(t *testing.T, newStore func(*testing.T) driver.Store) {
 	e := newEnv(t, newStore)
 	rule := countlimit.Rule{UseType: UseType(t, "refundsliding"), Limit: 2, Window: countlimit.Sliding(time.Minute)}
 	e.run(rule, "phone", []step{
@@ -555,7 +556,7 @@ func testRefundSliding(t *testing.T, newStore func(*testing.T) countlimit.Store)
 	})
 }
 
-func testReset(t *testing.T, newStore func(*testing.T) countlimit.Store) {
+func testReset(t *testing.T, newStore func(*testing.T) driver.Store) {
 	e := newEnv(t, newStore)
 	rule := countlimit.Rule{UseType: UseType(t, "reset"), Limit: 1, Window: countlimit.Calendar(countlimit.Day, time.UTC), Block: time.Hour}
 	end := time.Date(2026, 5, 12, 0, 0, 0, 0, time.UTC)
@@ -578,7 +579,7 @@ func testReset(t *testing.T, newStore func(*testing.T) countlimit.Store) {
 
 // testPenaltyOutlivesWindow is the penalty box: 2 per minute, then 5
 // minutes out, even though the minute window resets meanwhile.
-func testPenaltyOutlivesWindow(t *testing.T, newStore func(*testing.T) countlimit.Store) {
+func testPenaltyOutlivesWindow(t *testing.T, newStore func(*testing.T) driver.Store) {
 	e := newEnv(t, newStore)
 	rule := countlimit.Rule{UseType: UseType(t, "penalty"), Limit: 2, Window: countlimit.Fixed(time.Minute), Block: 5 * time.Minute}
 	m1, m2, m6 := at(time.Minute), at(2*time.Minute), at(6*time.Minute)
@@ -605,7 +606,7 @@ func testPenaltyOutlivesWindow(t *testing.T, newStore func(*testing.T) countlimi
 	})
 }
 
-func testLimitChangedMidWindow(t *testing.T, newStore func(*testing.T) countlimit.Store) {
+func testLimitChangedMidWindow(t *testing.T, newStore func(*testing.T) driver.Store) {
 	e := newEnv(t, newStore)
 	rule := countlimit.Rule{UseType: UseType(t, "limitchange"), Limit: 5, Window: countlimit.Fixed(time.Hour)}
 	lower, higher := rule, rule
@@ -623,7 +624,7 @@ func testLimitChangedMidWindow(t *testing.T, newStore func(*testing.T) countlimi
 	})
 }
 
-func testLimitZero(t *testing.T, newStore func(*testing.T) countlimit.Store) {
+func testLimitZero(t *testing.T, newStore func(*testing.T) driver.Store) {
 	e := newEnv(t, newStore)
 	rule := countlimit.Rule{UseType: UseType(t, "zero"), Limit: 0, Window: countlimit.Fixed(time.Hour)}
 	e.run(rule, "anyone", []step{
@@ -636,7 +637,7 @@ func testLimitZero(t *testing.T, newStore func(*testing.T) countlimit.Store) {
 	}
 }
 
-func testLifetime(t *testing.T, newStore func(*testing.T) countlimit.Store) {
+func testLifetime(t *testing.T, newStore func(*testing.T) driver.Store) {
 	e := newEnv(t, newStore)
 	rule := countlimit.Rule{UseType: UseType(t, "lifetime"), Limit: 2, Window: countlimit.Lifetime()}
 	var never time.Time
@@ -654,7 +655,7 @@ func testLifetime(t *testing.T, newStore func(*testing.T) countlimit.Store) {
 
 // testAllowAllHourAndDay is "10 per hour AND 15 per day": when one
 // rule denies, the other counts nothing.
-func testAllowAllHourAndDay(t *testing.T, newStore func(*testing.T) countlimit.Store) {
+func testAllowAllHourAndDay(t *testing.T, newStore func(*testing.T) driver.Store) {
 	e := newEnv(t, newStore)
 	hour := countlimit.Rule{UseType: UseType(t, "conv.hour"), Limit: 10, Window: countlimit.Fixed(time.Hour)}
 	day := countlimit.Rule{UseType: UseType(t, "conv.day"), Limit: 15, Window: countlimit.Calendar(countlimit.Day, time.UTC)}
@@ -695,7 +696,7 @@ func testAllowAllHourAndDay(t *testing.T, newStore func(*testing.T) countlimit.S
 }
 
 // testAllowAllBlock: only the rule that denies sets its penalty.
-func testAllowAllBlock(t *testing.T, newStore func(*testing.T) countlimit.Store) {
+func testAllowAllBlock(t *testing.T, newStore func(*testing.T) driver.Store) {
 	e := newEnv(t, newStore)
 	strict := countlimit.Rule{UseType: UseType(t, "all.strict"), Limit: 1, Window: countlimit.Fixed(time.Minute), Block: 10 * time.Minute}
 	loose := countlimit.Rule{UseType: UseType(t, "all.loose"), Limit: 100, Window: countlimit.Fixed(time.Minute), Block: 10 * time.Minute}
@@ -713,7 +714,7 @@ func testAllowAllBlock(t *testing.T, newStore func(*testing.T) countlimit.Store)
 	e.run(strict, "ip", []step{{at: at(2 * time.Minute), want: blocked(no(1, 0, at(3*time.Minute), 8*time.Minute+sec(1)), until)}})
 }
 
-func testKeysAreIsolated(t *testing.T, newStore func(*testing.T) countlimit.Store) {
+func testKeysAreIsolated(t *testing.T, newStore func(*testing.T) driver.Store) {
 	e := newEnv(t, newStore)
 	a := countlimit.Rule{UseType: UseType(t, "iso"), Limit: 1, Window: countlimit.Fixed(time.Hour)}
 	b := a
@@ -728,7 +729,7 @@ func testKeysAreIsolated(t *testing.T, newStore func(*testing.T) countlimit.Stor
 }
 
 // testLongestID: an id of MaxIDLen bytes, the longest there is, counts.
-func testLongestID(t *testing.T, newStore func(*testing.T) countlimit.Store) {
+func testLongestID(t *testing.T, newStore func(*testing.T) driver.Store) {
 	e := newEnv(t, newStore)
 	good := countlimit.Rule{UseType: UseType(t, "longest"), Limit: 5, Window: countlimit.Fixed(time.Hour)}
 	e.run(good, strings.Repeat("x", countlimit.MaxIDLen), []step{{at: at(0), want: ok(5, 1, at(time.Hour))}})
@@ -736,7 +737,7 @@ func testLongestID(t *testing.T, newStore func(*testing.T) countlimit.Store) {
 
 // testConcurrentExactlyLimit: 64 goroutines × 8 tries on one key with limit
 // 100, through two Limiters on two stores sharing state: exactly 100 pass.
-func testConcurrentExactlyLimit(t *testing.T, newStore func(*testing.T) countlimit.Store) {
+func testConcurrentExactlyLimit(t *testing.T, newStore func(*testing.T) driver.Store) {
 	clock := NewClock(t0)
 	ls := []*countlimit.Limiter{
 		countlimit.New(newStore(t), countlimit.WithClock(clock.Now)),
@@ -759,7 +760,7 @@ func testConcurrentExactlyLimit(t *testing.T, newStore func(*testing.T) countlim
 	}
 }
 
-func testConcurrentSliding(t *testing.T, newStore func(*testing.T) countlimit.Store) {
+func testConcurrentSliding(t *testing.T, newStore func(*testing.T) driver.Store) {
 	clock := NewClock(t0)
 	ls := []*countlimit.Limiter{
 		countlimit.New(newStore(t), countlimit.WithClock(clock.Now)),
@@ -788,7 +789,7 @@ func testConcurrentSliding(t *testing.T, newStore func(*testing.T) countlimit.St
 
 // testConcurrentAllowAll runs multi-rule checks naming the rules in both
 // orders: none may deadlock, and the tighter rule caps both counters.
-func testConcurrentAllowAll(t *testing.T, newStore func(*testing.T) countlimit.Store) {
+func testConcurrentAllowAll(t *testing.T, newStore func(*testing.T) driver.Store) {
 	clock := NewClock(t0)
 	ls := []*countlimit.Limiter{
 		countlimit.New(newStore(t), countlimit.WithClock(clock.Now)),
@@ -862,7 +863,7 @@ func hammer(t *testing.T, g, tries int, call func(g int) (bool, error)) int {
 // testLateClockRead: a caller whose clock read is older than a window
 // another caller has just opened (it read the clock, then waited for the
 // store) joins that window instead of resetting it.
-func testLateClockRead(t *testing.T, newStore func(*testing.T) countlimit.Store) {
+func testLateClockRead(t *testing.T, newStore func(*testing.T) driver.Store) {
 	e := newEnv(t, newStore)
 	rolling := countlimit.Rule{UseType: UseType(t, "late.rolling"), Limit: 1, Window: countlimit.Rolling(time.Hour)}
 	e.run(rolling, "id", []step{
@@ -890,7 +891,7 @@ func testLateClockRead(t *testing.T, newStore func(*testing.T) countlimit.Store)
 
 // testSlidingOutOfOrder: events logged by late clock reads keep the log in
 // time order, so they leave it, and are refunded, by time.
-func testSlidingOutOfOrder(t *testing.T, newStore func(*testing.T) countlimit.Store) {
+func testSlidingOutOfOrder(t *testing.T, newStore func(*testing.T) driver.Store) {
 	e := newEnv(t, newStore)
 	rule := countlimit.Rule{UseType: UseType(t, "ooo"), Limit: 2, Window: countlimit.Sliding(10 * time.Second)}
 	ms := time.Millisecond
@@ -911,7 +912,7 @@ func testSlidingOutOfOrder(t *testing.T, newStore func(*testing.T) countlimit.St
 
 // testWindowKindChanged: counting with a sliding and then a fixed window on
 // one UseType (a changed rule) is the same on every store.
-func testWindowKindChanged(t *testing.T, newStore func(*testing.T) countlimit.Store) {
+func testWindowKindChanged(t *testing.T, newStore func(*testing.T) driver.Store) {
 	e := newEnv(t, newStore)
 	sliding := countlimit.Rule{UseType: UseType(t, "kind"), Limit: 5, Window: countlimit.Sliding(time.Minute)}
 	fixed := sliding
@@ -933,7 +934,7 @@ func testWindowKindChanged(t *testing.T, newStore func(*testing.T) countlimit.St
 
 // testHugeNumbers: limits and weights up to 2^53 and penalties of 100 years
 // are exact on every store, and nothing overflows.
-func testHugeNumbers(t *testing.T, newStore func(*testing.T) countlimit.Store) {
+func testHugeNumbers(t *testing.T, newStore func(*testing.T) driver.Store) {
 	e := newEnv(t, newStore)
 	end := at(time.Hour)
 	rule := countlimit.Rule{UseType: UseType(t, "huge"), Limit: countlimit.MaxLimit, Window: countlimit.Fixed(time.Hour), Block: countlimit.MaxDuration}
@@ -947,7 +948,7 @@ func testHugeNumbers(t *testing.T, newStore func(*testing.T) countlimit.Store) {
 // testConcurrentRealClock: with the real clock, callers' clock reads and
 // their turns at the store come in different orders; still exactly Limit
 // pass per key.
-func testConcurrentRealClock(t *testing.T, newStore func(*testing.T) countlimit.Store) {
+func testConcurrentRealClock(t *testing.T, newStore func(*testing.T) driver.Store) {
 	ls := []*countlimit.Limiter{countlimit.New(newStore(t)), countlimit.New(newStore(t))}
 	for _, w := range []countlimit.Window{countlimit.Rolling(time.Hour), countlimit.Sliding(time.Hour)} {
 		rule := countlimit.Rule{UseType: UseType(t, "realclock"), Limit: 1, Window: w}

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/countlimit/countlimit/countlimit"
+	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/countlimit/pgstore"
 )
 
@@ -97,7 +98,7 @@ func benchBaseline(ctx context.Context, url string, callers []int, d time.Durati
 	}
 	defer admin.Close()
 	if err := admin.Ping(ctx); err != nil {
-		return fmt.Errorf("--store %s: %w", redactURL(url), countlimit.Unavailable(err))
+		return fmt.Errorf("--store %s: %w", redactURL(url), driver.Unavailable(err))
 	}
 	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()); err != nil {
 		return fmt.Errorf("bench: creating the schema of the run: %w", err)

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/countlimit/countlimit/countlimit"
+	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/internal/ruleops"
 )
 
@@ -120,7 +121,7 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if *ruleName != "" {
 		// As allow resolves it: a concurrent rule (slots, not events) is
 		// refused here, before a run whose every call would fail.
-		rs, err := ruleops.Resolve(rf, countlimit.OpAllow, *ruleName, *tier)
+		rs, err := ruleops.Resolve(rf, driver.OpAllow, *ruleName, *tier)
 		if err != nil {
 			return fmt.Errorf("bench: %w", err)
 		}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/countlimit/countlimit/countlimit"
+	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/internal/rulefile"
 	"github.com/countlimit/countlimit/internal/ruleops"
 )
@@ -33,7 +34,7 @@ func check(ctx context.Context, verb string, args []string, stdout io.Writer) (d
 	tier := fs.String("tier", "", "the tier `T` whose limit applies")
 	asJSON := fs.Bool("json", false, "print the result as the HTTP API's JSON")
 	var leaseKey func() ([]countlimit.Option, error)
-	if o == countlimit.OpAcquire {
+	if o == driver.OpAcquire {
 		leaseKey = leaseKeyFlag(fs)
 	}
 	pos, err := parseMixed(fs, args)
@@ -79,7 +80,7 @@ func check(ctx context.Context, verb string, args []string, stdout io.Writer) (d
 	defer st.close()
 	var lease countlimit.Lease
 	var results []countlimit.Result
-	if o == countlimit.OpAcquire {
+	if o == driver.OpAcquire {
 		lease, results, err = ruleops.Acquire(ctx, countlimit.New(st.store, opts...), rules, id)
 	} else {
 		results, err = ruleops.Do(ctx, countlimit.New(st.store), o, rules, id, *cost)
@@ -87,7 +88,7 @@ func check(ctx context.Context, verb string, args []string, stdout io.Writer) (d
 	if err != nil {
 		return false, err
 	}
-	if o == countlimit.OpReset {
+	if o == driver.OpReset {
 		if *asJSON {
 			fmt.Fprintln(stdout, `{"reset": true}`)
 		} else {
@@ -96,15 +97,15 @@ func check(ctx context.Context, verb string, args []string, stdout io.Writer) (d
 		return false, nil
 	}
 	resp := ruleops.NewResponse(rf.Members(name), rules, results)
-	if o == countlimit.OpRefund {
+	if o == driver.OpRefund {
 		resp.Refunded = *cost
 	}
-	if o == countlimit.OpAcquire && *asJSON {
+	if o == driver.OpAcquire && *asJSON {
 		b, _ := json.MarshalIndent(ruleops.AcquireResponse{Response: resp, Lease: lease.String()}, "", "  ")
 		fmt.Fprintln(stdout, string(b))
 		return !resp.Allowed, nil
 	}
-	if o == countlimit.OpAcquire && resp.Allowed {
+	if o == driver.OpAcquire && resp.Allowed {
 		// The lease alone, for LEASE=$(countlimit acquire ...).
 		fmt.Fprintln(stdout, lease)
 		return false, nil
@@ -112,17 +113,17 @@ func check(ctx context.Context, verb string, args []string, stdout io.Writer) (d
 	if *asJSON {
 		b, _ := json.MarshalIndent(resp, "", "  ")
 		fmt.Fprintln(stdout, string(b))
-		return o != countlimit.OpRefund && !resp.Allowed, nil
+		return o != driver.OpRefund && !resp.Allowed, nil
 	}
 	switch {
-	case o == countlimit.OpRefund:
+	case o == driver.OpRefund:
 		fmt.Fprintf(stdout, "refunded %d: %s for %s", *cost, name, id)
 		if !resp.Allowed {
 			fmt.Fprint(stdout, "; the next allow would still be denied")
 		}
-	case o == countlimit.OpPeek && resp.Allowed:
+	case o == driver.OpPeek && resp.Allowed:
 		fmt.Fprintf(stdout, "would be allowed: %s for %s", name, id)
-	case o == countlimit.OpPeek:
+	case o == driver.OpPeek:
 		fmt.Fprintf(stdout, "would be denied: %s for %s", name, id)
 	case resp.Allowed:
 		fmt.Fprintf(stdout, "allowed: %s for %s", name, id)
@@ -147,7 +148,7 @@ func check(ctx context.Context, verb string, args []string, stdout io.Writer) (d
 		}
 		fmt.Fprintln(stdout)
 	}
-	return o != countlimit.OpRefund && !resp.Allowed, nil
+	return o != driver.OpRefund && !resp.Allowed, nil
 }
 
 // leaseCmd runs release or extend of a lease string and reports whether the
@@ -208,7 +209,7 @@ func leaseCmd(ctx context.Context, verb string, args []string, stdout io.Writer)
 		fmt.Fprintln(stdout, string(b))
 		return false, nil
 	}
-	if o == countlimit.OpExtend {
+	if o == driver.OpExtend {
 		fmt.Fprintf(stdout, "extended: the lease of %s for %s is held for %v more\n", ls.UseType(), ls.ID(), ls.TTL())
 	} else {
 		fmt.Fprintf(stdout, "released: the lease of %s for %s\n", ls.UseType(), ls.ID())

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/countlimit/countlimit/countlimit"
+	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/countlimit/redisstore"
 )
 
@@ -17,10 +17,10 @@ import (
 // when found and when fixed; a policy that cannot be checked is logged
 // once; a store that does not answer is left to the ping.
 func TestEvictionWatch(t *testing.T) {
-	lru := countlimit.Unavailable(fmt.Errorf("allkeys-lru: %w", redisstore.ErrEvictionPolicy))
-	ttl := countlimit.Unavailable(fmt.Errorf("volatile-ttl: %w", redisstore.ErrEvictionPolicy))
+	lru := driver.Unavailable(fmt.Errorf("allkeys-lru: %w", redisstore.ErrEvictionPolicy))
+	ttl := driver.Unavailable(fmt.Errorf("volatile-ttl: %w", redisstore.ErrEvictionPolicy))
 	unknown := fmt.Errorf("%w: NOPERM", redisstore.ErrPolicyUnknown)
-	down := countlimit.Unavailable(errors.New("connection refused"))
+	down := driver.Unavailable(errors.New("connection refused"))
 	steps := []struct {
 		check error
 		fails bool

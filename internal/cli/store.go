@@ -16,7 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/countlimit/countlimit/countlimit"
+	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/countlimit/memstore"
 	"github.com/countlimit/countlimit/countlimit/pgstore"
 	"github.com/countlimit/countlimit/countlimit/redisstore"
@@ -25,7 +25,7 @@ import (
 
 // opened is a store the command opened, and how to check and close it.
 type opened struct {
-	store countlimit.Store
+	store driver.Store
 	pg    *pgstore.Store // set for postgres:// stores
 	pool  *pgxpool.Pool  // set for postgres:// stores
 	redis *redis.Client  // set for redis:// stores

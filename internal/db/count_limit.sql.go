@@ -50,7 +50,7 @@ type ApplyRow struct {
 	FreeAt       pgtype.Timestamptz
 }
 
-// Apply runs one countlimit.Request (allow, peek or refund) as one statement.
+// Apply runs one driver.Request (allow, peek or refund) as one statement.
 func (q *Queries) Apply(ctx context.Context, db DBTX, arg ApplyParams) ([]ApplyRow, error) {
 	rows, err := db.Query(ctx, apply,
 		arg.Op,

@@ -28,7 +28,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/countlimit/countlimit/countlimit"
+	"github.com/countlimit/countlimit/countlimit/driver"
 )
 
 // A Call's state. Queued and sent change under Batcher.mu; sent ends with one
@@ -50,11 +50,11 @@ const maxAttempts = 8
 type Call struct {
 	// Req is the caller's request, copied: Send may read it and write its
 	// checks' State freely, even after the caller has stopped waiting.
-	Req countlimit.Request
+	Req driver.Request
 	// Err is the call's error; nil means Req's states hold its result.
 	Err error
 
-	checks   [1]countlimit.Check
+	checks   [1]driver.Check
 	self     [1]*Call // the batch of a call sent alone
 	ctx      context.Context
 	state    atomic.Uint32
@@ -107,7 +107,7 @@ type Batcher struct {
 
 	// With Keyed: the hash of a call's key, how many calls of each key
 	// are in flight, and how many calls in all.
-	key          func(*countlimit.Request) uint64
+	key          func(*driver.Request) uint64
 	inFlightKeys map[uint64]int
 	sentCalls    int
 
@@ -154,7 +154,7 @@ func (b *Batcher) SendAlone() { b.alone = true }
 //
 // With nothing in flight a call still leaves at once. Call Keyed before
 // the first Do.
-func (b *Batcher) Keyed(key func(*countlimit.Request) uint64) {
+func (b *Batcher) Keyed(key func(*driver.Request) uint64) {
 	b.key, b.inFlightKeys = key, map[uint64]int{}
 }
 
@@ -209,7 +209,7 @@ var ErrLeft = errors.New("left before its batch was sent")
 // Do sends req in a batch and waits for its outcome. On success, req's
 // checks hold their states. The error, if any, is the one Send set, or the
 // context's.
-func (b *Batcher) Do(ctx context.Context, req *countlimit.Request) error {
+func (b *Batcher) Do(ctx context.Context, req *driver.Request) error {
 	c := callPool.Get().(*Call)
 	c.Req = *req
 	c.Req.Checks = append(c.checks[:0], req.Checks...)
@@ -262,12 +262,12 @@ func (b *Batcher) Do(ctx context.Context, req *countlimit.Request) error {
 }
 
 // finish hands c's outcome to its caller's req and puts c back in the pool.
-func (c *Call) finish(req *countlimit.Request) error {
+func (c *Call) finish(req *driver.Request) error {
 	for i := range req.Checks {
 		req.Checks[i].State = c.Req.Checks[i].State
 	}
 	err := c.Err
-	c.Req, c.ctx, c.batch, c.Err = countlimit.Request{}, nil, nil, nil
+	c.Req, c.ctx, c.batch, c.Err = driver.Request{}, nil, nil, nil
 	callPool.Put(c)
 	return err
 }
@@ -302,7 +302,7 @@ func (b *Batcher) stopWaiting(ctx context.Context, c *Call) error {
 
 // sendAlone sends c, a batch of one, on its caller's goroutine (see
 // SendAlone), then passes its slot on.
-func (b *Batcher) sendAlone(ctx context.Context, c *Call, req *countlimit.Request) error {
+func (b *Batcher) sendAlone(ctx context.Context, c *Call, req *driver.Request) error {
 	func() {
 		// Deferred, so that a Send that panics on this caller's goroutine
 		// (which may recover) leaves neither its slot nor its key taken.
@@ -364,7 +364,7 @@ func (b *Batcher) leave(c *Call) bool {
 		}
 	}
 	c.state.Store(abandoned)
-	c.Req, c.ctx = countlimit.Request{}, nil
+	c.Req, c.ctx = driver.Request{}, nil
 	callPool.Put(c)
 	return true
 }

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/countlimit/countlimit/countlimit"
+	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/internal/gather"
 )
 
@@ -66,8 +66,8 @@ func (f *fake) send(ctx context.Context, calls []*gather.Call) {
 	}
 }
 
-func req(id string) *countlimit.Request {
-	return &countlimit.Request{Op: countlimit.OpAllow, ID: id, N: 1, Checks: []countlimit.Check{{UseType: "t", Limit: 10}}}
+func req(id string) *driver.Request {
+	return &driver.Request{Op: driver.OpAllow, ID: id, N: 1, Checks: []driver.Check{{UseType: "t", Limit: 10}}}
 }
 
 // waitQueued waits until b holds n queued calls.
@@ -89,7 +89,7 @@ func TestIdleCallGoesAtOnceAndWaitersLeaveTogether(t *testing.T) {
 	ctx := context.Background()
 
 	var wg sync.WaitGroup
-	results := make([]*countlimit.Request, 7)
+	results := make([]*driver.Request, 7)
 	do := func(i int) {
 		defer wg.Done()
 		results[i] = req(fmt.Sprintf("id-%d", i))
@@ -533,7 +533,7 @@ func (h *held) none(t *testing.T) {
 }
 
 // byID keys a call by its id, as pgstore keys one by its row.
-func byID(r *countlimit.Request) uint64 { return maphash.String(idSeed, r.ID) }
+func byID(r *driver.Request) uint64 { return maphash.String(idSeed, r.ID) }
 
 var idSeed = maphash.MakeSeed()
 
@@ -659,9 +659,9 @@ func TestKeyedManyCallers(t *testing.T) {
 	}
 	b := gather.New(send, 16, 3)
 	b.SendAlone()
-	b.Keyed(func(r *countlimit.Request) uint64 {
+	b.Keyed(func(r *driver.Request) uint64 {
 		key, _, _ := strings.Cut(r.ID, "/")
-		return byID(&countlimit.Request{ID: key})
+		return byID(&driver.Request{ID: key})
 	})
 	var wg sync.WaitGroup
 	for w := range 64 {

@@ -1,5 +1,5 @@
 // Package modeltest is the seeded differential harness that holds every
-// store path to the reference model (internal/model): random steps over a
+// store path to the reference model (driver.Apply): random steps over a
 // few ids and rules, on a stub clock that moves forward in small and large
 // steps (sometimes landing exactly on a window's end, a penalty's end or a
 // lease's expiry, sometimes reading a little late), are carried out by the
@@ -27,7 +27,7 @@ import (
 	"time"
 
 	"github.com/countlimit/countlimit/countlimit"
-	"github.com/countlimit/countlimit/internal/model"
+	"github.com/countlimit/countlimit/countlimit/driver"
 )
 
 // Path is one way a store carries out requests: PostgreSQL's one
@@ -38,16 +38,29 @@ type Path struct {
 	// Do carries out a step: one request, or a batch of allows of one
 	// rule that is not sliding each, which a path that batches sends
 	// together and any other one after another. It writes the states.
-	Do func(ctx context.Context, reqs []*countlimit.Request) error
+	Do func(ctx context.Context, reqs []*driver.Request) error
 	// Read returns what the store keeps of (ut, id).
-	Read func(ctx context.Context, ut countlimit.UseType, id string) (model.Key, error)
+	Read func(ctx context.Context, ut, id string) (driver.Key, error)
 	// Skip, when not nil, reports the steps the path cannot take (a path
 	// of the fast statements takes no sliding check, say); the model and
 	// the path then carry out the step with Fallback.
-	Skip func(reqs []*countlimit.Request) bool
+	Skip func(reqs []*driver.Request) bool
 	// Fallback carries out the steps Skip reports, so the path's keys
 	// stay in step with the model's.
-	Fallback func(ctx context.Context, reqs []*countlimit.Request) error
+	Fallback func(ctx context.Context, reqs []*driver.Request) error
+}
+
+// Each returns a Path.Do that carries out a step's requests with do, one
+// after another: the Do of a path that sends no batch.
+func Each(do func(context.Context, *driver.Request) error) func(context.Context, []*driver.Request) error {
+	return func(ctx context.Context, reqs []*driver.Request) error {
+		for _, r := range reqs {
+			if err := do(ctx, r); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 }
 
 // rules are the harness's rules: every kind of window, penalties, a use
@@ -71,7 +84,7 @@ func rules() []countlimit.Rule {
 
 // spans gives each use type the span of its sliding rule, for the live
 // part of a log.
-var spans = map[countlimit.UseType]int64{"sliding": 9e6, "slidingblock": 4e6}
+var spans = map[string]int64{"sliding": 9e6, "slidingblock": 4e6}
 
 var ids = []string{"a", "b", "c"}
 
@@ -79,55 +92,52 @@ var ids = []string{"a", "b", "c"}
 // by the Limiter as a caller's call would be.
 type Step struct {
 	Desc string
-	Reqs []*countlimit.Request
+	Reqs []*driver.Request
 }
 
 // recorder is a Store that keeps the requests it is given and answers
 // every check allowed, so that Acquire returns a Lease to release later.
-type recorder struct{ reqs []*countlimit.Request }
+type recorder struct{ reqs []*driver.Request }
 
-func (r *recorder) Do(_ context.Context, reqs []*countlimit.Request) error {
-	for _, q := range reqs {
-		c := *q
-		c.Checks = slices.Clone(q.Checks)
-		r.reqs = append(r.reqs, &c)
-		for i := range q.Checks {
-			q.Checks[i].State = countlimit.State{Allowed: true}
-		}
+func (r *recorder) Do(_ context.Context, q *driver.Request) error {
+	c := *q
+	c.Checks = slices.Clone(q.Checks)
+	r.reqs = append(r.reqs, &c)
+	for i := range q.Checks {
+		q.Checks[i].State = driver.State{Allowed: true}
 	}
 	return nil
 }
 
 // world is the model's state of every key, by use type and id.
-type world map[string]*model.Key
+type world map[string]*driver.Key
 
-func keyName(ut countlimit.UseType, id string) string { return string(ut) + "\x00" + id }
+func keyName(ut, id string) string { return ut + "\x00" + id }
 
-func (w world) key(ut countlimit.UseType, id string) *model.Key {
+func (w world) key(ut, id string) *driver.Key {
 	k := w[keyName(ut, id)]
 	if k == nil {
-		k = &model.Key{}
+		k = &driver.Key{}
 		w[keyName(ut, id)] = k
 	}
 	return k
 }
 
 // apply carries out reqs on w, one after another.
-func (w world) apply(reqs []*countlimit.Request) {
+func (w world) apply(reqs []*driver.Request) {
 	for _, r := range reqs {
-		keys := make([]*model.Key, len(r.Checks))
+		keys := make([]*driver.Key, len(r.Checks))
 		for i := range r.Checks {
 			keys[i] = w.key(r.Checks[i].UseType, r.ID)
 		}
-		model.Apply(r, keys)
+		driver.Apply(r, keys)
 	}
 }
 
 // instant is when something of a key ends.
 type instant struct {
-	at int64
-	ut countlimit.UseType
-	id string
+	at     int64
+	ut, id string
 }
 
 // expiries returns every instant at which something of w ends: windows,
@@ -135,9 +145,8 @@ type instant struct {
 func (w world) expiries() []instant {
 	var out []instant
 	for name, k := range w {
-		u, id, _ := strings.Cut(name, "\x00")
-		ut := countlimit.UseType(u)
-		if k.Begin < k.End && k.End != model.Forever {
+		ut, id, _ := strings.Cut(name, "\x00")
+		if k.Begin < k.End && k.End != driver.Forever {
 			out = append(out, instant{k.End, ut, id})
 		}
 		if k.Blocked > 0 {
@@ -210,7 +219,7 @@ func gen(seed uint64, n int) []Step {
 		r := rs[rng.IntN(len(rs))]
 		id := ids[rng.IntN(len(ids))]
 		if focus != nil {
-			for r.UseType != focus.ut {
+			for string(r.UseType) != focus.ut {
 				r = rs[rng.IntN(len(rs))]
 			}
 			id = focus.id
@@ -286,7 +295,7 @@ func gen(seed uint64, n int) []Step {
 					// Calls on the key whose instant this is.
 					bid = focus.id
 					for _, fr := range rs {
-						if fr.UseType == focus.ut && !fr.Window.IsConcurrent() && !strings.HasPrefix(fr.Window.String(), "sliding") {
+						if string(fr.UseType) == focus.ut && !fr.Window.IsConcurrent() && !strings.HasPrefix(fr.Window.String(), "sliding") {
 							b = fr
 						}
 					}
@@ -327,27 +336,27 @@ func gen(seed uint64, n int) []Step {
 }
 
 // clones returns deep copies of reqs, with prefix before every use type.
-func clonesFor(reqs []*countlimit.Request, prefix string) []*countlimit.Request {
-	out := make([]*countlimit.Request, len(reqs))
+func clonesFor(reqs []*driver.Request, prefix string) []*driver.Request {
+	out := make([]*driver.Request, len(reqs))
 	for i, r := range reqs {
 		c := *r
 		c.Checks = slices.Clone(r.Checks)
 		for j := range c.Checks {
-			c.Checks[j].UseType = countlimit.UseType(prefix) + c.Checks[j].UseType
-			c.Checks[j].State = countlimit.State{}
+			c.Checks[j].UseType = prefix + c.Checks[j].UseType
+			c.Checks[j].State = driver.State{}
 		}
 		out[i] = &c
 	}
 	return out
 }
 
-func clones(reqs []*countlimit.Request) []*countlimit.Request { return clonesFor(reqs, "") }
+func clones(reqs []*driver.Request) []*driver.Request { return clonesFor(reqs, "") }
 
 // canon is what must be equal of a key in every store at now: a key whose
 // window, penalty, log and leases are all over may be gone (a Redis TTL,
 // a janitor) or kept, and counts as empty; a log and the leases count by
 // what is live.
-func canon(k model.Key, ut countlimit.UseType, now int64) string {
+func canon(k driver.Key, ut string, now int64) string {
 	span := spans[ut]
 	var log []int64
 	for _, e := range k.Log {
@@ -370,7 +379,7 @@ func canon(k model.Key, ut countlimit.UseType, now int64) string {
 	var b strings.Builder
 	if window {
 		end := "forever"
-		if k.End != model.Forever {
+		if k.End != driver.Forever {
 			end = strconv.FormatInt(k.End, 10)
 		}
 		fmt.Fprintf(&b, "count %d [%d, %s) ", k.Count, k.Begin, end)
@@ -385,7 +394,7 @@ func canon(k model.Key, ut countlimit.UseType, now int64) string {
 	return b.String()
 }
 
-func stateString(s countlimit.State) string {
+func stateString(s driver.State) string {
 	t := func(v time.Time) string {
 		if v.IsZero() {
 			return "-"
@@ -441,11 +450,11 @@ func replay(ctx context.Context, p Path, steps []Step, prefix string) (int, stri
 		now := st.Reqs[0].Now.UnixMicro()
 		for _, r := range rules() {
 			for _, id := range ids {
-				k, err := p.Read(ctx, countlimit.UseType(prefix)+r.UseType, id)
+				k, err := p.Read(ctx, prefix+string(r.UseType), id)
 				if err != nil {
 					return i, fmt.Sprintf("reading (%s, %s): %v", r.UseType, id, err)
 				}
-				if g, m := canon(k, r.UseType, now), canon(*w.key(r.UseType, id), r.UseType, now); g != m {
+				if g, m := canon(k, string(r.UseType), now), canon(*w.key(string(r.UseType), id), string(r.UseType), now); g != m {
 					return i, fmt.Sprintf("stored (%s, %s): %s keeps %s, the model %s", r.UseType, id, p.Name, g, m)
 				}
 			}

@@ -13,18 +13,19 @@ import (
 	"time"
 
 	"github.com/countlimit/countlimit/countlimit"
+	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/internal/rulefile"
 )
 
 // Ops are the operations, in the order the service's endpoints list them.
-var Ops = []countlimit.Op{
-	countlimit.OpAllow, countlimit.OpPeek, countlimit.OpRefund, countlimit.OpReset,
-	countlimit.OpAcquire, countlimit.OpRelease, countlimit.OpExtend,
+var Ops = []driver.Op{
+	driver.OpAllow, driver.OpPeek, driver.OpRefund, driver.OpReset,
+	driver.OpAcquire, driver.OpRelease, driver.OpExtend,
 }
 
 // ParseOp returns the operation named name ("allow", "peek", "refund",
 // "reset", "acquire", "release", "extend").
-func ParseOp(name string) (countlimit.Op, bool) {
+func ParseOp(name string) (driver.Op, bool) {
 	for _, o := range Ops {
 		if o.String() == name {
 			return o, true
@@ -35,21 +36,21 @@ func ParseOp(name string) (countlimit.Op, bool) {
 
 // IsLeaseOp reports whether o names a lease (release, extend) instead of a
 // rule and an id.
-func IsLeaseOp(o countlimit.Op) bool {
-	return o == countlimit.OpRelease || o == countlimit.OpExtend
+func IsLeaseOp(o driver.Op) bool {
+	return o == driver.OpRelease || o == driver.OpExtend
 }
 
 // CheckCost reports why cost cannot go with op on rule name of rf, or nil:
 // cost is 1 to 2^53; only allow and refund take one (costSet says whether
 // the caller gave one: an acquire takes one slot); a group counts one
 // event. The error wraps countlimit.ErrInvalid and names the field "cost".
-func CheckCost(rf *rulefile.File, op countlimit.Op, name string, cost int64, costSet bool) error {
+func CheckCost(rf *rulefile.File, op driver.Op, name string, cost int64, costSet bool) error {
 	switch {
 	case cost < 1 || cost > countlimit.MaxLimit:
 		return invalid("\x00 must be 1 to 2^53, got %d", cost)
-	case costSet && op != countlimit.OpAllow && op != countlimit.OpRefund:
+	case costSet && op != driver.OpAllow && op != driver.OpRefund:
 		return invalid("%s takes no \x00", op)
-	case op == countlimit.OpAllow && len(rf.Members(name)) > 1:
+	case op == driver.OpAllow && len(rf.Members(name)) > 1:
 		return groupCost(cost)
 	}
 	return nil
@@ -99,10 +100,10 @@ func fieldErr(field, format string, args ...any) error {
 // naming "rule" when the rule does not fit op: acquire takes one rule with
 // a concurrent window; allow and refund take none, since a concurrent rule
 // holds slots instead of counting events. Peek and reset take any.
-func Resolve(rf *rulefile.File, op countlimit.Op, name, tier string) ([]countlimit.Rule, error) {
+func Resolve(rf *rulefile.File, op driver.Op, name, tier string) ([]countlimit.Rule, error) {
 	var rules []countlimit.Rule
 	var err error
-	if op == countlimit.OpReset {
+	if op == driver.OpReset {
 		rules, err = rf.ResolveUseTypes(name)
 	} else {
 		rules, err = rf.Resolve(name, tier)
@@ -112,14 +113,14 @@ func Resolve(rf *rulefile.File, op countlimit.Op, name, tier string) ([]countlim
 	}
 	members := rf.Members(name)
 	switch op {
-	case countlimit.OpAcquire:
+	case driver.OpAcquire:
 		if _, group := rf.Groups[name]; group {
 			return nil, fieldErr("rule", "acquire takes one rule with a concurrent window; %s is a group", name)
 		}
 		if !rules[0].Window.IsConcurrent() {
 			return nil, fieldErr("rule", "acquire takes a rule with a concurrent window; %s has %s (allow counts its events)", name, rf.Rules[name].WindowText)
 		}
-	case countlimit.OpAllow, countlimit.OpRefund:
+	case driver.OpAllow, driver.OpRefund:
 		for i, r := range rules {
 			if !r.Window.IsConcurrent() {
 				continue
@@ -136,16 +137,16 @@ func Resolve(rf *rulefile.File, op countlimit.Op, name, tier string) ([]countlim
 // Do carries out op for id on rules (one rule, or a group's) with weight
 // cost: allow checks a group all-or-nothing (cost must then be 1); peek,
 // refund and reset go rule by rule. Reset returns no results.
-func Do(ctx context.Context, l *countlimit.Limiter, op countlimit.Op, rules []countlimit.Rule, id string, cost int64) ([]countlimit.Result, error) {
+func Do(ctx context.Context, l *countlimit.Limiter, op driver.Op, rules []countlimit.Rule, id string, cost int64) ([]countlimit.Result, error) {
 	switch {
-	case op == countlimit.OpReset:
+	case op == driver.OpReset:
 		for _, rule := range rules {
 			if err := l.Reset(ctx, rule, id); err != nil {
 				return nil, err
 			}
 		}
 		return nil, nil
-	case op == countlimit.OpAllow && len(rules) > 1:
+	case op == driver.OpAllow && len(rules) > 1:
 		if err := groupCost(cost); err != nil {
 			return nil, fmt.Errorf("countlimit: allow: %w", err)
 		}
@@ -156,11 +157,11 @@ func Do(ctx context.Context, l *countlimit.Limiter, op countlimit.Op, rules []co
 		var res countlimit.Result
 		var err error
 		switch op {
-		case countlimit.OpAllow:
+		case driver.OpAllow:
 			res, err = l.AllowN(ctx, rule, id, cost)
-		case countlimit.OpPeek:
+		case driver.OpPeek:
 			res, err = l.Peek(ctx, rule, id)
-		case countlimit.OpRefund:
+		case driver.OpRefund:
 			res, err = l.Refund(ctx, rule, id, cost)
 		default:
 			return nil, fmt.Errorf("ruleops: unknown operation %v", op)
@@ -255,11 +256,11 @@ func checkID(ls countlimit.Lease, id string) (countlimit.Lease, error) {
 // DoLease releases or extends ls. Release is idempotent: a lease already
 // released or expired is not an error. Extend of a lease no longer held
 // fails with countlimit.ErrLeaseExpired.
-func DoLease(ctx context.Context, op countlimit.Op, ls countlimit.Lease) error {
+func DoLease(ctx context.Context, op driver.Op, ls countlimit.Lease) error {
 	switch op {
-	case countlimit.OpRelease:
+	case driver.OpRelease:
 		return ls.Release(ctx)
-	case countlimit.OpExtend:
+	case driver.OpExtend:
 		return ls.Extend(ctx)
 	}
 	return fmt.Errorf("ruleops: %v is not a lease operation", op)
@@ -288,8 +289,8 @@ type LeaseResponse struct {
 
 // NewLeaseResponse builds the answer to a release or extend of ls that
 // succeeded.
-func NewLeaseResponse(op countlimit.Op, ls countlimit.Lease) LeaseResponse {
-	if op == countlimit.OpExtend {
+func NewLeaseResponse(op driver.Op, ls countlimit.Lease) LeaseResponse {
+	if op == driver.OpExtend {
 		return LeaseResponse{Extended: true, ExpiresInSeconds: ls.TTL().Seconds()}
 	}
 	return LeaseResponse{Released: true}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/countlimit/countlimit/countlimit"
+	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/countlimit/memstore"
 	"github.com/countlimit/countlimit/internal/rulefile"
 	"github.com/countlimit/countlimit/internal/ruleops"
@@ -16,21 +17,21 @@ import (
 func TestCheckCost(t *testing.T) {
 	rf := rulefile.Default()
 	for _, tc := range []struct {
-		op      countlimit.Op
+		op      driver.Op
 		rule    string
 		cost    int64
 		costSet bool
 		want    string // "" for no error
 	}{
-		{countlimit.OpAllow, "sms.code", 1, false, ""},
-		{countlimit.OpAllow, "sms.code", 3, true, ""},
-		{countlimit.OpAllow, "sms.code", 0, true, "cost must be 1 to 2^53, got 0"},
-		{countlimit.OpRefund, "sms.code", countlimit.MaxLimit + 1, true, "cost must be 1 to 2^53, got 9007199254740993"},
-		{countlimit.OpPeek, "sms.code", 1, false, ""},
-		{countlimit.OpPeek, "sms.code", 1, true, "peek takes no cost"},
-		{countlimit.OpReset, "sms.code", 2, true, "reset takes no cost"},
-		{countlimit.OpAllow, "conversation.create", 1, true, ""},
-		{countlimit.OpAllow, "conversation.create", 2, true, "a group counts one event: cost must be 1, got 2"},
+		{driver.OpAllow, "sms.code", 1, false, ""},
+		{driver.OpAllow, "sms.code", 3, true, ""},
+		{driver.OpAllow, "sms.code", 0, true, "cost must be 1 to 2^53, got 0"},
+		{driver.OpRefund, "sms.code", countlimit.MaxLimit + 1, true, "cost must be 1 to 2^53, got 9007199254740993"},
+		{driver.OpPeek, "sms.code", 1, false, ""},
+		{driver.OpPeek, "sms.code", 1, true, "peek takes no cost"},
+		{driver.OpReset, "sms.code", 2, true, "reset takes no cost"},
+		{driver.OpAllow, "conversation.create", 1, true, ""},
+		{driver.OpAllow, "conversation.create", 2, true, "a group counts one event: cost must be 1, got 2"},
 	} {
 		err := ruleops.CheckCost(rf, tc.op, tc.rule, tc.cost, tc.costSet)
 		switch {
@@ -41,7 +42,7 @@ func TestCheckCost(t *testing.T) {
 		}
 	}
 	var ce *ruleops.CostError
-	if err := ruleops.CheckCost(rf, countlimit.OpPeek, "sms.code", 1, true); !errors.As(err, &ce) || ce.Named("--cost") != "peek takes no --cost" {
+	if err := ruleops.CheckCost(rf, driver.OpPeek, "sms.code", 1, true); !errors.As(err, &ce) || ce.Named("--cost") != "peek takes no --cost" {
 		t.Errorf("Named(--cost) of %v is wrong", err)
 	}
 }
@@ -53,32 +54,32 @@ func TestDo(t *testing.T) {
 	clock := time.Date(2026, 11, 23, 9, 0, 0, 0, time.UTC)
 	l := countlimit.New(store, countlimit.WithClock(func() time.Time { return clock }))
 	ctx := context.Background()
-	group, err := ruleops.Resolve(rf, countlimit.OpAllow, "conversation.create", "")
+	group, err := ruleops.Resolve(rf, driver.OpAllow, "conversation.create", "")
 	if err != nil || len(group) < 2 {
 		t.Fatalf("Resolve(conversation.create) = %v, %v; want a group", group, err)
 	}
-	res, err := ruleops.Do(ctx, l, countlimit.OpAllow, group, "u1", 1)
+	res, err := ruleops.Do(ctx, l, driver.OpAllow, group, "u1", 1)
 	if err != nil || len(res) != len(group) || !res[0].Allowed {
 		t.Fatalf("Do(allow, group) = %+v, %v", res, err)
 	}
-	if _, err := ruleops.Do(ctx, l, countlimit.OpAllow, group, "u1", 2); !errors.Is(err, countlimit.ErrInvalid) {
+	if _, err := ruleops.Do(ctx, l, driver.OpAllow, group, "u1", 2); !errors.Is(err, countlimit.ErrInvalid) {
 		t.Errorf("Do(allow, group, cost 2) = %v, want ErrInvalid", err)
 	}
 	resp := ruleops.NewResponse(rf.Members("conversation.create"), group, res)
 	if !resp.Allowed || resp.RetryAfterSeconds != 0 || resp.Results[0].Used != 1 {
 		t.Errorf("NewResponse = %+v", resp)
 	}
-	resetRules, err := ruleops.Resolve(rf, countlimit.OpReset, "conversation.create", "no-such-tier")
+	resetRules, err := ruleops.Resolve(rf, driver.OpReset, "conversation.create", "no-such-tier")
 	if err != nil {
 		t.Fatalf("Resolve(reset) with any tier = %v, want the group's use types", err)
 	}
-	if res, err := ruleops.Do(ctx, l, countlimit.OpReset, resetRules, "u1", 1); err != nil || res != nil {
+	if res, err := ruleops.Do(ctx, l, driver.OpReset, resetRules, "u1", 1); err != nil || res != nil {
 		t.Fatalf("Do(reset) = %v, %v", res, err)
 	}
-	if res, err := ruleops.Do(ctx, l, countlimit.OpPeek, group, "u1", 1); err != nil || res[0].Used != 0 {
+	if res, err := ruleops.Do(ctx, l, driver.OpPeek, group, "u1", 1); err != nil || res[0].Used != 0 {
 		t.Errorf("after reset, peek = %+v, %v; want nothing counted", res, err)
 	}
-	if o, ok := ruleops.ParseOp("refund"); !ok || o != countlimit.OpRefund {
+	if o, ok := ruleops.ParseOp("refund"); !ok || o != driver.OpRefund {
 		t.Errorf("ParseOp(refund) = %v, %v", o, ok)
 	}
 	if _, ok := ruleops.ParseOp("delete"); ok {
@@ -107,7 +108,7 @@ groups:
 	l := countlimit.New(store, countlimit.WithClock(func() time.Time { return clock }))
 	ctx := context.Background()
 
-	rules, err := ruleops.Resolve(rf, countlimit.OpAcquire, "export.running", "")
+	rules, err := ruleops.Resolve(rf, driver.OpAcquire, "export.running", "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -160,40 +161,40 @@ groups:
 
 	parsed, _ := ruleops.ParseLease(l, rf, ls.String(), "", "")
 	clock = t0.Add(5 * time.Minute)
-	if err := ruleops.DoLease(ctx, countlimit.OpExtend, parsed); err != nil {
+	if err := ruleops.DoLease(ctx, driver.OpExtend, parsed); err != nil {
 		t.Errorf("extend: %v", err)
 	}
-	if r := ruleops.NewLeaseResponse(countlimit.OpExtend, parsed); !r.Extended || r.ExpiresInSeconds != 600 {
+	if r := ruleops.NewLeaseResponse(driver.OpExtend, parsed); !r.Extended || r.ExpiresInSeconds != 600 {
 		t.Errorf("NewLeaseResponse(extend) = %+v", r)
 	}
 	for i := 0; i < 2; i++ {
-		if err := ruleops.DoLease(ctx, countlimit.OpRelease, parsed); err != nil {
+		if err := ruleops.DoLease(ctx, driver.OpRelease, parsed); err != nil {
 			t.Errorf("release %d: %v", i+1, err)
 		}
 	}
-	if r := ruleops.NewLeaseResponse(countlimit.OpRelease, parsed); !r.Released || r.Extended {
+	if r := ruleops.NewLeaseResponse(driver.OpRelease, parsed); !r.Released || r.Extended {
 		t.Errorf("NewLeaseResponse(release) = %+v", r)
 	}
-	if err := ruleops.DoLease(ctx, countlimit.OpExtend, parsed); !errors.Is(err, countlimit.ErrLeaseExpired) {
+	if err := ruleops.DoLease(ctx, driver.OpExtend, parsed); !errors.Is(err, countlimit.ErrLeaseExpired) {
 		t.Errorf("extend after release = %v, want ErrLeaseExpired", err)
 	}
-	if err := ruleops.DoLease(ctx, countlimit.OpAllow, parsed); err == nil {
+	if err := ruleops.DoLease(ctx, driver.OpAllow, parsed); err == nil {
 		t.Error("DoLease(allow) succeeded")
 	}
 
 	// A tiered concurrent rule, and the rules each operation refuses.
-	if rules, err := ruleops.Resolve(rf, countlimit.OpAcquire, "upload", "pro"); err != nil || rules[0].Limit != 2 || !rules[0].Window.IsConcurrent() {
+	if rules, err := ruleops.Resolve(rf, driver.OpAcquire, "upload", "pro"); err != nil || rules[0].Limit != 2 || !rules[0].Window.IsConcurrent() {
 		t.Errorf("Resolve(acquire, upload, pro) = %+v, %v", rules, err)
 	}
 	for _, tc := range []struct {
-		op         countlimit.Op
+		op         driver.Op
 		name, tier string
 		want       string
 	}{
-		{countlimit.OpAcquire, "sms.code", "", "acquire takes a rule with a concurrent window; sms.code has sliding 5m (allow counts its events)"},
-		{countlimit.OpAcquire, "conversation.create", "", "acquire takes one rule with a concurrent window; conversation.create is a group"},
-		{countlimit.OpAllow, "export.running", "", "export.running has a concurrent window: it holds slots, not events; acquire takes one and release gives it back"},
-		{countlimit.OpRefund, "upload", "free", "upload has a concurrent window"},
+		{driver.OpAcquire, "sms.code", "", "acquire takes a rule with a concurrent window; sms.code has sliding 5m (allow counts its events)"},
+		{driver.OpAcquire, "conversation.create", "", "acquire takes one rule with a concurrent window; conversation.create is a group"},
+		{driver.OpAllow, "export.running", "", "export.running has a concurrent window: it holds slots, not events; acquire takes one and release gives it back"},
+		{driver.OpRefund, "upload", "free", "upload has a concurrent window"},
 	} {
 		_, err := ruleops.Resolve(rf, tc.op, tc.name, tc.tier)
 		var fe *ruleops.FieldError
@@ -201,12 +202,12 @@ groups:
 			t.Errorf("Resolve(%v, %s) = %v; want ErrInvalid naming rule, saying %q", tc.op, tc.name, err, tc.want)
 		}
 	}
-	for _, op := range []countlimit.Op{countlimit.OpPeek, countlimit.OpReset} {
+	for _, op := range []driver.Op{driver.OpPeek, driver.OpReset} {
 		if _, err := ruleops.Resolve(rf, op, "export.running", ""); err != nil {
 			t.Errorf("Resolve(%v, export.running) = %v", op, err)
 		}
 	}
-	if err := ruleops.CheckCost(rf, countlimit.OpAcquire, "export.running", 1, true); err == nil || err.Error() != "acquire takes no cost" {
+	if err := ruleops.CheckCost(rf, driver.OpAcquire, "export.running", 1, true); err == nil || err.Error() != "acquire takes no cost" {
 		t.Errorf("CheckCost(acquire, cost set) = %v", err)
 	}
 
@@ -214,15 +215,15 @@ groups:
 	// built by hand may hold it) is refused before the Limiter, which
 	// would refuse it too.
 	rf.Groups["mixed"] = &rulefile.Group{Name: "mixed", Rules: []string{"sms.code", "export.running"}}
-	_, err = ruleops.Resolve(rf, countlimit.OpAllow, "mixed", "")
+	_, err = ruleops.Resolve(rf, driver.OpAllow, "mixed", "")
 	if !errors.Is(err, countlimit.ErrInvalid) || !strings.Contains(err.Error(), "group mixed holds export.running, a rule with a concurrent window") {
 		t.Errorf("Resolve(allow, a group with a concurrent rule) = %v", err)
 	}
-	mixed, _ := ruleops.Resolve(rf, countlimit.OpPeek, "mixed", "")
-	if _, err := ruleops.Do(ctx, l, countlimit.OpAllow, mixed, "u1", 1); !errors.Is(err, countlimit.ErrInvalid) || !strings.Contains(err.Error(), "Concurrent window holds slots") {
+	mixed, _ := ruleops.Resolve(rf, driver.OpPeek, "mixed", "")
+	if _, err := ruleops.Do(ctx, l, driver.OpAllow, mixed, "u1", 1); !errors.Is(err, countlimit.ErrInvalid) || !strings.Contains(err.Error(), "Concurrent window holds slots") {
 		t.Errorf("Do(allow, a group with a concurrent rule) = %v", err)
 	}
-	if res, err := ruleops.Do(ctx, l, countlimit.OpPeek, mixed, "u1", 1); err != nil || len(res) != 2 {
+	if res, err := ruleops.Do(ctx, l, driver.OpPeek, mixed, "u1", 1); err != nil || len(res) != 2 {
 		t.Errorf("Do(peek, a group with a concurrent rule) = %+v, %v", res, err)
 	}
 	for _, name := range []string{"acquire", "release", "extend"} {

@@ -28,6 +28,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/countlimit/countlimit/countlimit"
+	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/internal/rulefile"
 	"github.com/countlimit/countlimit/internal/ruleops"
 )
@@ -210,7 +211,7 @@ func New(cfg Config) *Server {
 	for _, o := range ruleops.Ops {
 		h := s.check(o)
 		switch {
-		case o == countlimit.OpAcquire:
+		case o == driver.OpAcquire:
 			h = s.acquire
 		case ruleops.IsLeaseOp(o):
 			h = s.lease(o)
@@ -305,7 +306,7 @@ type apiError struct {
 	Field string `json:"field,omitempty"`
 }
 
-func (s *Server) check(o countlimit.Op) http.HandlerFunc {
+func (s *Server) check(o driver.Op) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		req, rules, ok := s.decode(w, r, o)
 		if !ok {
@@ -319,15 +320,15 @@ func (s *Server) check(o countlimit.Op) http.HandlerFunc {
 			return
 		}
 		s.state.ok()
-		if o == countlimit.OpReset {
+		if o == driver.OpReset {
 			writeJSON(w, http.StatusOK, map[string]any{"reset": true})
 			return
 		}
 		resp := ruleops.NewResponse(s.cfg.Rules.Members(req.Rule), rules, results)
-		if o == countlimit.OpRefund {
+		if o == driver.OpRefund {
 			resp.Refunded = *req.Cost
 		}
-		if o == countlimit.OpAllow {
+		if o == driver.OpAllow {
 			verdict := "denied"
 			if resp.Allowed {
 				verdict = "allowed"
@@ -341,7 +342,7 @@ func (s *Server) check(o countlimit.Op) http.HandlerFunc {
 // acquire takes a slot of a rule with a concurrent window: the answer is
 // allow's, with the lease string when allowed.
 func (s *Server) acquire(w http.ResponseWriter, r *http.Request) {
-	req, rules, ok := s.decode(w, r, countlimit.OpAcquire)
+	req, rules, ok := s.decode(w, r, driver.OpAcquire)
 	if !ok {
 		return
 	}
@@ -349,7 +350,7 @@ func (s *Server) acquire(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	ls, results, err := ruleops.Acquire(ctx, s.cfg.Limiter, rules, req.ID)
 	if err != nil {
-		s.fail(w, r, countlimit.OpAcquire.String(), req.Rule, err)
+		s.fail(w, r, driver.OpAcquire.String(), req.Rule, err)
 		return
 	}
 	s.state.ok()
@@ -364,7 +365,7 @@ func (s *Server) acquire(w http.ResponseWriter, r *http.Request) {
 
 // lease releases or extends the lease a request names. Release is
 // idempotent; an extend of a lease no longer held is 409.
-func (s *Server) lease(o countlimit.Op) http.HandlerFunc {
+func (s *Server) lease(o driver.Op) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		var wire wireLeaseRequest
 		if !s.readJSON(w, r, &wire, `{"lease": "<the lease string /v1/acquire returned>"}`) {
@@ -447,7 +448,7 @@ func (s *Server) readJSON(w http.ResponseWriter, r *http.Request, v any, example
 }
 
 // decode reads and checks a request, answering 4xx itself when it is bad.
-func (s *Server) decode(w http.ResponseWriter, r *http.Request, o countlimit.Op) (Request, []countlimit.Rule, bool) {
+func (s *Server) decode(w http.ResponseWriter, r *http.Request, o driver.Op) (Request, []countlimit.Rule, bool) {
 	var req Request
 	var wire wireRequest
 	if !s.readJSON(w, r, &wire, `{"rule": "sms.code", "id": "18500000000"}`) {

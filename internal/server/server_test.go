@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/countlimit/countlimit/countlimit"
+	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/countlimit/storetest"
 	"github.com/countlimit/countlimit/internal/rulefile"
 	"github.com/countlimit/countlimit/internal/server"
@@ -245,8 +246,8 @@ func TestBadRequests(t *testing.T) {
 // failing is a store that is down.
 type failing struct{}
 
-func (failing) Do(context.Context, []*countlimit.Request) error {
-	return countlimit.Unavailable(errors.New("connection refused"))
+func (failing) Do(context.Context, *driver.Request) error {
+	return driver.Unavailable(errors.New("connection refused"))
 }
 
 func TestStoreDown(t *testing.T) {
@@ -281,7 +282,7 @@ func TestStoreDown(t *testing.T) {
 // locked: it waits for the call's context, then fails with ErrLocked.
 type lockedRow struct{}
 
-func (lockedRow) Do(ctx context.Context, _ []*countlimit.Request) error {
+func (lockedRow) Do(ctx context.Context, _ *driver.Request) error {
 	<-ctx.Done()
 	return fmt.Errorf("%w: %w", countlimit.ErrLocked, ctx.Err())
 }
@@ -324,9 +325,9 @@ func TestLockedIDIsNoOutage(t *testing.T) {
 // stuck is a store that answers only when its context ends.
 type stuck struct{}
 
-func (stuck) Do(ctx context.Context, _ []*countlimit.Request) error {
+func (stuck) Do(ctx context.Context, _ *driver.Request) error {
 	<-ctx.Done()
-	return countlimit.Unavailable(ctx.Err())
+	return driver.Unavailable(ctx.Err())
 }
 
 func TestStuckStoreTimesOut(t *testing.T) {

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/countlimit/countlimit/countlimit"
+	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/countlimit/memstore"
 	"github.com/countlimit/countlimit/internal/rulefile"
 	"github.com/countlimit/countlimit/internal/server"
@@ -243,11 +244,11 @@ type toggle struct {
 	*memstore.Store
 }
 
-func (s *toggle) Do(ctx context.Context, reqs []*countlimit.Request) error {
+func (s *toggle) Do(ctx context.Context, r *driver.Request) error {
 	if s.down.Load() {
-		return countlimit.Unavailable(errors.New("dial tcp 10.0.0.5:5432: connection refused"))
+		return driver.Unavailable(errors.New("dial tcp 10.0.0.5:5432: connection refused"))
 	}
-	return s.Store.Do(ctx, reqs)
+	return s.Store.Do(ctx, r)
 }
 
 // logBuf is a log destination safe to read while the server writes.

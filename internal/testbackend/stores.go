@@ -10,7 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/countlimit/countlimit/countlimit"
+	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/countlimit/memstore"
 	"github.com/countlimit/countlimit/countlimit/pgstore"
 	"github.com/countlimit/countlimit/countlimit/redisstore"
@@ -24,16 +24,16 @@ type Backend struct {
 	// Open returns the store, or skips t (fails it when backends are
 	// required) when its server is missing. The store outlives t: open it in
 	// a subtest and use it in the parent.
-	Open func(t testing.TB) countlimit.Store
+	Open func(t testing.TB) driver.Store
 }
 
 // Backends lists every store: memory, postgres, redis.
 func Backends() []Backend {
 	return []Backend{
 		// No janitor: nothing to stop.
-		{"memory", func(testing.TB) countlimit.Store { return memstore.New(memstore.WithJanitorInterval(0)) }},
-		{"postgres", func(t testing.TB) countlimit.Store { return pgstore.New(Postgres(t)) }},
-		{"redis", func(t testing.TB) countlimit.Store { return redisstore.New(Redis(t)) }},
+		{"memory", func(testing.TB) driver.Store { return memstore.New(memstore.WithJanitorInterval(0)) }},
+		{"postgres", func(t testing.TB) driver.Store { return pgstore.New(Postgres(t)) }},
+		{"redis", func(t testing.TB) driver.Store { return redisstore.New(Redis(t)) }},
 	}
 }
 

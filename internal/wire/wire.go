@@ -1,4 +1,4 @@
-// Package wire is how the stores put a countlimit.Check's times into the
+// Package wire is how the stores put a driver.Check's times into the
 // numbers their storage keeps: Unix microseconds with a sentinel for the
 // zero Time, and the window a check opens as a begin and a length. One home
 // for what memstore, pgstore and redisstore would otherwise each spell.
@@ -7,7 +7,7 @@ package wire
 import (
 	"time"
 
-	"github.com/countlimit/countlimit/countlimit"
+	"github.com/countlimit/countlimit/countlimit/driver"
 )
 
 // Micros returns t in Unix microseconds, or none for the zero Time.
@@ -33,7 +33,7 @@ func Time(us, none int64) time.Time {
 // (End zero). A sliding check (Span > 0) has no such window, its log is its
 // window: Window returns the zero Time and 0 for it, whatever c.Begin and
 // c.End hold, so that no store sends or depends on them.
-func Window(c *countlimit.Check) (begin time.Time, length int64) {
+func Window(c *driver.Check) (begin time.Time, length int64) {
 	switch {
 	case c.Span > 0:
 		return time.Time{}, 0

@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/countlimit/countlimit/countlimit"
+	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/internal/wire"
 )
 
@@ -13,14 +13,14 @@ func TestWindow(t *testing.T) {
 	t0 := time.Date(2026, 5, 11, 9, 0, 0, 0, time.UTC)
 	for _, tc := range []struct {
 		name       string
-		c          countlimit.Check
+		c          driver.Check
 		wantBegin  time.Time
 		wantLength int64
 	}{
-		{"rolling", countlimit.Check{Begin: t0, End: t0.Add(10 * time.Second)}, t0, 10e6},
-		{"lifetime", countlimit.Check{Begin: t0}, t0, 0},
-		{"sliding", countlimit.Check{Span: time.Minute}, time.Time{}, 0},
-		{"sliding with made-up bounds", countlimit.Check{Begin: t0.Add(-time.Minute), End: t0.Add(time.Minute), Span: time.Minute}, time.Time{}, 0},
+		{"rolling", driver.Check{Begin: t0, End: t0.Add(10 * time.Second)}, t0, 10e6},
+		{"lifetime", driver.Check{Begin: t0}, t0, 0},
+		{"sliding", driver.Check{Span: time.Minute}, time.Time{}, 0},
+		{"sliding with made-up bounds", driver.Check{Begin: t0.Add(-time.Minute), End: t0.Add(time.Minute), Span: time.Minute}, time.Time{}, 0},
 	} {
 		begin, length := wire.Window(&tc.c)
 		if !begin.Equal(tc.wantBegin) || length != tc.wantLength {

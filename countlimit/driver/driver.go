@@ -1,24 +1,52 @@
-package countlimit
+// Package driver is what a countlimit store implements, beside package
+// countlimit as database/sql/driver stands beside database/sql: the Store
+// interface and its contract, the Request a Limiter hands a store, and the
+// reference model of the contract (Apply), which decides as every store
+// must. Business code uses package countlimit and a store's New; only a
+// store's writer needs this package.
+package driver
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"time"
 )
 
-// Store keeps counters and applies checks to them atomically. The stores in
+// ErrUnavailable is in the error of every call a store could not carry
+// out: it cannot be reached, it failed, or the context ended first. Stores
+// wrap their driver's error with it (see Unavailable), so errors.Is(err,
+// ErrUnavailable) holds and errors.As still finds the cause. It is
+// countlimit.ErrUnavailable.
+var ErrUnavailable = errors.New("store unavailable")
+
+// ErrLocked is in the error of a check that was not decided because
+// another transaction holds the id's state locked and the call's context
+// ended first. It wraps ErrUnavailable. It is countlimit.ErrLocked.
+var ErrLocked = fmt.Errorf("%w: the id's state is locked by another transaction", ErrUnavailable)
+
+// Unavailable wraps a store's error so that errors.Is(err, ErrUnavailable)
+// holds. A nil err stays nil.
+func Unavailable(err error) error {
+	if err == nil || errors.Is(err, ErrUnavailable) {
+		return err
+	}
+	return fmt.Errorf("%w: %w", ErrUnavailable, err)
+}
+
+// Store keeps counters and applies checks to them atomically. The stores of
 // this module are memstore, pgstore and redisstore; storetest.Run proves a
-// Store meets the contract below.
+// Store meets the contract below, and [Apply] spells it out as code.
 //
 // A Store holds no policy: the Limiter validates input, reads its clock and
 // turns each rule into explicit bounds before calling Do, and turns the
 // State a store reports into a Result. A Store does storage and atomicity.
 //
-// Do carries out every request in reqs, each one atomically on its own, and
-// writes each Check's State. It may serve the requests in one round trip
-// (pipelining, group commit). When it returns an error, it must wrap
-// ErrUnavailable (see [Unavailable]) and the caller treats every request in
-// the batch as failed. Implementations must be safe for concurrent use and
-// must not keep reqs after returning.
+// Do carries out r atomically and writes each Check's State. A store may
+// gather concurrent calls into one round trip (pipelining, group commit);
+// each still gets the State it would have had alone. When Do returns an
+// error, it must wrap ErrUnavailable (see [Unavailable]). Implementations
+// must be safe for concurrent use and must not keep r after returning.
 //
 // The semantics of one Request, for each Check c (one per rule, all with
 // the same ID; no two Checks of a Request share a UseType, which the
@@ -77,7 +105,7 @@ import (
 // The State of a Concurrent check has Begin the earliest expiry of a live
 // lease and End the latest (both zero when none is live), after the request.
 type Store interface {
-	Do(ctx context.Context, reqs []*Request) error
+	Do(ctx context.Context, r *Request) error
 }
 
 // Op is what a Request does.
@@ -146,7 +174,8 @@ func (r *Request) OnLeases() bool {
 // Check is one rule of a Request, in the explicit form a Store needs, and the
 // State the Store reports back.
 type Check struct {
-	UseType UseType
+	// UseType is what is limited: the rule's countlimit.UseType.
+	UseType string
 	Limit   int64
 	// Begin and End bound the window a counted event opens if the stored one
 	// is not current. End is zero for a lifetime window.
@@ -180,4 +209,11 @@ type State struct {
 	// whose expiry makes room for N (the (Used+N-Limit)-th oldest). Zero when
 	// no expiry can make room (N > Limit).
 	FreeAt time.Time
+}
+
+// StoreClock is implemented by stores that can tell their own time:
+// pgstore (the server's clock_timestamp()), redisstore (TIME) and memstore
+// (this process's clock). countlimit.WithStoreClock uses it.
+type StoreClock interface {
+	StoreTime(ctx context.Context) (time.Time, error)
 }

@@ -1,24 +1,22 @@
-// Package model is the executable specification of the countlimit.Store
-// contract: one pure function, Apply, that takes the stored state of a
-// request's keys, the request and its "now", and returns the new state and
-// every check's State, for every operation (allow, peek, refund, reset,
-// acquire, release, extend), every kind of window, several rules at once,
-// penalties and changed limits. It does no I/O and reads no clock.
+package driver
+
+// The reference model of the Store contract: one pure function, Apply, that
+// takes the stored state of a request's keys, the request and its "now",
+// and returns the new state and every check's State, for every operation
+// (allow, peek, refund, reset, acquire, release, extend), every kind of
+// window, several rules at once, penalties and changed limits.
 //
 // Every store decides as Apply does, each in its own code and language for
 // speed (docs/ARCHITECTURE.md lists the copies and why each stays); the
 // seeded differential harness (internal/modeltest) drives every path of
-// every store and this function through the same random steps and compares
-// the stored states they leave, so that a copy that drifts is found. A
-// change to one rule of the contract is made here first.
-package model
+// every store and Apply through the same random steps and compares the
+// stored states they leave, so that a copy that drifts is found. A change
+// to one rule of the contract is made here first.
 
 import (
 	"math"
 	"slices"
 	"time"
-
-	"github.com/countlimit/countlimit/countlimit"
 )
 
 // Forever is the end of a lifetime window.
@@ -65,7 +63,7 @@ func (k Key) Clone() Key {
 func us(t time.Time) int64 { return t.UnixMicro() }
 
 // end is a Check's window end in microseconds: Forever for a lifetime.
-func end(c *countlimit.Check) int64 {
+func end(c *Check) int64 {
 	if c.End.IsZero() {
 		return Forever
 	}
@@ -88,7 +86,7 @@ type view struct {
 	blocked    bool
 }
 
-func look(k *Key, c *countlimit.Check, now int64) view {
+func look(k *Key, c *Check, now int64) view {
 	v := view{blocked: k.Blocked > now}
 	if span := c.Span.Microseconds(); span > 0 {
 		for _, e := range k.Log {
@@ -110,19 +108,21 @@ func look(k *Key, c *countlimit.Check, now int64) view {
 	return v
 }
 
-func (v *view) fits(c *countlimit.Check, n int64) bool { return !v.blocked && n <= c.Limit-v.used }
+func (v *view) fits(c *Check, n int64) bool { return !v.blocked && n <= c.Limit-v.used }
 
 // Apply carries out r at r.Now on keys, the stored state of r's checks in
 // order (keys[i] is that of r.Checks[i]), in place, and writes each
 // check's State. The checks of r have distinct use types, as the Limiter
-// makes sure. Apply is the contract of countlimit.Store, spelled out.
-func Apply(r *countlimit.Request, keys []*Key) {
+// makes sure. Apply is the Store contract spelled out as code: the
+// executable specification every store is held to (docs/ARCHITECTURE.md).
+// It does no I/O and reads no clock.
+func Apply(r *Request, keys []*Key) {
 	now := us(r.Now)
 	switch {
-	case r.Op == countlimit.OpReset:
+	case r.Op == OpReset:
 		for i := range keys {
 			*keys[i] = Key{}
-			r.Checks[i].State = countlimit.State{}
+			r.Checks[i].State = State{}
 		}
 		return
 	case r.OnLeases():
@@ -130,14 +130,14 @@ func Apply(r *countlimit.Request, keys []*Key) {
 		return
 	}
 	n := r.N
-	if r.Op != countlimit.OpAllow {
+	if r.Op != OpAllow {
 		n = 1
 	}
 	views := make([]view, len(r.Checks))
 	ok := true
 	for i := range r.Checks {
 		c, k := &r.Checks[i], keys[i]
-		if r.Op == countlimit.OpRefund {
+		if r.Op == OpRefund {
 			refund(k, c, now, r.N)
 		}
 		views[i] = look(k, c, now)
@@ -145,8 +145,8 @@ func Apply(r *countlimit.Request, keys []*Key) {
 	}
 	for i := range r.Checks {
 		c, k, v := &r.Checks[i], keys[i], &views[i]
-		st := countlimit.State{Allowed: ok}
-		if r.Op == countlimit.OpAllow {
+		st := State{Allowed: ok}
+		if r.Op == OpAllow {
 			switch {
 			case ok && c.Span > 0:
 				span := c.Span.Microseconds()
@@ -183,7 +183,7 @@ func Apply(r *countlimit.Request, keys []*Key) {
 
 // refund gives n events back to the current window of c's key, never
 // below 0; a sliding check drops its n newest events.
-func refund(k *Key, c *countlimit.Check, now, n int64) {
+func refund(k *Key, c *Check, now, n int64) {
 	v := look(k, c, now)
 	if span := c.Span.Microseconds(); span > 0 {
 		keep := v.live[:max(0, v.used-n)]
@@ -199,7 +199,7 @@ func refund(k *Key, c *countlimit.Check, now, n int64) {
 }
 
 // applyLease carries out a request on a Concurrent check's leases.
-func applyLease(r *countlimit.Request, k *Key, now int64) {
+func applyLease(r *Request, k *Key, now int64) {
 	c := &r.Checks[0]
 	live := map[string]int64{}
 	for t, e := range k.Leases {
@@ -211,9 +211,9 @@ func applyLease(r *countlimit.Request, k *Key, now int64) {
 	fits := !blocked && int64(len(live))+1 <= c.Limit
 	allowed := false
 	switch r.Op {
-	case countlimit.OpPeek:
+	case OpPeek:
 		allowed = fits
-	case countlimit.OpAcquire:
+	case OpAcquire:
 		allowed = fits
 		if fits {
 			live[r.Lease] = now + c.TTL.Microseconds()
@@ -224,10 +224,10 @@ func applyLease(r *countlimit.Request, k *Key, now int64) {
 			}
 		}
 		k.Leases = live // a write drops the expired leases
-	case countlimit.OpRelease, countlimit.OpExtend:
+	case OpRelease, OpExtend:
 		if _, held := live[r.Lease]; held {
 			allowed = true
-			if r.Op == countlimit.OpRelease {
+			if r.Op == OpRelease {
 				delete(live, r.Lease)
 			} else {
 				live[r.Lease] = now + c.TTL.Microseconds()
@@ -238,7 +238,7 @@ func applyLease(r *countlimit.Request, k *Key, now int64) {
 	if len(k.Leases) == 0 {
 		k.Leases = nil
 	}
-	st := countlimit.State{Allowed: allowed, Used: int64(len(live))}
+	st := State{Allowed: allowed, Used: int64(len(live))}
 	if len(live) > 0 {
 		first, last := int64(Forever), int64(0)
 		for _, e := range live {
