@@ -82,3 +82,29 @@ func KeyForTest(s *Store, ut, id string) driver.Key {
 	}
 	return k
 }
+
+// SeedForTest makes s keep k for (ut, id), replacing what it kept.
+func SeedForTest(s *Store, ut, id string, k driver.Key) {
+	h := s.hash(id)
+	sh := s.shard(h)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	sh.remove(h, ut, id)
+	if k.Empty() {
+		return
+	}
+	e := newEntry(ut, id, 0)
+	e.count, e.begin, e.end, e.denied, e.blocked = k.Count, k.Begin, k.End, k.Denied, k.Blocked
+	if k.End == driver.Forever {
+		e.end = forever
+	}
+	e.events = slices.Clone(k.Log)
+	for t, x := range k.Leases {
+		if e.leases == nil {
+			e.leases = &leaseSet{}
+		}
+		e.leases.held = append(e.leases.held, lease{token: t, expires: x})
+	}
+	sh.add(h, e)
+	s.touch(sh, e, 0)
+}

@@ -6,6 +6,7 @@ import (
 
 	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/countlimit/memstore"
+	"github.com/countlimit/countlimit/countlimit/storetest"
 
 	"github.com/countlimit/countlimit/internal/modeltest"
 )
@@ -21,4 +22,18 @@ func TestModel(t *testing.T) {
 			return memstore.KeyForTest(s, ut, id), nil
 		},
 	}})
+}
+
+// TestContract runs storetest's contract cases on memstore: seeded state,
+// one request, and the stored state compared with driver.Apply's.
+func TestContract(t *testing.T) {
+	s := memstore.New(memstore.WithJanitorInterval(0))
+	t.Cleanup(func() { s.Close() }) // after the parallel cases
+	storetest.RunContract(t, s, storetest.Inspector{
+		Read: func(_ context.Context, ut, id string) (driver.Key, error) { return memstore.KeyForTest(s, ut, id), nil },
+		Seed: func(_ context.Context, ut, id string, k driver.Key) error {
+			memstore.SeedForTest(s, ut, id, k)
+			return nil
+		},
+	})
 }

@@ -3,14 +3,17 @@ package pgstore_test
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/countlimit/pgstore"
+	"github.com/countlimit/countlimit/countlimit/storetest"
 
 	"github.com/countlimit/countlimit/internal/modeltest"
 	"github.com/countlimit/countlimit/internal/testbackend"
@@ -123,4 +126,79 @@ func readKey(ctx context.Context, db interface {
 		k.Leases[token] = exp.UnixMicro()
 	}
 	return k, rows.Err()
+}
+
+// TestContract runs storetest's contract cases on a pool's Store and on a
+// Store of one connection: seeded rows, one request, and the rows compared
+// with driver.Apply's state.
+func TestContract(t *testing.T) {
+	pool := testbackend.Postgres(t)
+	in := storetest.Inspector{
+		Read: func(ctx context.Context, ut, id string) (driver.Key, error) { return readKey(ctx, pool, ut, id) },
+		Seed: func(ctx context.Context, ut, id string, k driver.Key) error { return seedKey(ctx, pool, ut, id, k) },
+	}
+	t.Run("pool", func(t *testing.T) { storetest.RunContract(t, pgstore.New(pool), in) })
+	t.Run("connection", func(t *testing.T) {
+		conn, err := pgx.ConnectConfig(context.Background(), testbackend.PoolConfig(t).ConnConfig.Copy())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close(context.Background()) })
+		// One connection serves one call at a time.
+		storetest.RunContract(t, serial{mu: new(sync.Mutex), s: pgstore.New(conn)}, in)
+	})
+}
+
+// serial lets one call at a time through to s.
+type serial struct {
+	mu *sync.Mutex
+	s  driver.Store
+}
+
+func (s serial) Do(ctx context.Context, r *driver.Request) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.s.Do(ctx, r)
+}
+
+// seedKey makes PostgreSQL keep k for (ut, id), as its statements would
+// have written it.
+func seedKey(ctx context.Context, pool *pgxpool.Pool, ut, id string, k driver.Key) error {
+	if _, err := pool.Exec(ctx, `DELETE FROM count_limit WHERE use_type = $1 AND unique_id = $2`, ut, id); err != nil {
+		return err
+	}
+	if k.Empty() {
+		return nil
+	}
+	ts := func(us int64) pgtype.Timestamptz {
+		if us == 0 || us == driver.Forever {
+			return pgtype.Timestamptz{}
+		}
+		return pgtype.Timestamptz{Time: time.UnixMicro(us), Valid: true}
+	}
+	var events []time.Time
+	for _, e := range k.Log {
+		events = append(events, time.UnixMicro(e))
+	}
+	var leaseUntil int64
+	for _, e := range k.Leases {
+		leaseUntil = max(leaseUntil, e)
+	}
+	begin := pgtype.Timestamptz{Time: time.UnixMicro(k.Begin), Valid: true}
+	end := ts(k.End)
+	if k.End == 0 {
+		end = pgtype.Timestamptz{Time: time.UnixMicro(0), Valid: true}
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO count_limit (use_type, unique_id, already_count, begin_time, end_time, limit_value,
+		denied_count, blocked_until, events, lease_until) VALUES ($1, $2, $3, $4, $5, 0, $6, $7, $8, $9)`,
+		ut, id, k.Count, begin, end, k.Denied, ts(k.Blocked), events, ts(leaseUntil)); err != nil {
+		return err
+	}
+	for t, e := range k.Leases {
+		if _, err := pool.Exec(ctx, `INSERT INTO count_limit_lease (use_type, unique_id, lease_token, expires_at, taken_at)
+			VALUES ($1, $2, $3, $4, $4)`, ut, id, t, time.UnixMicro(e)); err != nil {
+			return err
+		}
+	}
+	return nil
 }

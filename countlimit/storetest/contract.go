@@ -1,0 +1,167 @@
+package storetest
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/countlimit/countlimit/countlimit/driver"
+)
+
+// Inspector reads and writes a store's state of one key directly, in the
+// terms of driver.Key, so that RunContract can check what a store keeps,
+// not only the Results it gives. A store's test package writes one for its
+// store (with SQL, HSET or a hook into its memory).
+type Inspector struct {
+	// Read returns what the store keeps of (useType, id): the zero Key
+	// when it keeps nothing.
+	Read func(ctx context.Context, useType, id string) (driver.Key, error)
+	// Seed makes the store keep k for (useType, id), replacing what it
+	// kept. k.End is driver.Forever for a lifetime window.
+	Seed func(ctx context.Context, useType, id string, k driver.Key) error
+}
+
+// RunContract checks store against the contract's reference model,
+// driver.Apply, one request at a time: each case seeds a key's state,
+// calls store.Do directly with a request, and demands the States Apply
+// gives and the stored state Apply leaves (count and window, sliding log,
+// denial tally, penalty and leases). A store that gives the right Results
+// but keeps the wrong state fails here.
+func RunContract(t *testing.T, store driver.Store, in Inspector) {
+	t.Helper()
+	for _, c := range contractCases() {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			ut := string(UseType(t, "contract"))
+			want := c.seed.Clone()
+			if err := in.Seed(ctx, ut, "id", c.seed.Clone()); err != nil {
+				t.Fatalf("seeding %+v: %v", c.seed, err)
+			}
+			got, model := c.req(ut), c.req(ut)
+			driver.Apply(model, []*driver.Key{&want})
+			if err := store.Do(ctx, got); err != nil {
+				t.Fatalf("Do: %v", err)
+			}
+			for i := range got.Checks {
+				if g, w := stateText(got.Checks[i].State), stateText(model.Checks[i].State); g != w {
+					t.Errorf("%s from %+v: State %s, want %s (driver.Apply)", c.name, c.seed, g, w)
+				}
+			}
+			k, err := in.Read(ctx, ut, "id")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if g, w := keyText(k, c.span, got.Now.UnixMicro()), keyText(want, c.span, got.Now.UnixMicro()); g != w {
+				t.Errorf("%s from %+v: the store keeps %s, want %s (driver.Apply)", c.name, c.seed, g, w)
+			}
+		})
+	}
+}
+
+type contractCase struct {
+	name string
+	seed driver.Key
+	span int64 // the sliding rule's, in µs, for the live part of a log
+	req  func(useType string) *driver.Request
+}
+
+func contractCases() []contractCase {
+	now := t0
+	us := func(d time.Duration) int64 { return now.Add(d).UnixMicro() }
+	fixed := func(op driver.Op, n, limit int64, block time.Duration) func(string) *driver.Request {
+		return func(ut string) *driver.Request {
+			begin := now.Truncate(time.Hour)
+			return &driver.Request{Op: op, ID: "id", Now: now, N: n, Checks: []driver.Check{{
+				UseType: ut, Limit: limit, Begin: begin, End: begin.Add(time.Hour), Block: block}}}
+		}
+	}
+	sliding := func(op driver.Op, n, limit int64) func(string) *driver.Request {
+		return func(ut string) *driver.Request {
+			return &driver.Request{Op: op, ID: "id", Now: now, N: n, Checks: []driver.Check{{
+				UseType: ut, Limit: limit, Span: time.Minute}}}
+		}
+	}
+	slot := func(op driver.Op, token string, limit int64) func(string) *driver.Request {
+		return func(ut string) *driver.Request {
+			return &driver.Request{Op: op, ID: "id", Now: now, N: 1, Lease: token, Checks: []driver.Check{{
+				UseType: ut, Limit: limit, TTL: time.Minute, Block: time.Hour}}}
+		}
+	}
+	window := func(count int64, begin, end time.Duration) driver.Key {
+		return driver.Key{Count: count, Begin: us(begin), End: us(end)}
+	}
+	tok := func(c byte) string { return string(slices.Repeat([]byte{c}, 22)) }
+	return []contractCase{
+		{name: "AllowCountsInTheCurrentWindow", seed: window(2, -10*time.Minute, 50*time.Minute), req: fixed(driver.OpAllow, 1, 5, 0)},
+		{name: "AllowOpensAFreshWindowOverAStaleOne", seed: window(5, -2*time.Hour, -time.Hour), req: fixed(driver.OpAllow, 2, 5, 0)},
+		{name: "AWindowThatBeginsLaterIsCurrent", seed: window(3, time.Minute, time.Hour), req: fixed(driver.OpAllow, 1, 5, 0)},
+		{name: "AnEmptyWindowIsNotCurrent", seed: window(4, 0, 0), req: fixed(driver.OpAllow, 1, 5, 0)},
+		{name: "ADenialIsTallied", seed: driver.Key{Count: 5, Begin: us(-time.Minute), End: us(time.Minute), Denied: 7}, req: fixed(driver.OpAllow, 1, 5, 0)},
+		{name: "ADenialOfANewKeyIsTallied", req: fixed(driver.OpAllow, 3, 2, 0)},
+		{name: "ADenialSetsThePenalty", seed: window(5, -time.Minute, time.Minute), req: fixed(driver.OpAllow, 1, 5, time.Hour)},
+		{name: "APenaltyIsNotExtended", seed: driver.Key{Count: 1, Begin: us(-time.Minute), End: us(time.Minute), Blocked: us(time.Second), Denied: 1},
+			req: fixed(driver.OpAllow, 1, 5, time.Hour)},
+		{name: "APenaltyThatEndedIsOver", seed: driver.Key{Count: 1, Begin: us(-time.Minute), End: us(time.Minute), Blocked: us(0)},
+			req: fixed(driver.OpAllow, 1, 5, time.Hour)},
+		{name: "PeekWritesNothing", seed: window(5, -time.Minute, time.Minute), req: fixed(driver.OpPeek, 1, 5, time.Hour)},
+		{name: "RefundNeverBelowZero", seed: window(2, -time.Minute, time.Minute), req: fixed(driver.OpRefund, 5, 5, 0)},
+		{name: "RefundOfAStaleWindowDoesNothing", seed: window(2, -time.Hour, -time.Minute), req: fixed(driver.OpRefund, 1, 5, 0)},
+		{name: "ResetForgetsEverything", seed: driver.Key{Count: 2, Begin: us(-time.Minute), End: us(time.Minute), Denied: 3, Blocked: us(time.Hour)},
+			req: fixed(driver.OpReset, 1, 5, 0)},
+		{name: "LifetimeCounts", seed: driver.Key{Count: 4, Begin: us(-time.Hour), End: driver.Forever}, req: fixed(driver.OpAllow, 1, 5, 0)},
+		{name: "SlidingLogsInOrderAndDropsWhatLeft", span: time.Minute.Microseconds(),
+			seed: driver.Key{Log: []int64{us(-2 * time.Minute), us(-30 * time.Second), us(time.Second)}}, req: sliding(driver.OpAllow, 2, 5)},
+		{name: "SlidingDenialNamesWhenRoomComes", span: time.Minute.Microseconds(),
+			seed: driver.Key{Log: []int64{us(-40 * time.Second), us(-20 * time.Second)}}, req: sliding(driver.OpAllow, 2, 3)},
+		{name: "SlidingRefundDropsTheNewest", span: time.Minute.Microseconds(),
+			seed: driver.Key{Log: []int64{us(-40 * time.Second), us(-20 * time.Second), us(-10 * time.Second)}}, req: sliding(driver.OpRefund, 2, 5)},
+		{name: "CountingAWindowDropsASlidingLog", span: time.Minute.Microseconds(),
+			seed: driver.Key{Count: 2, Begin: us(-30 * time.Second), End: us(40 * time.Second), Log: []int64{us(-30 * time.Second), us(-20 * time.Second)}},
+			req:  fixed(driver.OpAllow, 1, 5, 0)},
+		{name: "AcquireDropsExpiredLeases", seed: driver.Key{Leases: map[string]int64{tok('A'): us(-time.Second), tok('B'): us(time.Second)}},
+			req: slot(driver.OpAcquire, tok('C'), 2)},
+		{name: "AcquireDenialIsTalliedAndBlocks", seed: driver.Key{Leases: map[string]int64{tok('A'): us(time.Second), tok('B'): us(2 * time.Second)}},
+			req: slot(driver.OpAcquire, tok('C'), 2)},
+		{name: "ReleaseOfAnExpiredLeaseFreesNothing", seed: driver.Key{Leases: map[string]int64{tok('A'): us(0), tok('B'): us(time.Second)}},
+			req: slot(driver.OpRelease, tok('A'), 2)},
+		{name: "ExtendMovesTheExpiry", seed: driver.Key{Leases: map[string]int64{tok('A'): us(time.Second)}}, req: slot(driver.OpExtend, tok('A'), 2)},
+		{name: "LeasesAndCountsAreApart", seed: driver.Key{Count: 2, Begin: us(-time.Minute), End: us(time.Minute), Leases: map[string]int64{tok('A'): us(time.Second)}},
+			req: slot(driver.OpPeek, "", 1)},
+	}
+}
+
+func stateText(s driver.State) string {
+	t := func(v time.Time) string {
+		if v.IsZero() {
+			return "-"
+		}
+		return v.UTC().Format("15:04:05.000000")
+	}
+	return fmt.Sprintf("{allowed %v used %d [%s, %s) blocked %s free %s}", s.Allowed, s.Used, t(s.Begin), t(s.End), t(s.BlockedUntil), t(s.FreeAt))
+}
+
+// keyText is what must be equal of a key's stored state at now: a sliding
+// log and the leases by what is live, a window only when it is not empty.
+func keyText(k driver.Key, span, now int64) string {
+	var log []int64
+	for _, e := range k.Log {
+		if span > 0 && e > now-span {
+			log = append(log, e)
+		}
+	}
+	var leases []string
+	for t, e := range k.Leases {
+		if e > now {
+			leases = append(leases, fmt.Sprintf("%.4s@%d", t, e))
+		}
+	}
+	slices.Sort(leases)
+	window := "none"
+	if k.Begin < k.End {
+		window = fmt.Sprintf("%d [%d, %d)", k.Count, k.Begin, k.End)
+	}
+	return fmt.Sprintf("{window %s log %v denied %d blocked %d leases %v}", window, log, k.Denied, k.Blocked, leases)
+}
