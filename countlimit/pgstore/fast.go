@@ -19,10 +19,6 @@ import (
 	"github.com/countlimit/countlimit/internal/gather"
 )
 
-// maxAttempts bounds how often one call's statement is sent again after a
-// concurrent transaction created its row (see queries/fast.sql).
-const maxAttempts = 8
-
 // errBusy is the outcome of a group-committed call whose row another
 // transaction holds locked: nothing of it was applied (see AllowBatch in
 // queries/fast.sql).
@@ -96,7 +92,7 @@ func (s *Store) allowOne(ctx context.Context, d DBTX, r *driver.Request, skipLoc
 		UniqueID:   r.ID,
 		Now:        timestamptz(r.Now),
 	}
-	for range maxAttempts {
+	for range gather.MaxAttempts {
 		row, err := s.q.AllowOne(ctx, d, p)
 		if errors.Is(err, pgx.ErrNoRows) {
 			continue // the row was created concurrently: now it is there
@@ -110,7 +106,7 @@ func (s *Store) allowOne(ctx context.Context, d DBTX, r *driver.Request, skipLoc
 		c.State = state(row.Allowed, row.Used, row.WindowBegin, row.WindowEnd, row.BlockedUntil)
 		return nil
 	}
-	return fmt.Errorf("pgstore: row (%s, %s) was created concurrently %d times over", c.UseType, r.ID, maxAttempts)
+	return fmt.Errorf("pgstore: row (%s, %s) was created concurrently %d times over", c.UseType, r.ID, gather.MaxAttempts)
 }
 
 func (s *Store) peekOne(ctx context.Context, d DBTX, r *driver.Request) error {

@@ -42,8 +42,11 @@ const (
 	abandoned
 )
 
-// maxAttempts bounds how often a call is sent again (see Call.Retry).
-const maxAttempts = 8
+// MaxAttempts bounds how often a call is sent again after its row or key
+// was created concurrently (see Call.Retry). pgstore's lone statement keeps
+// to it too, as countlimit_apply and countlimit_acquire do in SQL (their
+// loops of 8): a call that meets a concurrent creation that often fails.
+const MaxAttempts = 8
 
 // Call is one caller's request inside a Batcher. Send functions read Req and
 // report the outcome with Req's check states and Err, or with Retry.
@@ -314,7 +317,7 @@ func (b *Batcher) sendAlone(ctx context.Context, c *Call, req *driver.Request) e
 			}
 			c.retry = false
 			c.attempts++
-			if c.attempts >= maxAttempts {
+			if c.attempts >= MaxAttempts {
 				c.Err = fmt.Errorf("not done after %d attempts", c.attempts)
 				return
 			}
@@ -409,7 +412,7 @@ func (b *Batcher) flushOne() bool {
 		if c.retry && c.Err == nil {
 			c.retry = false
 			c.attempts++
-			if c.attempts < maxAttempts {
+			if c.attempts < MaxAttempts {
 				again = append(again, c)
 				calls[i] = nil
 				continue
