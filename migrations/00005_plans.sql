@@ -156,16 +156,12 @@ ALTER FUNCTION countlimit_acquire(text, text, timestamptz, text, bigint, timesta
 --
 -- Twins: that rule (current, blocked, fits, then the count, window, tally and
 -- penalty written) is spelled out in countlimit_allow_one,
--- countlimit_peek_one, countlimit_allow_batch's fold step and
--- countlimit_allow_distinct's decided below, and again in countlimit_apply
--- (migrations/00002_apply_locking.sql), apply.lua (and fast.lua) and
--- memstore's Store.apply: change one, change them all. storetest.Run, in
--- pgstore's TestConformance, holds them to it, the corners in
--- RollingStartsAtFirstCountedEvent and LateClockReadJoinsWindow (fresh or
--- current window), PenaltyOutlivesWindow, LimitChangedMidWindow and
--- WindowKindChanged; the batch tests (countlimit/pgstore/batch_test.go) check
--- each batch statement against calls made one by one.
---
+-- countlimit_allow_batch's fold step and countlimit_allow_distinct's decided
+-- below, and again in countlimit_apply (migrations/00002_apply_locking.sql),
+-- the Redis scripts and memstore: driver.Apply is the contract as code, and
+-- docs/ARCHITECTURE.md lists every copy and the test that holds it to
+-- Apply (the seeded harness, TestModel, names the copy that drifted).
+
 -- Parameters common to all: p_now is the caller's clock; p_begin_time and
 -- p_window_end bound the window an allowed event opens (p_window_end NULL for a
 -- lifetime window); p_penalty_end is now + Block (NULL when the rule has none).
@@ -357,41 +353,6 @@ BEGIN
         CROSS JOIN LATERAL (SELECT i.allowed OR i.begin_time < coalesce(i.end_time, 'infinity')
             AND coalesce(i.end_time > p_now, true) AS shown) x;
     END IF;
-END
-$fn$;
--- +goose StatementEnd
-
--- countlimit_peek_one answers what countlimit_allow_one would for one event,
--- writing and locking nothing.
--- +goose StatementBegin
-CREATE FUNCTION countlimit_peek_one(
-    p_use_type    text,
-    p_unique_id   text,
-    p_now         timestamptz,
-    p_limit_value bigint,
-    p_begin_time  timestamptz,
-    p_window_end  timestamptz
-) RETURNS TABLE (
-    o_allowed       boolean,
-    o_used          bigint,
-    o_window_begin  timestamptz,
-    o_window_end    timestamptz,
-    o_blocked_until timestamptz
-) LANGUAGE plpgsql STABLE SET enable_seqscan = off AS $fn$
-BEGIN
-    RETURN QUERY
-        SELECT
-            (NOT s.blocked AND u.used < p_limit_value)::boolean AS allowed,
-            u.used::bigint AS used,
-            (CASE WHEN s.cur THEN y.begin_time ELSE p_begin_time END)::timestamptz AS window_begin,
-            (CASE WHEN s.cur THEN y.end_time ELSE p_window_end END)::timestamptz AS window_end,
-            (CASE WHEN s.blocked THEN y.blocked_until END)::timestamptz AS blocked_until
-        FROM (SELECT) AS one
-        LEFT JOIN count_limit y ON y.use_type = p_use_type AND y.unique_id = p_unique_id
-        CROSS JOIN LATERAL (SELECT
-            coalesce(y.begin_time < coalesce(y.end_time, 'infinity') AND coalesce(y.end_time > p_now, true), false) AS cur,
-            coalesce(y.blocked_until > p_now, false) AS blocked) s
-        CROSS JOIN LATERAL (SELECT CASE WHEN s.cur THEN y.already_count ELSE 0 END AS used) u;
 END
 $fn$;
 -- +goose StatementEnd
@@ -961,7 +922,6 @@ DROP FUNCTION countlimit_purge(timestamptz, int);
 DROP FUNCTION countlimit_reset(text, text[]);
 DROP FUNCTION countlimit_allow_distinct(text[], text[], timestamptz[], bigint[], bigint[], timestamptz[], timestamptz[], timestamptz[]);
 DROP FUNCTION countlimit_allow_batch(text[], text[], int[], int[], timestamptz[], bigint[], bigint[], timestamptz[], timestamptz[], timestamptz[]);
-DROP FUNCTION countlimit_peek_one(text, text, timestamptz, bigint, timestamptz, timestamptz);
 DROP FUNCTION countlimit_allow_one(text, text, timestamptz, bigint, bigint, timestamptz, timestamptz, timestamptz, boolean);
 ALTER FUNCTION countlimit_acquire(text, text, timestamptz, text, bigint, timestamptz, timestamptz, boolean) RESET enable_seqscan;
 ALTER FUNCTION countlimit_apply(text, text, timestamptz, bigint, text[], bigint[], timestamptz[], bigint[], bigint[], bigint[]) RESET enable_seqscan;

@@ -15,14 +15,6 @@ SELECT r.o_busy::boolean AS busy, r.o_allowed::boolean AS allowed, r.o_used::big
 FROM countlimit_allow_one(@use_type::text, @unique_id::text, @now::timestamptz, @n::bigint, @limit_value::bigint,
     @begin_time::timestamptz, sqlc.narg(window_end)::timestamptz, sqlc.narg(penalty_end)::timestamptz, @skip_locked::boolean) AS r;
 
--- name: PeekOne :one
--- PeekOne answers what AllowOne would for one event, writing and locking
--- nothing (countlimit_peek_one).
-SELECT r.o_allowed::boolean AS allowed, r.o_used::bigint AS used, r.o_window_begin::timestamptz AS window_begin,
-    r.o_window_end::timestamptz AS window_end, r.o_blocked_until::timestamptz AS blocked_until
-FROM countlimit_peek_one(@use_type::text, @unique_id::text, @now::timestamptz, @limit_value::bigint,
-    @begin_time::timestamptz, sqlc.narg(window_end)::timestamptz) AS r;
-
 -- name: AllowBatch :many
 -- AllowBatch is AllowOne for many calls at once, group commit
 -- (countlimit_allow_batch): keys given once each, sorted; calls refer to

@@ -61,11 +61,12 @@ func locked(r *driver.Request, err error) error {
 	return fmt.Errorf("%w (%s, %s): %w", countlimit.ErrLocked, r.Checks[0].UseType, r.ID, err)
 }
 
-// fast reports whether r takes the plain-SQL path: one rule whose window is
-// not sliding, allowed or peeked.
+// fast reports whether r takes the fast path: an allow of one rule whose
+// window is not sliding. Every other call goes to countlimit_apply (a peek
+// too: docs/benchmarks.md has what a statement of its own saved, and it
+// was not worth another copy of the decision).
 func fast(r *driver.Request) bool {
-	return len(r.Checks) == 1 && r.Checks[0].Span == 0 &&
-		(r.Op == driver.OpAllow || r.Op == driver.OpPeek)
+	return len(r.Checks) == 1 && r.Checks[0].Span == 0 && r.Op == driver.OpAllow
 }
 
 // penaltyEnd is when a denial of c at now would end its penalty, or zero.
@@ -107,23 +108,6 @@ func (s *Store) allowOne(ctx context.Context, d DBTX, r *driver.Request, skipLoc
 		return nil
 	}
 	return fmt.Errorf("pgstore: row (%s, %s) was created concurrently %d times over", c.UseType, r.ID, gather.MaxAttempts)
-}
-
-func (s *Store) peekOne(ctx context.Context, d DBTX, r *driver.Request) error {
-	c := &r.Checks[0]
-	row, err := s.q.PeekOne(ctx, d, db.PeekOneParams{
-		LimitValue: c.Limit,
-		BeginTime:  timestamptz(c.Begin),
-		WindowEnd:  nullTime(c.End),
-		UseType:    string(c.UseType),
-		UniqueID:   r.ID,
-		Now:        timestamptz(r.Now),
-	})
-	if err != nil {
-		return err
-	}
-	c.State = state(row.Allowed, row.Used, row.WindowBegin, row.WindowEnd, row.BlockedUntil)
-	return nil
 }
 
 // state is a State from a statement's columns. For a Concurrent check,

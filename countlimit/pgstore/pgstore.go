@@ -168,8 +168,6 @@ func (s *Store) do(ctx context.Context, d DBTX, r *driver.Request, batch bool) e
 		return s.lease(ctx, d, r)
 	case !fast(r):
 		return s.apply(ctx, d, r)
-	case r.Op == driver.OpPeek:
-		return s.peekOne(ctx, d, r)
 	case batch && s.gather != nil:
 		return s.gathered(ctx, r)
 	}
