@@ -5,16 +5,7 @@ package faulttest
 import (
 	"context"
 	"errors"
-	"fmt"
-	"os"
-	"os/exec"
-	"os/user"
-	"path/filepath"
 	"runtime"
-	"slices"
-	"strconv"
-	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -25,6 +16,7 @@ import (
 	"github.com/countlimit/countlimit/countlimit/pgstore"
 	"github.com/countlimit/countlimit/internal/gather"
 	"github.com/countlimit/countlimit/internal/testbackend"
+	"github.com/countlimit/countlimit/internal/testenv/pgcluster"
 )
 
 // appName marks the pool's connections, so a fault kills those and no others.
@@ -95,143 +87,25 @@ func TestPostgres(t *testing.T) {
 	checkGoroutines(t, base)
 }
 
-// pgServer is a PostgreSQL cluster of the test's own, in a temporary
-// directory, on a free loopback port.
-type pgServer struct {
-	bin  string // where initdb, pg_ctl and postgres are
-	dir  string // the cluster's directory: data/, the socket, the log
-	port int
-	cred *syscall.Credential // the postgres user's, when running as root
-}
+// pgServer is a PostgreSQL cluster of the test's own (pgcluster), durable
+// as a production server is.
+type pgServer struct{ *pgcluster.Cluster }
 
 // startPostgres creates and starts a cluster, stopped and removed when t
 // ends. It skips t (fails it when backends are required) without the binaries.
 func startPostgres(t *testing.T) *pgServer {
 	t.Helper()
-	bin, err := postgresBin()
+	bin, err := pgcluster.Bin()
 	if err != nil {
 		testbackend.Unavailable(t, "PostgreSQL server binaries", err)
 	}
-	s := &pgServer{bin: bin, port: freePort(t)}
-	uid, gid := -1, -1
-	if os.Geteuid() == 0 {
-		// initdb and postgres refuse to run as root.
-		u, err := user.Lookup("postgres")
-		if err != nil {
-			testbackend.Unavailable(t, "the postgres user (initdb refuses to run as root)", err)
-		}
-		uid, _ = strconv.Atoi(u.Uid)
-		gid, _ = strconv.Atoi(u.Gid)
-		s.cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
-	}
-	// Not t.TempDir: its parent is root's and closed to the postgres user.
-	s.dir, err = os.MkdirTemp("", "countlimit-fault-pg-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(s.dir) })
-	if s.cred != nil {
-		if err := os.Chown(s.dir, uid, gid); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := s.run("initdb", "-D", s.data(), "-U", "postgres", "-A", "trust", "-E", "UTF8", "--locale=C", "--no-sync"); err != nil {
-		t.Fatal(err)
-	}
-	conf := fmt.Sprintf(`
-port = %d
-listen_addresses = '127.0.0.1'
-unix_socket_directories = '%s'
-fsync = on
-synchronous_commit = on
-max_connections = 50
-`, s.port, s.dir)
-	f, err := os.OpenFile(filepath.Join(s.data(), "postgresql.conf"), os.O_APPEND|os.O_WRONLY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = f.WriteString(conf)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			s.logTail(t, 40)
-		}
-		if err := s.run("pg_ctl", "stop", "-D", s.data(), "-w", "-m", "immediate"); err != nil {
-			t.Logf("stopping PostgreSQL: %v", err)
-		}
-	})
-	s.ctl(t, "start")
-	return s
+	return &pgServer{pgcluster.Start(t, bin, "fsync = on\nsynchronous_commit = on\nmax_connections = 50")}
 }
 
-// postgresBin finds the directory of initdb, pg_ctl and postgres:
-// "pg_config --bindir", else the newest /usr/lib/postgresql/*/bin.
-func postgresBin() (string, error) {
-	var dirs []string
-	if out, err := exec.Command("pg_config", "--bindir").Output(); err == nil {
-		dirs = append(dirs, strings.TrimSpace(string(out)))
-	}
-	found, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
-	slices.SortFunc(found, func(a, b string) int { return pgMajor(b) - pgMajor(a) })
-	dirs = append(dirs, found...)
-	for _, d := range dirs {
-		ok := true
-		for _, name := range []string{"initdb", "pg_ctl", "postgres"} {
-			if _, err := os.Stat(filepath.Join(d, name)); err != nil {
-				ok = false
-			}
-		}
-		if ok {
-			return d, nil
-		}
-	}
-	return "", errors.New("no initdb, pg_ctl and postgres in `pg_config --bindir` or /usr/lib/postgresql/*/bin")
-}
-
-// pgMajor is the major version in /usr/lib/postgresql/<version>/bin.
-func pgMajor(dir string) int {
-	v, _ := strconv.Atoi(strings.SplitN(filepath.Base(filepath.Dir(dir)), ".", 2)[0])
-	return v
-}
-
-func (s *pgServer) data() string { return filepath.Join(s.dir, "data") }
-
-func (s *pgServer) url(app string) string {
-	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable&application_name=%s", s.port, app)
-}
-
-// run runs one of the server's programs as the postgres user.
-func (s *pgServer) run(name string, args ...string) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, filepath.Join(s.bin, name), args...)
-	cmd.Dir = s.dir
-	cmd.Env = append(os.Environ(), "LC_ALL=C")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: s.cred}
-	// The postmaster pg_ctl leaves running must not hold our pipes open.
-	cmd.WaitDelay = 5 * time.Second
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("%s %s: %w\n%s", name, strings.Join(args, " "), err, out)
-	}
-	return nil
-}
+func (s *pgServer) url(app string) string { return s.URL("postgres") + "&application_name=" + app }
 
 // ctl runs pg_ctl start, stop or restart and waits for it to finish.
-func (s *pgServer) ctl(t *testing.T, action string, args ...string) {
-	t.Helper()
-	args = append([]string{action, "-D", s.data(), "-w", "-t", "60"}, args...)
-	if action != "stop" {
-		args = append(args, "-l", filepath.Join(s.dir, "postgres.log"))
-	}
-	if err := s.run("pg_ctl", args...); err != nil {
-		t.Fatal(err)
-	}
-}
+func (s *pgServer) ctl(t *testing.T, action string, args ...string) { s.Ctl(t, action, args...) }
 
 // admin opens a connection of its own, outside the pool under test.
 func (s *pgServer) admin(ctx context.Context) (*pgx.Conn, error) {
@@ -317,14 +191,4 @@ func (s *pgServer) counts(ctx context.Context, ut countlimit.UseType, ids []stri
 		out[id] = n
 	}
 	return out, rows.Err()
-}
-
-func (s *pgServer) logTail(t *testing.T, n int) {
-	t.Helper()
-	b, err := os.ReadFile(filepath.Join(s.dir, "postgres.log"))
-	if err != nil {
-		return
-	}
-	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
-	t.Logf("PostgreSQL log, last lines:\n%s", strings.Join(lines[max(0, len(lines)-n):], "\n"))
 }

@@ -127,10 +127,21 @@ func Start(t testing.TB, bin, conf string) *Cluster {
 			t.Logf("stopping PostgreSQL: %v", err)
 		}
 	})
-	if err := c.run("pg_ctl", "start", "-D", c.data(), "-w", "-t", "60", "-l", c.logFile()); err != nil {
+	c.Ctl(t, "start")
+	return c
+}
+
+// Ctl runs pg_ctl start, stop or restart (with args such as "-m", "fast")
+// and waits for it to finish: a test's outage or restart.
+func (c *Cluster) Ctl(t testing.TB, action string, args ...string) {
+	t.Helper()
+	args = append([]string{action, "-D", c.data(), "-w", "-t", "60"}, args...)
+	if action != "stop" {
+		args = append(args, "-l", c.logFile())
+	}
+	if err := c.run("pg_ctl", args...); err != nil {
 		t.Fatal(err)
 	}
-	return c
 }
 
 // URL returns the URL of database on the cluster, as the postgres user.
