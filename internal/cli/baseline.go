@@ -177,7 +177,7 @@ func benchBaseline(ctx context.Context, url string, callers []int, d time.Durati
 				}
 			}
 			head := fmt.Sprintf(row, "callers", "ids", "upsert/s", "Allow/s", "ratio", "upsert p50", "Allow p50", "upsert p99", "Allow p99")
-			fmt.Fprintf(out.human, "%s%24s\n", strings.TrimSuffix(head, "\n"), "Allow/s, 1st → 5th fifth")
+			fmt.Fprintf(out.human, "%s%26s\n", strings.TrimSuffix(head, "\n"), "Allow/s, 1st → 5th fifth")
 			for _, c := range callers {
 				cells = append(cells, baselineCell{c, false})
 			}
@@ -260,7 +260,7 @@ func benchBaseline(ctx context.Context, url string, callers []int, d time.Durati
 			if mode == rowsNew {
 				first, last := ours.fifths()
 				or.FirstFifthPerSecond, or.LastFifthPerSecond = first, last
-				line = strings.TrimSuffix(line, "\n") + fmt.Sprintf("%24s\n", fmt.Sprintf("%.0f → %.0f", first, last))
+				line = strings.TrimSuffix(line, "\n") + fmt.Sprintf("%26s\n", fmt.Sprintf("%.0f → %.0f", first, last))
 			}
 			out.report.Runs = append(out.report.Runs, br, or)
 			fmt.Fprint(out.human, line)
