@@ -3,75 +3,105 @@
 -- CheckLimit). It decides as apply.lua does for such a call, in straight
 -- code without apply.lua's tables, loops and branches for other ops and
 -- for logs, and counts an event in the current window under an unchanged
--- limit with one HINCRBY instead of rewriting four fields: about a third
--- less Redis CPU a call. Twins: apply.lua (and with it countlimit_apply,
--- queries/fast.sql and memstore's Store.apply): change one, change them
--- all. storetest.Run, in TestConformance, sends every single-rule Allow
--- here and every other call to apply.lua, on the same keys.
+-- limit with one HINCRBY instead of rewriting four fields. Twins: apply.lua
+-- (and with it countlimit_apply, queries/fast.sql and memstore's
+-- Store.apply): change one, change them all. storetest.Run, in
+-- TestConformance, sends every single-rule Allow here and every other call
+-- to apply.lua, on the same keys.
 --
 -- One script may carry many such calls (a pipeline's, on one server): they
 -- are applied one after another, in order, each to the hash as the one
 -- before left it, exactly as if each were a script of its own, and share
--- one reply key and the script's fixed cost.
+-- the script's fixed cost.
 --
 -- KEYS: for each call its counter hash and its sliding log (deleted when a
--- log is there: counting with another kind of window drops it); last, the
--- reply key.
--- ARGV: reply TTL (ms), then for each call: now (µs), n, limit, begin (µs),
--- length (µs; 0 = lifetime), block (µs; 0 = none).
+-- log is there: counting with another kind of window drops it).
+-- ARGV: the script's token, its attempt ('0' the first time the command is
+-- written to a connection, '1' when go-redis sends it again), then for each
+-- call: now (µs), n, limit, begin (µs), length (µs; 0 = lifetime), block
+-- (µs; 0 = none).
 -- Returns apply.lua's reply for each call, one after another: {used,
--- begin, end, blocked_until, NONE, verdict}; and keeps it under the reply
--- key, as apply.lua does, when a call counted (with the replies of the
--- script's other calls, denials too). A call of many whose keys hold
--- something the script cannot read or write (a hash key made a string, a
--- field that is not a number; a hand edit) fails before it writes
--- anything: each branch's first write is the only one that can fail. Its
--- verdict is then -1 and it changed nothing, so the caller sends it again
--- alone, to get the error. A script of one call fails with that error.
+-- begin, end, blocked_until, NONE, verdict}.
+--
+-- Lost replies. Every hash a call writes keeps the script's token in its
+-- field r: the token when the call counted, '-' and the token when it was
+-- denied (apply.lua keeps its own there, so r always names the last script
+-- that wrote the hash). A call whose hash still names this script was
+-- applied by an earlier attempt of it, and nothing has written that hash
+-- since, so the hash is as that call left it and its reply is read back
+-- from it instead of applying the call again. Every hash is read before
+-- anything is written, so a repeat is known before it could count twice.
+-- A repeat that finds none of its hashes naming it cannot tell a script
+-- that never ran from one whose records were overwritten since: its calls
+-- then answer verdict -2 (lost) and change nothing, and the caller reports
+-- the call as failed (it may have counted), never as counted twice. Token
+-- '0' turns this off (a test shows what it protects against).
+--
+-- A call of many whose keys hold something the script cannot read or write
+-- (a hash key made a string, a field that is not a number; a hand edit)
+-- fails before it writes anything: each branch's first write is the only
+-- one that can fail. Its verdict is then -1 and it changed nothing, so the
+-- caller sends it again alone, to get the error. A script of one call fails
+-- with that error.
 local NONE = -9007199254740992 -- -2^53: no time
+local tok, repeated = ARGV[1], ARGV[2] == '1'
+local guard = tok ~= '0'
+local denied = '-' .. tok
+local FIELDS = {'c', 'b', 'e', 'x', 's', 'l', 'r'}
 
--- allow applies the call whose hash is h, log lg and arguments ARGV[a..a+5]
--- and returns its reply's values.
-local function allow(h, lg, a)
-  local now, n, limit = tonumber(ARGV[a]), tonumber(ARGV[a+1]), tonumber(ARGV[a+2])
-  local f = redis.call('HMGET', h, 'c', 'b', 'e', 'x', 's', 'l')
-  local exists = f[2] ~= false
-  local b, e, x = tonumber(f[2]), tonumber(f[3]), tonumber(f[4])
-  -- The hash's TTL now: the later of e and x (apply.lua's oldat).
-  local oldat = e
-  if e ~= nil and x ~= nil and x > e then oldat = x end
+-- decide works out the call whose fields are f and arguments ARGV[a..a+5]
+-- as the hash stands, writing nothing.
+local function decide(f, a)
+  local now, n = tonumber(ARGV[a]), tonumber(ARGV[a+1])
+  local b, e, x = f[2], f[3], f[4]
+  local exists = b ~= false
+  if e then e = tonumber(e) else e = nil end
+  if x then x = tonumber(x) else x = nil end
   local blocked
   if x ~= nil and x > now then blocked = x end
-
   -- Current: not empty, not over (begin is not compared with now).
-  local cur = exists and (e == nil or (b < e and e > now))
-  local used, wb, we = 0, tonumber(ARGV[a+3]), nil
+  local used, wb, we, cur = 0, nil, nil, false
+  if exists then
+    b = tonumber(b)
+    cur = e == nil or (b < e and e > now)
+  end
   if cur then
     used, wb, we = tonumber(f[1]), b, e
   else
+    wb = tonumber(ARGV[a+3])
     local len = tonumber(ARGV[a+4])
     if len > 0 then we = wb + len end
   end
+  local ok = blocked == nil and n <= tonumber(ARGV[a+2]) - used
+  return ok, now, n, exists, cur, e, x, blocked, used, wb, we
+end
 
-  local ok = blocked == nil and n <= limit - used
+-- allow applies the call whose hash is h, log lg, fields f and arguments
+-- ARGV[a..a+5] and returns its reply's values.
+local function allow(h, lg, f, a)
+  local ok, now, n, exists, cur, e, x, blocked, used, wb, we = decide(f, a)
+  -- The hash's TTL now: the later of e and x (apply.lua's oldat).
+  local oldat = e
+  if e ~= nil and x ~= nil and x > e then oldat = x end
   if ok then
     used = used + n
     if cur and f[6] == ARGV[a+2] and not f[5] then
       -- One more in the current window, the limit as last applied: the
       -- window, the limit and the TTL stay as they are.
       redis.call('HINCRBY', h, 'c', n)
+      redis.call('HSET', h, 'r', tok)
+      return used, wb, we or NONE, NONE, 1
+    end
+    if f[5] then
+      redis.call('DEL', lg)
+      redis.call('HDEL', h, 's')
+    end
+    if we == nil then
+      redis.call('HSET', h, 'c', string.format('%.0f', used), 'b', string.format('%.0f', wb), 'l', ARGV[a+2], 'r', tok)
+      if e ~= nil then redis.call('HDEL', h, 'e') end
     else
-      if f[5] then
-        redis.call('DEL', lg)
-        redis.call('HDEL', h, 's')
-      end
-      if we == nil then
-        redis.call('HSET', h, 'c', string.format('%.0f', used), 'b', string.format('%.0f', wb), 'l', ARGV[a+2])
-        if e ~= nil then redis.call('HDEL', h, 'e') end
-      else
-        redis.call('HSET', h, 'c', string.format('%.0f', used), 'b', string.format('%.0f', wb),
-          'e', string.format('%.0f', we), 'l', ARGV[a+2])
-      end
+      redis.call('HSET', h, 'c', string.format('%.0f', used), 'b', string.format('%.0f', wb),
+        'e', string.format('%.0f', we), 'l', ARGV[a+2], 'r', tok)
     end
     e = we
   else
@@ -79,10 +109,10 @@ local function allow(h, lg, a)
     -- that is not an integer), before any other.
     redis.call('HINCRBY', h, 'd', 1)
     if exists then
-      redis.call('HSET', h, 'l', ARGV[a+2])
+      redis.call('HSET', h, 'l', ARGV[a+2], 'r', denied)
     else
       -- An empty window (begin = end) that only a counted event opens.
-      redis.call('HSET', h, 'l', ARGV[a+2], 'b', ARGV[a], 'e', ARGV[a], 'c', '0')
+      redis.call('HSET', h, 'l', ARGV[a+2], 'b', ARGV[a], 'e', ARGV[a], 'c', '0', 'r', denied)
       e = now
     end
     local block = tonumber(ARGV[a+5])
@@ -106,32 +136,83 @@ local function allow(h, lg, a)
       redis.call('PEXPIRE', h, ms)
     end
   end
-  return used, wb or NONE, we or NONE, blocked or NONE, ok
+  return used, wb or NONE, we or NONE, blocked or NONE, ok and 1 or 0
 end
 
-local reply = KEYS[#KEYS]
-local done = redis.call('GET', reply)
-if done then return cmsgpack.unpack(done) end
+-- again answers, without writing, the call whose hash is as this script
+-- left it (fields f, record r) from an earlier attempt.
+local function again(f, a, r)
+  if r == tok then
+    -- Counted: the hash holds the count, the window and the limit it
+    -- left; a counted call was not blocked.
+    local e = NONE
+    if f[3] then e = tonumber(f[3]) end
+    return tonumber(f[1]), tonumber(f[2]), e, NONE, 1
+  end
+  -- Denied: the same hash and arguments decide the same way again (the
+  -- penalty it set blocks it, the empty window it opened is not current).
+  local ok, _, _, _, _, _, _, blocked, used, wb, we = decide(f, a)
+  return used, wb, we or NONE, blocked or NONE, ok and 1 or 0
+end
 
-local calls = (#KEYS - 1) / 2
-local out, counted = {}, false
+local calls = #KEYS / 2
+if calls == 1 then
+  local f = redis.call('HMGET', KEYS[1], unpack(FIELDS))
+  local used, wb, we, blocked, v
+  if guard and (f[7] == tok or f[7] == denied) then
+    used, wb, we, blocked, v = again(f, 3, f[7])
+  elseif guard and repeated then
+    return {0, NONE, NONE, NONE, NONE, -2}
+  else
+    used, wb, we, blocked, v = allow(KEYS[1], KEYS[2], f, 3)
+  end
+  return {used, wb, we, blocked, NONE, v}
+end
+
+-- Many calls: every hash is read first, so that a repeat is known before
+-- anything is written. A hash read again after a call of this script
+-- wrote it (two calls of one id) is read anew. A key that is no hash
+-- fails its call alone (verdict -1, below).
+local fs, last, seen = {}, {}, false
 for i = 1, calls do
-  local o, a = 6 * (i - 1), 2 + 6 * (i - 1)
-  local fine, used, wb, we, blocked, ok = true
-  if calls == 1 then
-    used, wb, we, blocked, ok = allow(KEYS[1], KEYS[2], a)
-  else
-    fine, used, wb, we, blocked, ok = pcall(allow, KEYS[2 * i - 1], KEYS[2 * i], a)
+  local h = KEYS[2 * i - 1]
+  local f = redis.pcall('HMGET', h, unpack(FIELDS))
+  fs[i] = f
+  if guard and (f[7] == tok or f[7] == denied) then seen = true end
+  last[h] = i
+end
+
+local out = {}
+local function put(i, used, wb, we, blocked, v)
+  local o = 6 * (i - 1)
+  out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5], out[o + 6] = used, wb, we, blocked, NONE, v
+end
+if seen or (guard and repeated) then
+  for i = 1, calls do
+    local f = fs[i]
+    -- A hash that a later call of this script wrote holds that call's
+    -- outcome, not this one's: lost, as a hash written since would be.
+    if seen and last[KEYS[2 * i - 1]] == i and (f[7] == tok or f[7] == denied) then
+      put(i, again(f, 6 * i - 3, f[7]))
+    else
+      put(i, 0, NONE, NONE, NONE, -2)
+    end
   end
+  return out
+end
+
+local written = {}
+for i = 1, calls do
+  local h, a = KEYS[2 * i - 1], 6 * i - 3
+  local f = fs[i]
+  if written[h] then f = redis.pcall('HMGET', h, unpack(FIELDS)) end
+  local fine, used, wb, we, blocked, ok = false
+  if not f.err then fine, used, wb, we, blocked, ok = pcall(allow, h, KEYS[2 * i], f, a) end
   if fine then
-    out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5], out[o + 6] =
-      used, wb, we, blocked, NONE, ok and 1 or 0
-    counted = counted or ok
+    put(i, used, wb, we, blocked, ok)
+    written[h] = true
   else
-    out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5], out[o + 6] = 0, NONE, NONE, NONE, NONE, -1
+    put(i, 0, NONE, NONE, NONE, -1)
   end
 end
--- As in apply.lua, a denial alone is not remembered: its repeat counts
--- nothing either.
-if counted then redis.call('SET', reply, cmsgpack.pack(out), 'PX', ARGV[1]) end
 return out

@@ -85,14 +85,14 @@ func (h *pipeHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 }
 
 // callsIn returns how many calls a command carries: a fast.lua script
-// may carry several (KEYS: two a call, then the reply key), any other one.
+// may carry several (KEYS: two a call), any other one.
 func callsIn(cmd redis.Cmder) int {
 	args := cmd.Args()
 	if len(args) < 3 || (args[1] != fastScript.Hash() && args[1] != redisstore.FastSource) {
 		return 1
 	}
 	nkeys, _ := args[2].(int)
-	return (nkeys - 1) / 2
+	return nkeys / 2
 }
 
 var fastScript = redis.NewScript(redisstore.FastSource)

@@ -51,10 +51,9 @@
 // the pipeline's fast-path calls, Allows of one rule that is not sliding,
 // go as one fast.lua script that applies them one after another, in the
 // order they came, each exactly as a script of its own would: the script's
-// fixed cost, its arguments' framing and its lost-reply memo are paid once
-// for them all. At 64 callers Redis spent 11-12 µs of CPU an Allow against
-// 18-19 with a script a call, and did 1.6 times the Allows a second
-// (2026-11-26; see docs/benchmarks.md, "Redis"). Every other call, every request of a Do of
+// fixed cost and its arguments' framing are paid once for them all, which
+// is most of what Redis spends on a call when calls are many (see
+// docs/benchmarks.md, "Redis"). Every other call, every request of a Do of
 // several, and every call on a Cluster or a Ring, whose keys live on
 // different nodes, is its own script. A server that refuses a combined
 // script whose keys span slots (CROSSSLOT, MOVED: a Cluster node reached
@@ -81,23 +80,46 @@
 // A lost reply never counts twice. go-redis sends a command, or a whole
 // pipeline, again when its connection breaks (3 retries by default), and a
 // script may have run before the reply was lost: a blind repeat would count
-// an event twice, refund twice, or reset away a count made in between. So
-// every write (Allow, Refund, Reset; not Peek) names a key unique to the
-// call, "countlimit:{<id>}:reply:<token>" (a random prefix per process and a
-// counter), in the id's slot; a combined fast.lua script names one for all
-// its calls. The script keeps its reply there for 20 s (one SET PX) and
-// answers a repeat with that reply instead of running again.
-// This holds whatever the client's retry settings, on a single server,
-// Sentinel or Cluster: the reply is written, and replicated, with the counts
-// it describes. (Turning retries off instead is the client's setting, not
-// the store's, and turns every broken connection into an error.) So that no
-// repeat comes after its reply is gone, a pipeline gives up 10 s after it is
-// sent, whatever its callers' contexts allow. A denial is not remembered:
-// its repeat counts nothing either. The price is a GET and a SET in the
-// script, about 4 µs of Redis CPU per script (of some 13 µs for the whole
-// of apply.lua on a quiet machine), and a short-lived key of about 150
-// bytes per counted script: at most some 3 MB of Redis memory per 1,000
-// counted writes a second, less when calls are combined.
+// an event twice, refund twice, or reset away a count made in between.
+//
+// So every script that writes a counter leaves its token, a number of 32
+// bits drawn for it, in field r of each hash it writes (fast.lua's header
+// says how; a denial leaves it too), overwriting the token of the script
+// before. This costs no key and no command of its own: the field is read
+// with the hash and written with the count. Each script also carries its
+// attempt, an argument go-redis writes anew each time it sends the
+// command, so the script knows whether it may have run before. It reads
+// every hash before it writes any, and:
+//
+//   - finds its token in a hash: it ran before, and nothing has written
+//     that hash since, so the hash is as the call left it. The call is not
+//     applied again; its reply is read back from the hash (fast.lua) or
+//     from the packed reply kept beside the token (apply.lua).
+//   - finds it nowhere, on a first attempt: it runs.
+//   - finds it nowhere, on a repeat: it cannot tell a script that never ran
+//     from one whose hashes another call wrote since, so it changes nothing
+//     and the call fails with countlimit.ErrUnavailable: it may have
+//     counted once, never twice.
+//
+// A repeat is recognised, then, while nothing else has written the hash
+// (for AllowAll, the first hash it wrote): on an id of its own, a retry
+// milliseconds later finds its record; on an id that many callers share,
+// the retry of a call whose reply was lost mostly fails instead. Reset
+// deletes the hashes, so it keeps its reply under a key of its own,
+// "countlimit:{<id>}:reply:<token>" in the id's slot, for 20 s, and a
+// pipeline gives up 10 s after it is sent, whatever its callers' contexts
+// allow, so that no repeat of a Reset comes after its reply is gone. This
+// holds whatever the client's retry settings, on a single server, Sentinel
+// or Cluster: the record is written, and replicated, with the counts it
+// describes. (Turning retries off instead is the client's setting, not the
+// store's, and turns every broken connection into an error.)
+//
+// Hashes written before records existed hold no field r and are read as
+// before; a process of the version before (a reply key per write) and one
+// of this version may share a Redis during a rolling upgrade, but the
+// older one does not update r, so a repeat of the newer one's call that
+// only the older one wrote over in between is answered with the hash as
+// the older one left it: counted once, with a Used that may be too high.
 //
 // Lease operations keep no reply: the lease's token makes a repeat harmless.
 // A repeated Acquire finds its token and answers allowed without taking a
@@ -123,6 +145,7 @@ import (
 	"crypto/rand"
 	_ "embed"
 	"encoding/base64"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"strconv"
@@ -154,7 +177,7 @@ var (
 )
 
 const (
-	// replyTTL is how long a write's reply is kept for a repeat of the call.
+	// replyTTL is how long a Reset's reply is kept for a repeat of the call.
 	replyTTL = 20 * time.Second
 	// maxCall bounds a pipeline, and so the last repeat go-redis may send,
 	// well inside replyTTL (the margin covers a reconnect's handshake).
@@ -167,12 +190,20 @@ var (
 	applySHA any = applyScript.Hash()
 	fastSHA  any = fastScript.Hash()
 	resetSHA any = resetScript.Hash()
+	noToken  any = "0"
 	opArg        = [...]any{countlimit.OpAllow: "allow", countlimit.OpPeek: "peek", countlimit.OpRefund: "refund", countlimit.OpReset: "reset"}
 )
 
 var (
 	callPrefix = newCallPrefix()
 	callSeq    atomic.Uint64
+	// tokenSeq numbers the scripts that write counters (see token). It
+	// starts at a random place, so that two processes seldom use the same
+	// numbers at the same time.
+	tokenSeq = newTokenSeq()
+	// unguarded turns the lost-reply records off, for a test that shows
+	// what they protect against.
+	unguarded atomic.Bool
 )
 
 // newCallPrefix returns 72 random bits: calls from two processes never
@@ -182,6 +213,59 @@ func newCallPrefix() string {
 	_, _ = rand.Read(b[:]) // never fails (it crashes the program instead)
 	return base64.RawURLEncoding.EncodeToString(b[:])
 }
+
+func newTokenSeq() *atomic.Uint32 {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	var seq atomic.Uint32
+	seq.Store(binary.LittleEndian.Uint32(b[:]))
+	return &seq
+}
+
+// token returns the next script's token: a number of 32 bits, which the
+// hashes it writes keep in their field r (see fast.lua). It is never 0,
+// which turns the records off. A repeat is recognised by its token in a
+// hash that nothing else wrote since, so a token only has to differ from
+// the few that wrote the same hash around the same time: the chance that a
+// retry meets its own number written by someone else is 2^-32.
+func token() any {
+	if unguarded.Load() {
+		return noToken
+	}
+	for {
+		if t := tokenSeq.Add(1); t != 0 {
+			return strconv.FormatUint(uint64(t), 10)
+		}
+	}
+}
+
+// attempt is a script's argument that tells it whether go-redis is sending
+// the command for the first time: go-redis writes an argument that is an
+// encoding.BinaryMarshaler by calling MarshalBinary each time it writes the
+// command to a connection, once more for each retry. A script sent again
+// may have run already, and then may only answer from its records.
+type attempt struct{ writes atomic.Int32 }
+
+var (
+	firstAttempt = []byte("0")
+	laterAttempt = []byte("1")
+)
+
+// MarshalBinary implements encoding.BinaryMarshaler: "0" the first time,
+// "1" after.
+func (a *attempt) MarshalBinary() ([]byte, error) {
+	if a.writes.Add(1) == 1 {
+		return firstAttempt, nil
+	}
+	return laterAttempt, nil
+}
+
+// String keeps a command's printed form (logs, hooks) from counting as a write.
+func (a *attempt) String() string { return "attempt" }
+
+// errLost is a repeat's answer when its first attempt's outcome cannot be
+// told: it may have counted, and is not counted again.
+var errLost = errors.New("the reply to an earlier attempt was lost and its outcome cannot be told: it may have counted")
 
 // Store is a countlimit.Store on Redis. It is safe for concurrent use.
 type Store struct {
@@ -413,9 +497,8 @@ func (s *Store) run(ctx context.Context, calls []*gather.Call, combine bool) {
 
 // refused reports whether the server refused cmd, a combined fast.lua
 // script, as a whole with an error of its own: the script then applied
-// nothing (each of its calls fails inside it on its own; the only writes
-// outside them, the reply kept, cannot fail once a call has written), and
-// its calls can go again alone. A server that wants a script's keys in one
+// nothing (each of its calls fails inside it on its own, and it writes
+// nothing outside them), and its calls can go again alone. A server that wants a script's keys in one
 // slot (a Cluster node, or a proxy that checks) turns combining off for
 // good.
 func (s *Store) refused(cmd redis.Cmder) bool {
@@ -506,19 +589,20 @@ func command(ctx context.Context, r *countlimit.Request) redis.Cmder {
 	if isFast(r) {
 		return fastCommand(ctx, r)
 	}
+	reset := r.Op == countlimit.OpReset
 	nkeys := 2 * len(r.Checks)
-	if r.Op != countlimit.OpPeek {
+	if reset {
 		nkeys++
 	}
-	nargs := 4 + 5*len(r.Checks)
-	if r.Op == countlimit.OpReset {
+	nargs := 5 + 5*len(r.Checks)
+	if reset {
 		nargs = 1
 	}
 	args := make([]any, 3, 3+nkeys+nargs)
 	args[0], args[2] = "evalsha", nkeys
-	args = appendKeys(args, r, r.Op != countlimit.OpPeek)
+	args = appendKeys(args, r, reset)
 	var cmd redis.Cmder
-	if r.Op == countlimit.OpReset {
+	if reset {
 		args[1] = resetSHA
 		args = withLeaseKeys(args, r)
 		args = append(args, replyMS)
@@ -527,7 +611,11 @@ func command(ctx context.Context, r *countlimit.Request) redis.Cmder {
 		cmd = c
 	} else {
 		args[1] = applySHA
-		args = append(args, opArg[r.Op], r.Now.UnixMicro(), r.N, replyMS)
+		tok := noToken
+		if r.Op != countlimit.OpPeek {
+			tok = token()
+		}
+		args = append(args, opArg[r.Op], r.Now.UnixMicro(), r.N, tok, &attempt{})
 		for i := range r.Checks {
 			c := &r.Checks[i]
 			begin, length := wire.Window(c)
@@ -547,20 +635,14 @@ func isFast(r *countlimit.Request) bool {
 }
 
 // fastCommand is fast.lua's EVALSHA for rs, Allows of one rule that is not
-// sliding, applied in order: one reply key for them all, in the slot of
-// the first one's id.
+// sliding, applied in order under one token.
 func fastCommand(ctx context.Context, rs ...*countlimit.Request) redis.Cmder {
 	args := make([]any, 3, 3+2*len(rs)+2+6*len(rs))
-	args[0], args[1], args[2] = "evalsha", fastSHA, 2*len(rs)+1
-	if len(rs) == 1 {
-		args = appendKeys(args, rs[0], true)
-	} else {
-		for _, r := range rs {
-			args = appendKeys(args, r, false)
-		}
-		args = append(args, replyKey(escape(rs[0].ID)))
+	args[0], args[1], args[2] = "evalsha", fastSHA, 2*len(rs)
+	for _, r := range rs {
+		args = appendKeys(args, r, false)
 	}
-	args = append(args, replyMS)
+	args = append(args, token(), &attempt{})
 	for _, r := range rs {
 		c := &r.Checks[0]
 		begin, length := wire.Window(c)
@@ -572,8 +654,8 @@ func fastCommand(ctx context.Context, rs ...*countlimit.Request) redis.Cmder {
 }
 
 // appendKeys appends r's keys to args: each check's counter and log, then,
-// when reply is set, a reply key for the call (see the package doc), in the
-// id's slot. No Key starts with "countlimit:{": a use type is never empty.
+// when reply is set (a Reset), a reply key for the call (see the package
+// doc), in the id's slot. No Key starts with "countlimit:{": a use type is never empty.
 // The keys are cut from one string, one allocation.
 func appendKeys(args []any, r *countlimit.Request, reply bool) []any {
 	id := escape(r.ID)
@@ -611,16 +693,6 @@ func appendKeys(args []any, r *countlimit.Request, reply bool) []any {
 	return args
 }
 
-// replyKey returns a new reply key in the slot of id, escaped.
-func replyKey(id string) string {
-	var seq [13]byte
-	tok := strconv.AppendUint(seq[:0], callSeq.Add(1), 36)
-	var b strings.Builder
-	b.Grow(replyKeyLen(id, tok))
-	writeReplyKey(&b, id, tok)
-	return b.String()
-}
-
 func replyKeyLen(id string, tok []byte) int {
 	return len("countlimit:{}:reply:") + len(id) + len(callPrefix) + len(tok)
 }
@@ -639,6 +711,14 @@ func writeReplyKey(b *strings.Builder, id string, tok []byte) {
 func withSource(ctx context.Context, cmd redis.Cmder) redis.Cmder {
 	args := append([]any(nil), cmd.Args()...)
 	args[0] = "eval"
+	for i, a := range args {
+		// An EVALSHA written once, and answered NOSCRIPT, never ran: its
+		// EVAL is a first attempt. One written more often may have run
+		// (a lost reply, then a SCRIPT FLUSH) and stays a repeat.
+		if at, ok := a.(*attempt); ok && at.writes.Load() <= 1 {
+			args[i] = &attempt{}
+		}
+	}
 	var out redis.Cmder
 	if args[1] == resetSHA {
 		args[1] = resetSrc
@@ -680,6 +760,9 @@ func finish(r *countlimit.Request, cmd redis.Cmder, pos, k int) (done bool, err 
 	out = out[pos*n : (pos+1)*n]
 	if k > 1 && out[n-1] == -1 {
 		return false, nil
+	}
+	if out[n-1] == -2 {
+		return true, errLost
 	}
 	allowed := out[n-1] == 1
 	for i := range r.Checks {
