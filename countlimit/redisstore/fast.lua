@@ -49,6 +49,12 @@ local guard = tok ~= '0'
 local denied = '-' .. tok
 local FIELDS = {'c', 'b', 'e', 'x', 's', 'l', 'r'}
 
+-- record adds field r, the record of this script, to set, an HSET's
+-- arguments, unless records are off.
+local function record(set, r)
+  if guard then set[#set + 1], set[#set + 2] = 'r', r end
+end
+
 -- decide works out the call whose fields are f and arguments ARGV[a..a+5]
 -- as the hash stands, writing nothing.
 local function decide(f, a)
@@ -89,32 +95,31 @@ local function allow(h, lg, f, a)
       -- One more in the current window, the limit as last applied: the
       -- window, the limit and the TTL stay as they are.
       redis.call('HINCRBY', h, 'c', n)
-      redis.call('HSET', h, 'r', tok)
+      if guard then redis.call('HSET', h, 'r', tok) end
       return used, wb, we or NONE, NONE, 1
     end
     if f[5] then
       redis.call('DEL', lg)
       redis.call('HDEL', h, 's')
     end
-    if we == nil then
-      redis.call('HSET', h, 'c', string.format('%.0f', used), 'b', string.format('%.0f', wb), 'l', ARGV[a+2], 'r', tok)
-      if e ~= nil then redis.call('HDEL', h, 'e') end
-    else
-      redis.call('HSET', h, 'c', string.format('%.0f', used), 'b', string.format('%.0f', wb),
-        'e', string.format('%.0f', we), 'l', ARGV[a+2], 'r', tok)
-    end
+    local set = {'HSET', h, 'c', string.format('%.0f', used), 'b', string.format('%.0f', wb), 'l', ARGV[a+2]}
+    if we ~= nil then set[9], set[10] = 'e', string.format('%.0f', we) end
+    record(set, tok)
+    redis.call(unpack(set))
+    if we == nil and e ~= nil then redis.call('HDEL', h, 'e') end
     e = we
   else
     -- The tally first: the one write of a denial that can fail (a field
     -- that is not an integer), before any other.
     redis.call('HINCRBY', h, 'd', 1)
-    if exists then
-      redis.call('HSET', h, 'l', ARGV[a+2], 'r', denied)
-    else
+    local set = {'HSET', h, 'l', ARGV[a+2]}
+    if not exists then
       -- An empty window (begin = end) that only a counted event opens.
-      redis.call('HSET', h, 'l', ARGV[a+2], 'b', ARGV[a], 'e', ARGV[a], 'c', '0', 'r', denied)
+      set[5], set[6], set[7], set[8], set[9], set[10] = 'b', ARGV[a], 'e', ARGV[a], 'c', '0'
       e = now
     end
+    record(set, denied)
+    redis.call(unpack(set))
     local block = tonumber(ARGV[a+5])
     if blocked == nil and block > 0 then
       blocked = now + block
