@@ -3,7 +3,7 @@
 -- CheckLimit). It decides as apply.lua does for such a call, in straight
 -- code without apply.lua's tables, loops and branches for other ops and
 -- for logs, and counts an event in the current window under an unchanged
--- limit with one HINCRBY instead of rewriting four fields. Twins: apply.lua
+-- limit by writing the count and the record alone. Twins: apply.lua
 -- (and with it countlimit_apply, queries/fast.sql and memstore's
 -- Store.apply): change one, change them all. storetest.Run, in
 -- TestConformance, sends every single-rule Allow here and every other call
@@ -47,7 +47,6 @@ local NONE = -9007199254740992 -- -2^53: no time
 local tok, repeated = ARGV[1], ARGV[2] == '1'
 local guard = tok ~= '0'
 local denied = '-' .. tok
-local FIELDS = {'c', 'b', 'e', 'x', 's', 'l', 'r'}
 
 -- record adds field r, the record of this script, to set, an HSET's
 -- arguments, unless records are off.
@@ -93,9 +92,14 @@ local function allow(h, lg, f, a)
     used = used + n
     if cur and f[6] == ARGV[a+2] and not f[5] then
       -- One more in the current window, the limit as last applied: the
-      -- window, the limit and the TTL stay as they are.
-      redis.call('HINCRBY', h, 'c', n)
-      if guard then redis.call('HSET', h, 'r', tok) end
+      -- window, the limit and the TTL stay as they are. One HSET writes
+      -- the count and the record (a call into Redis costs more than
+      -- formatting the count).
+      if guard then
+        redis.call('HSET', h, 'c', string.format('%.0f', used), 'r', tok)
+      else
+        redis.call('HSET', h, 'c', string.format('%.0f', used))
+      end
       return used, wb, we or NONE, NONE, 1
     end
     if f[5] then
@@ -162,7 +166,7 @@ end
 
 local calls = #KEYS / 2
 if calls == 1 then
-  local f = redis.call('HMGET', KEYS[1], unpack(FIELDS))
+  local f = redis.call('HMGET', KEYS[1], 'c', 'b', 'e', 'x', 's', 'l', 'r')
   local used, wb, we, blocked, v
   if guard and (f[7] == tok or f[7] == denied) then
     used, wb, we, blocked, v = again(f, 3, f[7])
@@ -181,7 +185,7 @@ end
 local fs, last, seen = {}, {}, false
 for i = 1, calls do
   local h = KEYS[2 * i - 1]
-  local f = redis.pcall('HMGET', h, unpack(FIELDS))
+  local f = redis.pcall('HMGET', h, 'c', 'b', 'e', 'x', 's', 'l', 'r')
   fs[i] = f
   if guard and (f[7] == tok or f[7] == denied) then seen = true end
   last[h] = i
@@ -210,7 +214,7 @@ local written = {}
 for i = 1, calls do
   local h, a = KEYS[2 * i - 1], 6 * i - 3
   local f = fs[i]
-  if written[h] then f = redis.pcall('HMGET', h, unpack(FIELDS)) end
+  if written[h] then f = redis.pcall('HMGET', h, 'c', 'b', 'e', 'x', 's', 'l', 'r') end
   local fine, used, wb, we, blocked, ok = false
   if not f.err then fine, used, wb, we, blocked, ok = pcall(allow, h, KEYS[2 * i], f, a) end
   if fine then
