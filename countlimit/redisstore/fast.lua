@@ -1,8 +1,8 @@
 -- countlimit: the fast path, apply.lua for the common call: an Allow of
--- one rule whose window is not sliding (rolling, fixed, calendar, lifetime,
--- CheckLimit). It decides as apply.lua does for such a call, in straight
--- code without apply.lua's tables, loops and branches for other ops and
--- for logs, and counts an event in the current window under an unchanged
+-- one rule (rolling, fixed, calendar, lifetime, sliding, CheckLimit). It
+-- decides as apply.lua does for such a call, in straight code without
+-- apply.lua's tables, loops and branches for other ops and for several
+-- rules, and counts an event in the current window under an unchanged
 -- limit by writing the count and the record alone. Twins: apply.lua
 -- (and with it countlimit_apply, queries/fast.sql and memstore's
 -- Store.apply): change one, change them all. storetest.Run, in
@@ -14,14 +14,16 @@
 -- before left it, exactly as if each were a script of its own, and share
 -- the script's fixed cost.
 --
--- KEYS: for each call its counter hash and its sliding log (deleted when a
--- log is there: counting with another kind of window drops it).
+-- KEYS: for each call its counter hash and its sliding log (for a window
+-- that is not sliding, deleted when a log is there: counting with another
+-- kind of window drops it).
 -- ARGV: the script's token, its attempt ('0' the first time the command is
 -- written to a connection, '1' when go-redis sends it again), then for each
 -- call: now (µs), n, limit, begin (µs), length (µs; 0 = lifetime), block
--- (µs; 0 = none).
+-- (µs; 0 = none), span (µs; 0 = not sliding; begin and length are 0 when
+-- it is not).
 -- Returns apply.lua's reply for each call, one after another: {used,
--- begin, end, blocked_until, NONE, verdict}.
+-- begin, end, blocked_until, free_at, verdict}.
 --
 -- Lost replies. Every hash a call writes keeps the script's token in its
 -- field r: the token when the call counted, '-' and the token when it was
@@ -54,8 +56,10 @@ local function record(set, r)
   if guard then set[#set + 1], set[#set + 2] = 'r', r end
 end
 
--- decide works out the call whose fields are f and arguments ARGV[a..a+5]
--- as the hash stands, writing nothing.
+local function s(x) return string.format('%.0f', x) end
+
+-- decide works out the call whose fields are f and arguments ARGV[a..a+6]
+-- as the hash stands, writing nothing; not for a sliding call (slide).
 local function decide(f, a)
   local now, n = tonumber(ARGV[a]), tonumber(ARGV[a+1])
   local b, e, x = f[2], f[3], f[4]
@@ -81,9 +85,97 @@ local function decide(f, a)
   return ok, now, n, exists, cur, e, x, blocked, used, wb, we
 end
 
+-- slide works out a sliding call whose log is lg, fields f and arguments
+-- ARGV[a..a+6] as the log stands, writing nothing: apply.lua's slide and
+-- decision for one check.
+local function slide(lg, f, a)
+  local now, n, limit, span = tonumber(ARGV[a]), tonumber(ARGV[a+1]), tonumber(ARGV[a+2]), tonumber(ARGV[a+6])
+  local x = f[4]
+  if x then x = tonumber(x) else x = nil end
+  local blocked
+  if x ~= nil and x > now then blocked = x end
+  local cut = '(' .. s(now - span)
+  local used = redis.call('ZCOUNT', lg, cut, '+inf')
+  local wb, we, free
+  if used > 0 then
+    wb = tonumber(redis.call('ZRANGEBYSCORE', lg, cut, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)[2])
+    we = tonumber(redis.call('ZRANGE', lg, -1, -1, 'WITHSCORES')[2]) + span
+  end
+  if n > limit - used and n <= limit then
+    free = tonumber(redis.call('ZRANGEBYSCORE', lg, cut, '+inf', 'WITHSCORES', 'LIMIT', used + n - limit - 1, 1)[2])
+  end
+  local ok = blocked == nil and n <= limit - used
+  return ok, now, n, span, x, blocked, used, wb, we, free
+end
+
+-- expire sets h's TTL to end at at (µs), seen at now; nil: never.
+local function expire(h, at, now)
+  if at == nil then
+    redis.call('PERSIST', h)
+  else
+    local ms = math.ceil((at - now) / 1000)
+    if ms < 1 then ms = 1 end
+    redis.call('PEXPIRE', h, ms)
+  end
+end
+
+-- slideAllow applies a sliding call, as allow does others.
+local function slideAllow(h, lg, f, a)
+  local ok, now, n, span, x, blocked, used, wb, we, free = slide(lg, f, a)
+  local exists = f[2] ~= false
+  local e = f[3]
+  if e then e = tonumber(e) else e = nil end
+  if ok then
+    local snow = s(now)
+    redis.call('ZREMRANGEBYSCORE', lg, '-inf', s(now - span))
+    local seq = redis.call('HINCRBY', h, 's', n)
+    for j = seq - n + 1, seq do
+      redis.call('ZADD', lg, snow, snow .. ':' .. s(j))
+    end
+    -- The log is now the used live events slide found (the trim above
+    -- dropped exactly those it did not count) and n more at now, which a
+    -- late clock read may put before the newest, or even the oldest, of
+    -- them.
+    if used > 0 then
+      wb, we = math.min(wb, now), math.max(we, now + span)
+    else
+      wb, we = now, now + span
+    end
+    used = used + n
+    local set = {'HSET', h, 'c', s(used), 'b', s(wb), 'e', s(we), 'l', ARGV[a+2]}
+    record(set, tok)
+    redis.call(unpack(set))
+    expire(lg, we, now)
+    e, free = we, nil
+  else
+    redis.call('HINCRBY', h, 'd', 1)
+    local set = {'HSET', h, 'l', ARGV[a+2]}
+    if not exists then
+      -- An empty window (begin = end) that only a counted event opens.
+      set[5], set[6], set[7], set[8], set[9], set[10] = 'b', ARGV[a], 'e', ARGV[a], 'c', '0'
+      e = now
+    end
+    local block = tonumber(ARGV[a+5])
+    if blocked == nil and block > 0 then
+      blocked = now + block
+      x = blocked
+      set[#set + 1], set[#set + 2] = 'x', s(blocked)
+    end
+    record(set, denied)
+    redis.call(unpack(set))
+  end
+  -- A sliding hash's TTL is set on every write: a refund may have
+  -- shortened its window.
+  local at = e
+  if at ~= nil and x ~= nil and x > at then at = x end
+  expire(h, at, now)
+  return used, wb or NONE, we or NONE, blocked or NONE, free or NONE, ok and 1 or 0
+end
+
 -- allow applies the call whose hash is h, log lg, fields f and arguments
--- ARGV[a..a+5] and returns its reply's values.
+-- ARGV[a..a+6] and returns its reply's values.
 local function allow(h, lg, f, a)
+  if ARGV[a+6] ~= '0' then return slideAllow(h, lg, f, a) end
   local ok, now, n, exists, cur, e, x, blocked, used, wb, we = decide(f, a)
   -- The hash's TTL now: the later of e and x (apply.lua's oldat).
   local oldat = e
@@ -100,7 +192,7 @@ local function allow(h, lg, f, a)
       else
         redis.call('HSET', h, 'c', string.format('%.0f', used))
       end
-      return used, wb, we or NONE, NONE, 1
+      return used, wb, we or NONE, NONE, NONE, 1
     end
     if f[5] then
       redis.call('DEL', lg)
@@ -136,46 +228,40 @@ local function allow(h, lg, f, a)
   -- count, kept for good); a TTL that would not change is left alone.
   local at = e
   if at ~= nil and x ~= nil and x > at then at = x end
-  if not exists or at ~= oldat then
-    if at == nil then
-      redis.call('PERSIST', h)
-    else
-      local ms = math.ceil((at - now) / 1000)
-      if ms < 1 then ms = 1 end
-      redis.call('PEXPIRE', h, ms)
-    end
-  end
-  return used, wb or NONE, we or NONE, blocked or NONE, ok and 1 or 0
+  if not exists or at ~= oldat then expire(h, at, now) end
+  return used, wb or NONE, we or NONE, blocked or NONE, NONE, ok and 1 or 0
 end
 
--- again answers, without writing, the call whose hash is as this script
--- left it (fields f, record r) from an earlier attempt.
-local function again(f, a, r)
+-- again answers, without writing, the call whose hash (and log) is as
+-- this script left it (fields f, record r) from an earlier attempt.
+local function again(lg, f, a, r)
   if r == tok then
-    -- Counted: the hash holds the count, the window and the limit it
-    -- left; a counted call was not blocked.
+    -- Counted: the hash holds the count and the window it left (for a
+    -- sliding call too); a counted call was not blocked.
     local e = NONE
     if f[3] then e = tonumber(f[3]) end
-    return tonumber(f[1]), tonumber(f[2]), e, NONE, 1
+    return tonumber(f[1]), tonumber(f[2]), e, NONE, NONE, 1
   end
-  -- Denied: the same hash and arguments decide the same way again (the
-  -- penalty it set blocks it, the empty window it opened is not current).
+  -- Denied: the same hash, log and arguments decide the same way again
+  -- (the penalty it set blocks it, the empty window it opened is not
+  -- current, the log is as it was).
+  if ARGV[a+6] ~= '0' then
+    local ok, _, _, _, _, blocked, used, wb, we, free = slide(lg, f, a)
+    return used, wb or NONE, we or NONE, blocked or NONE, free or NONE, ok and 1 or 0
+  end
   local ok, _, _, _, _, _, _, blocked, used, wb, we = decide(f, a)
-  return used, wb, we or NONE, blocked or NONE, ok and 1 or 0
+  return used, wb, we or NONE, blocked or NONE, NONE, ok and 1 or 0
 end
 
 local calls = #KEYS / 2
 if calls == 1 then
   local f = redis.call('HMGET', KEYS[1], 'c', 'b', 'e', 'x', 's', 'l', 'r')
-  local used, wb, we, blocked, v
   if guard and (f[7] == tok or f[7] == denied) then
-    used, wb, we, blocked, v = again(f, 3, f[7])
+    return {again(KEYS[2], f, 3, f[7])}
   elseif guard and repeated then
     return {0, NONE, NONE, NONE, NONE, -2}
-  else
-    used, wb, we, blocked, v = allow(KEYS[1], KEYS[2], f, 3)
   end
-  return {used, wb, we, blocked, NONE, v}
+  return {allow(KEYS[1], KEYS[2], f, 3)}
 end
 
 -- Many calls: every hash is read first, so that a repeat is known before
@@ -192,9 +278,9 @@ for i = 1, calls do
 end
 
 local out = {}
-local function put(i, used, wb, we, blocked, v)
+local function put(i, used, wb, we, blocked, free, v)
   local o = 6 * (i - 1)
-  out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5], out[o + 6] = used, wb, we, blocked, NONE, v
+  out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5], out[o + 6] = used, wb, we, blocked, free, v
 end
 if seen or (guard and repeated) then
   for i = 1, calls do
@@ -202,9 +288,9 @@ if seen or (guard and repeated) then
     -- A hash that a later call of this script wrote holds that call's
     -- outcome, not this one's: lost, as a hash written since would be.
     if seen and last[KEYS[2 * i - 1]] == i and (f[7] == tok or f[7] == denied) then
-      put(i, again(f, 6 * i - 3, f[7]))
+      put(i, again(KEYS[2 * i], f, 7 * i - 4, f[7]))
     else
-      put(i, 0, NONE, NONE, NONE, -2)
+      put(i, 0, NONE, NONE, NONE, NONE, -2)
     end
   end
   return out
@@ -212,16 +298,16 @@ end
 
 local written = {}
 for i = 1, calls do
-  local h, a = KEYS[2 * i - 1], 6 * i - 3
+  local h, a = KEYS[2 * i - 1], 7 * i - 4
   local f = fs[i]
   if written[h] then f = redis.pcall('HMGET', h, 'c', 'b', 'e', 'x', 's', 'l', 'r') end
-  local fine, used, wb, we, blocked, ok = false
-  if not f.err then fine, used, wb, we, blocked, ok = pcall(allow, h, KEYS[2 * i], f, a) end
+  local fine, used, wb, we, blocked, free, ok = false
+  if not f.err then fine, used, wb, we, blocked, free, ok = pcall(allow, h, KEYS[2 * i], f, a) end
   if fine then
-    put(i, used, wb, we, blocked, ok)
+    put(i, used, wb, we, blocked, free, ok)
     written[h] = true
   else
-    put(i, 0, NONE, NONE, NONE, -1)
+    put(i, 0, NONE, NONE, NONE, NONE, -1)
   end
 end
 return out

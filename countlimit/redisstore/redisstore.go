@@ -5,9 +5,9 @@
 // Every operation runs in one Lua script, run with EVALSHA (and EVAL when
 // the server answers NOSCRIPT, after a restart or SCRIPT FLUSH), so each
 // check is atomic on the server; a pipeline's fast-path calls may share one
-// (see Pipelining). The common call, an Allow of one rule that is not
-// sliding, runs fast.lua, which decides as apply.lua does (every other
-// check's script) in about two thirds of its Redis CPU.
+// (see Pipelining). The common call, an Allow of one rule, runs fast.lua,
+// which decides as apply.lua does (every other check's script) in straight
+// code, with less of Redis's CPU.
 //
 // Keys are "countlimit:<use_type>:{<id>}", a hash holding the count, the
 // window, the denial tally and the penalty; sliding windows add a sorted set
@@ -48,12 +48,14 @@
 // of its calls: go-redis sends each script to the node of its keys).
 //
 // On one server (a *redis.Client: a single Redis, or Sentinel's master)
-// the pipeline's fast-path calls, Allows of one rule that is not sliding,
+// the pipeline's fast-path calls, Allows of one rule,
 // go as one fast.lua script that applies them one after another, in the
 // order they came, each exactly as a script of its own would: the script's
 // fixed cost and its arguments' framing are paid once for them all, which
 // is most of what Redis spends on a call when calls are many (see
-// docs/benchmarks.md, "Redis"). Every other call, every request of a Do of
+// docs/benchmarks.md, "Redis"). A script carries at most 64 calls and
+// 16 KiB of keys and arguments (WithMaxScript); more make more scripts in
+// the same pipeline. Every other call, every request of a Do of
 // several, and every call on a Cluster or a Ring, whose keys live on
 // different nodes, is its own script. A server that refuses a combined
 // script whose keys span slots (CROSSSLOT, MOVED: a Cluster node reached
@@ -278,14 +280,17 @@ type Store struct {
 	// of now (time.Now; tests set another).
 	policy atomic.Pointer[policyAnswer]
 	now    func() time.Time
+	// A combined script's bounds (WithMaxScript).
+	scriptCalls, scriptBytes int
 }
 
 // Option configures a Store.
 type Option func(*config)
 
 type config struct {
-	maxBatch, maxInFlight int
-	scriptPerCall         bool
+	maxBatch, maxInFlight    int
+	scriptPerCall            bool
+	scriptCalls, scriptBytes int
 }
 
 // WithMaxBatch sets how many calls one pipeline may carry (default 128).
@@ -304,6 +309,25 @@ func WithMaxBatch(n int) Option { return func(c *config) { c.maxBatch = n } }
 // connections of their own.
 func WithMaxInFlight(n int) Option { return func(c *config) { c.maxInFlight = n } }
 
+// WithMaxScript bounds a combined fast.lua script (see the package doc):
+// it carries at most calls calls and, past its first call, at most about
+// bytes of keys and arguments; a pipeline's further fast-path calls go in
+// more scripts of the same pipeline. The defaults are 64 calls and 16 KiB.
+// A script runs atomically, so Redis serves no other client while it
+// runs: the bound keeps one pipeline from holding Redis long, whatever
+// its ids' length, while a script still carries enough calls to pay its
+// fixed cost once for many. Values below 1 keep the default.
+func WithMaxScript(calls, bytes int) Option {
+	return func(c *config) {
+		if calls > 0 {
+			c.scriptCalls = calls
+		}
+		if bytes > 0 {
+			c.scriptBytes = bytes
+		}
+	}
+}
+
 // WithScriptPerCall makes every call of a pipeline a script of its own,
 // as on a Redis Cluster or a Ring, instead of one fast.lua script for a
 // pipeline's fast-path calls (see the package doc). Give it for a
@@ -316,12 +340,12 @@ func WithScriptPerCall() Option { return func(c *config) { c.scriptPerCall = tru
 // New returns a Store on client. It pipelines concurrent calls; options
 // tune that.
 func New(client redis.UniversalClient, opts ...Option) *Store {
-	cfg := config{maxBatch: 128, maxInFlight: 4}
+	cfg := config{maxBatch: 128, maxInFlight: 4, scriptCalls: 64, scriptBytes: 16 << 10}
 	for _, o := range opts {
 		o(&cfg)
 	}
 	_, single := client.(*redis.Client) // one server, or Sentinel's master
-	s := &Store{client: client, now: time.Now}
+	s := &Store{client: client, now: time.Now, scriptCalls: cfg.scriptCalls, scriptBytes: cfg.scriptBytes}
 	s.combine.Store(single && !cfg.scriptPerCall)
 	if cfg.maxBatch > 1 {
 		s.gather = gather.New(s.send, cfg.maxBatch, cfg.maxInFlight)
@@ -438,19 +462,19 @@ func (s *Store) send(ctx context.Context, calls []*gather.Call) {
 }
 
 // run sends calls in one round trip and gives each call its outcome. Each
-// call is a script of its own but, with combine, two or more fast-path
-// calls go as one fast.lua script.
+// call is a script of its own but, with combine, fast-path calls go
+// together in fast.lua scripts (see combined).
 func (s *Store) run(ctx context.Context, calls []*gather.Call, combine bool) {
 	var one [1]redis.Cmder
-	cmds := one[:] // the commands sent; calls[i]'s is cmds[of[i]]
-	// of nil: calls[i]'s command is cmds[i]. cmds[0] is the combined
-	// script of nfast calls, when there is one; at is a call's place in it.
-	var of, at []int32
-	var nfast int
+	cmds := one[:] // the commands sent
+	// With combined scripts: calls[i]'s command is cmds[of[i]], its place
+	// in it at[i], and cmds[j] carries size[j] calls. of nil: calls[i]'s
+	// command is cmds[i], of one call.
+	var of, at, size []int32
 	if len(calls) > 1 {
 		cmds = make([]redis.Cmder, 0, len(calls))
 		if combine {
-			cmds, of, at, nfast = combined(ctx, cmds, calls)
+			cmds, of, at, size = combined(ctx, cmds, calls, s.scriptCalls, s.scriptBytes)
 		}
 	}
 	if of == nil {
@@ -460,19 +484,24 @@ func (s *Store) run(ctx context.Context, calls []*gather.Call, combine bool) {
 		}
 	}
 	s.execLoading(ctx, cmds)
-	refused := of != nil && s.refused(cmds[0])
+	var refused []bool // by command
+	for j := range size {
+		if size[j] > 1 && s.refused(cmds[j]) {
+			if refused == nil {
+				refused = make([]bool, len(cmds))
+			}
+			refused[j] = true
+		}
+	}
 
 	var alone []*gather.Call // calls to send again, each a script of its own
 	for i, c := range calls {
 		j, pos, k := i, 0, 1
 		if of != nil {
-			j = int(of[i])
-			if j == 0 {
-				if refused {
-					alone = append(alone, c)
-					continue
-				}
-				pos, k = int(at[i]), nfast
+			j, pos, k = int(of[i]), int(at[i]), int(size[of[i]])
+			if refused != nil && refused[j] {
+				alone = append(alone, c)
+				continue
 			}
 		}
 		var done bool
@@ -515,34 +544,61 @@ func (s *Store) refused(cmd redis.Cmder) bool {
 	return true
 }
 
-// combined appends to cmds one fast.lua script for the nfast fast-path
-// calls of calls, when there are two or more, and a command for each other
-// call, and returns which command each call is (of) and its place in it
-// (at); of is nil when there is no such script.
-func combined(ctx context.Context, cmds []redis.Cmder, calls []*gather.Call) (_ []redis.Cmder, of, at []int32, nfast int) {
+// combined appends to cmds fast.lua scripts for the fast-path calls of
+// calls, in their order, each of at most maxCalls calls and, but for its
+// first call, maxBytes of keys and arguments, and a command for each other
+// call. It returns which command each call is (of), its place in it (at),
+// and how many calls each command carries (size); of is nil when no script
+// would carry two calls.
+func combined(ctx context.Context, cmds []redis.Cmder, calls []*gather.Call, maxCalls, maxBytes int) (_ []redis.Cmder, of, at, size []int32) {
+	nfast := 0
 	for _, c := range calls {
 		if isFast(&c.Req) {
 			nfast++
 		}
 	}
 	if nfast < 2 {
-		return cmds, nil, nil, 0
+		return cmds, nil, nil, nil
 	}
-	fast := make([]*countlimit.Request, 0, nfast)
-	ofAt := make([]int32, 2*len(calls))
-	of, at = ofAt[:len(calls)], ofAt[len(calls):]
-	cmds = append(cmds, nil) // the combined script, below
+	all := make([]int32, 2*len(calls)+len(calls))
+	of, at, size = all[:len(calls)], all[len(calls):2*len(calls)], all[2*len(calls):2*len(calls)]
+	fast := make([]*countlimit.Request, 0, min(nfast, maxCalls))
+	bytes, open := 0, -1 // the script being filled: its bytes, its command
+	flush := func() {
+		if open >= 0 {
+			cmds[open] = fastCommand(ctx, fast...)
+			fast, open = fast[:0], -1
+		}
+	}
 	for i, c := range calls {
-		if isFast(&c.Req) {
-			at[i] = int32(len(fast))
-			fast = append(fast, &c.Req)
+		if !isFast(&c.Req) {
+			of[i] = int32(len(cmds))
+			cmds = append(cmds, command(ctx, &c.Req))
+			size = append(size, 1)
 			continue
 		}
-		of[i] = int32(len(cmds))
-		cmds = append(cmds, command(ctx, &c.Req))
+		b := fastBytes(&c.Req)
+		if open >= 0 && (len(fast) == maxCalls || bytes+b > maxBytes) {
+			flush()
+		}
+		if open < 0 {
+			open, bytes = len(cmds), 0
+			cmds = append(cmds, nil) // filled by flush
+			size = append(size, 0)
+		}
+		of[i], at[i] = int32(open), int32(len(fast))
+		fast = append(fast, &c.Req)
+		size[open]++
+		bytes += b
 	}
-	cmds[0] = fastCommand(ctx, fast...)
-	return cmds, of, at, nfast
+	flush()
+	return cmds, of, at, size
+}
+
+// fastBytes is about what r adds to a fast.lua script: its two keys and its
+// arguments.
+func fastBytes(r *countlimit.Request) int {
+	return 2*(logKeyLen(string(r.Checks[0].UseType), r.ID)) + 7*12
 }
 
 // execLoading sends cmds in one round trip (see exec) and sends those the
@@ -580,8 +636,8 @@ func (s *Store) exec(ctx context.Context, cmds []redis.Cmder) {
 }
 
 // command returns the EVALSHA of r's script: lease.lua for leases (see
-// lease.go), reset.lua for a reset, fast.lua for an Allow of one rule that
-// is not sliding, else apply.lua (see each for its KEYS and ARGV).
+// lease.go), reset.lua for a reset, fast.lua for an Allow of one rule,
+// else apply.lua (see each for its KEYS and ARGV).
 func command(ctx context.Context, r *countlimit.Request) redis.Cmder {
 	if r.OnLeases() {
 		return leaseCommand(ctx, r)
@@ -628,16 +684,15 @@ func command(ctx context.Context, r *countlimit.Request) redis.Cmder {
 	return cmd
 }
 
-// isFast reports whether r is fast.lua's: an Allow of one rule that is not
-// sliding.
+// isFast reports whether r is fast.lua's: an Allow of one rule.
 func isFast(r *countlimit.Request) bool {
-	return r.Op == countlimit.OpAllow && len(r.Checks) == 1 && r.Checks[0].Span == 0 && !r.OnLeases()
+	return r.Op == countlimit.OpAllow && len(r.Checks) == 1 && !r.OnLeases()
 }
 
-// fastCommand is fast.lua's EVALSHA for rs, Allows of one rule that is not
-// sliding, applied in order under one token.
+// fastCommand is fast.lua's EVALSHA for rs, Allows of one rule, applied in
+// order under one token.
 func fastCommand(ctx context.Context, rs ...*countlimit.Request) redis.Cmder {
-	args := make([]any, 3, 3+2*len(rs)+2+6*len(rs))
+	args := make([]any, 3, 3+2*len(rs)+2+7*len(rs))
 	args[0], args[1], args[2] = "evalsha", fastSHA, 2*len(rs)
 	for _, r := range rs {
 		args = appendKeys(args, r, false)
@@ -646,7 +701,7 @@ func fastCommand(ctx context.Context, rs ...*countlimit.Request) redis.Cmder {
 	for _, r := range rs {
 		c := &r.Checks[0]
 		begin, length := wire.Window(c)
-		args = append(args, r.Now.UnixMicro(), r.N, c.Limit, wire.Micros(begin, 0), length, c.Block.Microseconds())
+		args = append(args, r.Now.UnixMicro(), r.N, c.Limit, wire.Micros(begin, 0), length, c.Block.Microseconds(), c.Span.Microseconds())
 	}
 	cmd := redis.NewIntSliceCmd(ctx, args...)
 	cmd.SetFirstKeyPos(3)
