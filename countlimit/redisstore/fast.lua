@@ -50,6 +50,35 @@ local tok, repeated = ARGV[1], ARGV[2] == '1'
 local guard = tok ~= '0'
 local denied = '-' .. tok
 
+-- The commonest call first, before the functions below are made (Lua makes
+-- each anew on every run): one call that counts one more in its current
+-- window, as allow's first branch does, and is no repeat. Anything else
+-- goes on below with the fields read here.
+local f1
+if #KEYS == 2 and ARGV[9] == '0' then
+  f1 = redis.call('HMGET', KEYS[1], 'c', 'b', 'e', 'x', 's', 'l', 'r')
+  local r = f1[7]
+  if f1[2] and not f1[5] and f1[6] == ARGV[5] and not (guard and (repeated or r == tok or r == denied)) then
+    local now, x, e = tonumber(ARGV[3]), f1[4], f1[3]
+    if not x or tonumber(x) <= now then
+      local b = tonumber(f1[2])
+      if e then e = tonumber(e) else e = nil end
+      if e == nil or (b < e and e > now) then
+        local used, n = tonumber(f1[1]), tonumber(ARGV[4])
+        if n <= tonumber(ARGV[5]) - used then
+          used = used + n
+          if guard then
+            redis.call('HSET', KEYS[1], 'c', string.format('%.0f', used), 'r', tok)
+          else
+            redis.call('HSET', KEYS[1], 'c', string.format('%.0f', used))
+          end
+          return {used, b, e or NONE, NONE, NONE, 1}
+        end
+      end
+    end
+  end
+end
+
 -- record adds field r, the record of this script, to set, an HSET's
 -- arguments, unless records are off.
 local function record(set, r)
@@ -255,7 +284,7 @@ end
 
 local calls = #KEYS / 2
 if calls == 1 then
-  local f = redis.call('HMGET', KEYS[1], 'c', 'b', 'e', 'x', 's', 'l', 'r')
+  local f = f1 or redis.call('HMGET', KEYS[1], 'c', 'b', 'e', 'x', 's', 'l', 'r')
   if guard and (f[7] == tok or f[7] == denied) then
     return {again(KEYS[2], f, 3, f[7])}
   elseif guard and repeated then
