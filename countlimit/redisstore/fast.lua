@@ -48,7 +48,6 @@
 local NONE = -9007199254740992 -- -2^53: no time
 local tok, repeated = ARGV[1], ARGV[2] == '1'
 local guard = tok ~= '0'
-local denied = '-' .. tok
 
 -- The commonest call first, before the functions below are made (Lua makes
 -- each anew on every run): one call that counts one more in its current
@@ -58,7 +57,7 @@ local f1
 if #KEYS == 2 and ARGV[9] == '0' then
   f1 = redis.call('HMGET', KEYS[1], 'c', 'b', 'e', 'x', 's', 'l', 'r')
   local r = f1[7]
-  if f1[2] and not f1[5] and f1[6] == ARGV[5] and not (guard and (repeated or r == tok or r == denied)) then
+  if f1[2] and not f1[5] and f1[6] == ARGV[5] and not (guard and (repeated or r == tok or r == '-' .. tok)) then
     local now, x, e = tonumber(ARGV[3]), f1[4], f1[3]
     if not x or tonumber(x) <= now then
       local b = tonumber(f1[2])
@@ -78,6 +77,8 @@ if #KEYS == 2 and ARGV[9] == '0' then
     end
   end
 end
+
+local denied = '-' .. tok
 
 -- record adds field r, the record of this script, to set, an HSET's
 -- arguments, unless records are off.
