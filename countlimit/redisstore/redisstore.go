@@ -224,18 +224,19 @@ func newTokenSeq() *atomic.Uint32 {
 	return &seq
 }
 
-// token returns the next script's token: a number of 32 bits, which the
-// hashes it writes keep in their field r (see fast.lua). It is never 0,
+// token returns the next script's token: a number of 31 bits, which the
+// hashes it writes keep in their field r (see fast.lua), where Redis
+// stores it in 5 bytes (and its negative, a denial's, too). It is never 0,
 // which turns the records off. A repeat is recognised by its token in a
 // hash that nothing else wrote since, so a token only has to differ from
 // the few that wrote the same hash around the same time: the chance that a
-// retry meets its own number written by someone else is 2^-32.
+// retry meets its own number written by someone else is 2^-31.
 func token() any {
 	if unguarded.Load() {
 		return noToken
 	}
 	for {
-		if t := tokenSeq.Add(1); t != 0 {
+		if t := tokenSeq.Add(1) & (1<<31 - 1); t != 0 {
 			return strconv.FormatUint(uint64(t), 10)
 		}
 	}

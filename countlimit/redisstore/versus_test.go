@@ -122,9 +122,10 @@ var memoryFor = flag.Duration("memory.for", 20*time.Second, "BenchmarkMemoryVers
 // BenchmarkMemoryVersusRedisRate measures what Redis holds (INFO memory's
 // used_memory, but for its clients' buffers, and DBSIZE, read before and
 // after) once 16 and 64 callers have called Allow for -memory.for (20 s)
-// over the same 10 000 ids, 10 000 an hour on both sides (room for every
+// over the same 10 000 ids, 1 000 an hour on both sides (room for every
 // call; a redis_rate key lives as long as its calls' share of the hour,
-// 0.36 s a call, and countlimit's until the hour ends): countlimit's Allow,
+// 3.6 s a call, so it outlives the run, and countlimit's until the hour
+// ends): countlimit's Allow,
 // the same with the lost-reply records off (SetUnguarded: no field r), and
 // redis_rate's. It reports the bytes and keys each leaves (B-countlimit,
 // keys-countlimit: one a counter, when no write keeps a key of its own;
@@ -163,7 +164,7 @@ func BenchmarkMemoryVersusRedisRate(b *testing.B) {
 				return mem1 - mem, n1 - n, calls
 			}
 			allow := func(ut countlimit.UseType) (bytes, keys, calls int64) {
-				rule := countlimit.Rule{UseType: ut, Limit: 10000, Window: countlimit.Fixed(time.Hour)}
+				rule := countlimit.Rule{UseType: ut, Limit: 1000, Window: countlimit.Fixed(time.Hour)}
 				return phase(redisstore.Key(rule.UseType, "*"), func(id string) error {
 					res, err := l.Allow(ctx, rule, id)
 					if err == nil && !res.Allowed {
@@ -177,7 +178,7 @@ func BenchmarkMemoryVersusRedisRate(b *testing.B) {
 			off, _, _ := allow(countlimit.UseType("bench.memory.off." + run))
 			redisstore.SetUnguarded(false)
 			rr := redis_rate.NewLimiter(c)
-			perHour := redis_rate.PerHour(10000)
+			perHour := redis_rate.PerHour(1000)
 			rate, rateKeys, rateCalls := phase("rate:"+run+":*", func(id string) error {
 				res, err := rr.Allow(ctx, run+":"+id, perHour)
 				if err == nil && res.Allowed != 1 {
