@@ -27,38 +27,30 @@
 -- none, then the verdict (1 or 0) as the last element; -2 for a repeat
 -- that cannot tell whether it ran (see below).
 --
--- Lost replies. Every hash the script writes keeps its token in field r:
--- the first it writes the token, a space and the packed reply, the others
--- the token alone. Every hash is read before anything is written. A client
--- that lost the reply and sends the same call again (go-redis retries on a
--- new connection) finds its token and gets the reply back, and nothing is
--- counted or refunded twice; where the hash holding the reply has been
--- written since, the repeat answers -2 (lost) and changes nothing. A
--- repeat that finds its token nowhere cannot tell a script that never ran
--- from one whose records were overwritten since: -2 too. Token '0' turns
--- this off.
+-- Lost replies. Only the first attempt of a command applies it; a repeat
+-- (go-redis's retry on a new connection after a lost reply) writes
+-- nothing, so nothing is counted or refunded twice. Every hash the script
+-- writes keeps its token in field r: the first it writes the token, a
+-- space and the packed reply, the others the token alone. A repeat that
+-- finds its reply there returns it; one that does not (the hash written
+-- since, or the first attempt never ran) answers -2 (lost) and the caller
+-- reports the call as failed: it may have counted, once. Token '0' turns
+-- the records off, and every attempt then applies the call.
 local op = ARGV[1]
 local now = tonumber(ARGV[2])
 local n = tonumber(ARGV[3])
-local tok, repeated = ARGV[4], ARGV[5] == '1'
+local tok = ARGV[4]
 local guard = tok ~= '0'
 local cnt = (#ARGV - 5) / 5
 local NONE = -9007199254740992 -- -2^53: no time (every valid one is larger)
 
-local fs = {}
-local ran = false
-for i = 1, cnt do
-  local f = redis.call('HMGET', KEYS[2 * i - 1], 'c', 'b', 'e', 'x', 's', 'r')
-  fs[i] = f
-  if guard and f[6] then
-    if f[6] == tok then
-      ran = true
-    elseif string.sub(f[6], 1, #tok + 1) == tok .. ' ' then
-      return cmsgpack.unpack(string.sub(f[6], #tok + 2))
+if guard and ARGV[5] == '1' then
+  for i = 1, cnt do
+    local r = redis.call('HGET', KEYS[2 * i - 1], 'r')
+    if r and string.sub(r, 1, #tok + 1) == tok .. ' ' then
+      return cmsgpack.unpack(string.sub(r, #tok + 2))
     end
   end
-end
-if ran or (guard and repeated) then
   local out = {}
   for i = 1, cnt do
     out[5 * i - 4], out[5 * i - 3], out[5 * i - 2], out[5 * i - 1], out[5 * i] = 0, NONE, NONE, NONE, NONE
@@ -114,7 +106,7 @@ for i = 1, cnt do
     limit = tonumber(ARGV[a + 1]), begin = tonumber(ARGV[a + 2]), len = tonumber(ARGV[a + 3]),
     span = tonumber(ARGV[a + 4]), block = tonumber(ARGV[a + 5]),
   }
-  local f = fs[i]
+  local f = redis.call('HMGET', c.h, 'c', 'b', 'e', 'x', 's')
   c.exists = f[2] ~= false
   c.hadlog = f[5] ~= false
   local x = tonumber(f[4])

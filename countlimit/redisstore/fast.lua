@@ -25,19 +25,20 @@
 -- Returns apply.lua's reply for each call, one after another: {used,
 -- begin, end, blocked_until, free_at, verdict}.
 --
--- Lost replies. Every hash a call writes keeps the script's token in its
--- field r: the token when the call counted, '-' and the token when it was
--- denied (apply.lua keeps its own there, so r always names the last script
--- that wrote the hash). A call whose hash still names this script was
--- applied by an earlier attempt of it, and nothing has written that hash
--- since, so the hash is as that call left it and its reply is read back
--- from it instead of applying the call again. Every hash is read before
--- anything is written, so a repeat is known before it could count twice.
--- A repeat that finds none of its hashes naming it cannot tell a script
--- that never ran from one whose records were overwritten since: its calls
--- then answer verdict -2 (lost) and change nothing, and the caller reports
--- the call as failed (it may have counted), never as counted twice. Token
--- '0' turns this off (a test shows what it protects against).
+-- Lost replies. Only the first attempt of a command applies its calls; a
+-- repeat (attempt '1') writes nothing, so however the attempts of one
+-- command meet in Redis, in whatever order, each call counts at most once.
+-- A repeat only answers: every hash a call writes keeps the script's token
+-- in its field r, the token when the call counted, '-' and the token when
+-- it was denied (apply.lua keeps its own there, so r always names the last
+-- script that wrote the hash). A repeat's call whose hash still names the
+-- script was applied by the first attempt, and nothing has written that
+-- hash since, so the hash is as that call left it and the reply is read
+-- back from it. A call whose hash names another script (written since, or
+-- never written by this one: the first attempt may never have reached
+-- Redis) answers verdict -2 (lost) and the caller reports it as failed: it
+-- may have counted, once. Token '0' turns the records off, and every
+-- attempt then applies its calls (a test shows what that costs).
 --
 -- A call of many whose keys hold something the script cannot read or write
 -- (a hash key made a string, a field that is not a number; a hand edit)
@@ -46,18 +47,18 @@
 -- caller sends it again alone, to get the error. A script of one call fails
 -- with that error.
 local NONE = -9007199254740992 -- -2^53: no time
-local tok, repeated = ARGV[1], ARGV[2] == '1'
+local tok = ARGV[1]
 local guard = tok ~= '0'
+local repeated = guard and ARGV[2] == '1'
 
 -- The commonest call first, before the functions below are made (Lua makes
--- each anew on every run): one call that counts one more in its current
--- window, as allow's first branch does, and is no repeat. Anything else
--- goes on below with the fields read here.
+-- each anew on every run): one call, no repeat, that counts one more in its
+-- current window, as allow's first branch does. Anything else goes on
+-- below with the fields read here.
 local f1
-if #KEYS == 2 and ARGV[9] == '0' then
+if #KEYS == 2 and ARGV[9] == '0' and not repeated then
   f1 = redis.call('HMGET', KEYS[1], 'c', 'b', 'e', 'x', 's', 'l', 'r')
-  local r = f1[7]
-  if f1[2] and not f1[5] and f1[6] == ARGV[5] and not (guard and (repeated or r == tok or r == '-' .. tok)) then
+  if f1[2] and not f1[5] and f1[6] == ARGV[5] then
     local now, x, e = tonumber(ARGV[3]), f1[4], f1[3]
     if not x or tonumber(x) <= now then
       local b = tonumber(f1[2])
@@ -284,60 +285,39 @@ local function again(lg, f, a, r)
 end
 
 local calls = #KEYS / 2
-if calls == 1 then
-  local f = f1 or redis.call('HMGET', KEYS[1], 'c', 'b', 'e', 'x', 's', 'l', 'r')
-  if guard and (f[7] == tok or f[7] == denied) then
-    return {again(KEYS[2], f, 3, f[7])}
-  elseif guard and repeated then
-    return {0, NONE, NONE, NONE, NONE, -2}
-  end
-  return {allow(KEYS[1], KEYS[2], f, 3)}
-end
-
--- Many calls: every hash is read first, so that a repeat is known before
--- anything is written. A hash read again after a call of this script
--- wrote it (two calls of one id) is read anew. A key that is no hash
--- fails its call alone (verdict -1, below).
-local fs, last, seen = {}, {}, false
-for i = 1, calls do
-  local h = KEYS[2 * i - 1]
-  local f = redis.pcall('HMGET', h, 'c', 'b', 'e', 'x', 's', 'l', 'r')
-  fs[i] = f
-  if guard and (f[7] == tok or f[7] == denied) then seen = true end
-  last[h] = i
-end
-
-local out = {}
-local function put(i, used, wb, we, blocked, free, v)
-  local o = 6 * (i - 1)
-  out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5], out[o + 6] = used, wb, we, blocked, free, v
-end
-if seen or (guard and repeated) then
+if repeated then
+  -- Every call answers from its hash, or is lost. A hash that a later
+  -- call of this script wrote holds that call's outcome, not this one's.
+  local last, out = {}, {}
+  for i = 1, calls do last[KEYS[2 * i - 1]] = i end
   for i = 1, calls do
-    local f = fs[i]
-    -- A hash that a later call of this script wrote holds that call's
-    -- outcome, not this one's: lost, as a hash written since would be.
-    if seen and last[KEYS[2 * i - 1]] == i and (f[7] == tok or f[7] == denied) then
-      put(i, again(KEYS[2 * i], f, 7 * i - 4, f[7]))
+    local h, o = KEYS[2 * i - 1], 6 * (i - 1)
+    local f = redis.pcall('HMGET', h, 'c', 'b', 'e', 'x', 's', 'l', 'r')
+    if last[h] == i and not f.err and (f[7] == tok or f[7] == denied) then
+      out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5], out[o + 6] = again(KEYS[2 * i], f, 7 * i - 4, f[7])
     else
-      put(i, 0, NONE, NONE, NONE, NONE, -2)
+      out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5], out[o + 6] = 0, NONE, NONE, NONE, NONE, -2
     end
   end
   return out
 end
 
-local written = {}
+if calls == 1 then
+  return {allow(KEYS[1], KEYS[2], f1 or redis.call('HMGET', KEYS[1], 'c', 'b', 'e', 'x', 's', 'l', 'r'), 3)}
+end
+
+-- Many calls, one after another, each reading its hash as the one before
+-- left it. A key that is no hash fails its call alone (verdict -1).
+local out = {}
 for i = 1, calls do
-  local h, a = KEYS[2 * i - 1], 7 * i - 4
-  local f = fs[i]
-  if written[h] then f = redis.pcall('HMGET', h, 'c', 'b', 'e', 'x', 's', 'l', 'r') end
+  local h, o = KEYS[2 * i - 1], 6 * (i - 1)
+  local f = redis.pcall('HMGET', h, 'c', 'b', 'e', 'x', 's', 'l', 'r')
   local fine, used, wb, we, blocked, free, ok = false
-  if not f.err then fine, used, wb, we, blocked, free, ok = pcall(allow, h, KEYS[2 * i], f, a) end
+  if not f.err then fine, used, wb, we, blocked, free, ok = pcall(allow, h, KEYS[2 * i], f, 7 * i - 4) end
   if fine then
-    put(i, used, wb, we, blocked, free, ok)
-    written[h] = true
+    out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5], out[o + 6] = used, wb, we, blocked, free, ok
   else
-    put(i, 0, NONE, NONE, NONE, NONE, -1)
+    out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5], out[o + 6] = 0, NONE, NONE, NONE, NONE, -1
   end
 end
 return out

@@ -84,37 +84,43 @@
 // script may have run before the reply was lost: a blind repeat would count
 // an event twice, refund twice, or reset away a count made in between.
 //
-// So every script that writes a counter leaves its token, a number of 32
-// bits drawn for it, in field r of each hash it writes (fast.lua's header
-// says how; a denial leaves it too), overwriting the token of the script
-// before. This costs no key and no command of its own: the field is read
-// with the hash and written with the count. Each script also carries its
-// attempt, an argument go-redis writes anew each time it sends the
-// command, so the script knows whether it may have run before. It reads
-// every hash before it writes any, and:
+// So every script carries its attempt, an argument go-redis writes anew
+// each time it sends the command (an encoding.BinaryMarshaler: "0" the
+// first time, "1" after), and only the first attempt applies the call: a
+// repeat writes nothing, so however a command's attempts meet in Redis, in
+// whatever order and on whatever connections, a call counts, refunds or
+// resets at most once. For the repeat to answer, every script that writes
+// a counter leaves its token, a number of 31 bits drawn for it, in field r
+// of each hash it writes (fast.lua's header says how; a denial leaves it
+// too), overwriting the token of the script before. This costs no key and
+// no command of its own: the field is written with the count. A repeat
+// reads its hashes and:
 //
-//   - finds its token in a hash: it ran before, and nothing has written
-//     that hash since, so the hash is as the call left it. The call is not
-//     applied again; its reply is read back from the hash (fast.lua) or
-//     from the packed reply kept beside the token (apply.lua).
-//   - finds it nowhere, on a first attempt: it runs.
-//   - finds it nowhere, on a repeat: it cannot tell a script that never ran
-//     from one whose hashes another call wrote since, so it changes nothing
-//     and the call fails with countlimit.ErrUnavailable: it may have
-//     counted once, never twice.
+//   - finds its token: the first attempt ran, and nothing has written that
+//     hash since, so the hash is as the call left it, and the reply is read
+//     back from it (fast.lua) or from the packed reply kept beside the
+//     token (apply.lua).
+//   - finds another: the first attempt never reached Redis, or ran and
+//     another call wrote the hash since. The call fails with
+//     countlimit.ErrUnavailable: it may have counted, once.
 //
-// A repeat is recognised, then, while nothing else has written the hash
+// A repeat is answered, then, while nothing else has written the hash
 // (for AllowAll, the first hash it wrote): on an id of its own, a retry
 // milliseconds later finds its record; on an id that many callers share,
-// the retry of a call whose reply was lost mostly fails instead. Reset
-// deletes the hashes, so it keeps its reply under a key of its own,
-// "countlimit:{<id>}:reply:<token>" in the id's slot, for 20 s, and a
-// pipeline gives up 10 s after it is sent, whatever its callers' contexts
-// allow, so that no repeat of a Reset comes after its reply is gone. This
-// holds whatever the client's retry settings, on a single server, Sentinel
-// or Cluster: the record is written, and replicated, with the counts it
-// describes. (Turning retries off instead is the client's setting, not the
-// store's, and turns every broken connection into an error.)
+// the retry of a call whose reply was lost mostly fails instead, and so
+// does the retry of a call that never reached Redis (a connection killed
+// with the call in it). Reset deletes the hashes, so it keeps its reply
+// under a key of its own, "countlimit:{<id>}:reply:<token>" in the id's
+// slot, for 20 s, and a pipeline gives up 10 s after it is sent, whatever
+// its callers' contexts allow, so that no repeat of a Reset comes after its
+// reply is gone. This holds whatever the client's retry settings, on a
+// single server, Sentinel or Cluster: the record is written, and
+// replicated, with the counts it describes. (Turning retries off instead is
+// the client's setting, not the store's, and turns every broken connection
+// into an error.) A repeat could take another process's token for its own
+// where two processes' counters meet on the same hash (one chance in 2^31
+// of a repeat's): it would then report the other call's outcome, and count
+// nothing.
 //
 // Hashes written before records existed hold no field r and are read as
 // before; a process of the version before (a reply key per write) and one
