@@ -51,32 +51,45 @@ local tok = ARGV[1]
 local guard = tok ~= '0'
 local repeated = guard and ARGV[2] == '1'
 
--- The commonest call first, before the functions below are made (Lua makes
--- each anew on every run): one call, no repeat, that counts one more in its
--- current window, as allow's first branch does. Anything else goes on
--- below with the fields read here.
-local f1
-if #KEYS == 2 and ARGV[9] == '0' and not repeated then
-  f1 = redis.call('HMGET', KEYS[1], 'c', 'b', 'e', 'x', 's', 'l', 'r')
-  if f1[2] and not f1[5] and f1[6] == ARGV[5] then
-    local now, x, e = tonumber(ARGV[3]), f1[4], f1[3]
-    if not x or tonumber(x) <= now then
-      local b = tonumber(f1[2])
-      if e then e = tonumber(e) else e = nil end
-      if e == nil or (b < e and e > now) then
-        local used, n = tonumber(f1[1]), tonumber(ARGV[4])
-        if n <= tonumber(ARGV[5]) - used then
-          used = used + n
-          if guard then
-            redis.call('HSET', KEYS[1], 'c', string.format('%.0f', used), 'r', tok)
-          else
-            redis.call('HSET', KEYS[1], 'c', string.format('%.0f', used))
-          end
-          return {used, b, e or NONE, NONE, NONE, 1}
-        end
-      end
-    end
+-- count applies the commonest call, if it is one: counting n more in the
+-- current window of the hash h (fields f) under the limit last applied,
+-- with no log and no penalty, as allow's first branch does. It writes the
+-- count and the record with one HSET and returns the reply's values, or
+-- nil, having written nothing, for any other call. An error (a write
+-- refused: OOM, READONLY) is returned as such, to fail the call alone.
+local function count(h, f, a)
+  if not f[2] or f[5] or f[6] ~= ARGV[a+2] or ARGV[a+6] ~= '0' then return nil end
+  -- A field that is no number (a hand edit) leaves the call to allow,
+  -- which fails it as it always has.
+  local now, x, e = tonumber(ARGV[a]), f[4], f[3]
+  if x then x = tonumber(x) end
+  if x and x > now then return nil end
+  local b, used = tonumber(f[2]), tonumber(f[1])
+  if b == nil or used == nil then return nil end
+  if e then e = tonumber(e) else e = nil end
+  if e ~= nil and not (b < e and e > now) then return nil end
+  local n = tonumber(ARGV[a+1])
+  if n > tonumber(ARGV[a+2]) - used then return nil end
+  used = used + n
+  local w
+  if guard then
+    w = redis.pcall('HSET', h, 'c', string.format('%.0f', used), 'r', tok)
+  else
+    w = redis.pcall('HSET', h, 'c', string.format('%.0f', used))
   end
+  if type(w) == 'table' and w.err then return w end
+  return used, b, e or NONE, NONE, NONE, 1
+end
+
+-- The commonest call first, before the other functions below are made (Lua
+-- makes each anew on every run): one call, no repeat, that count applies.
+-- Anything else goes on below with the fields read here.
+local f1
+if #KEYS == 2 and not repeated then
+  f1 = redis.call('HMGET', KEYS[1], 'c', 'b', 'e', 'x', 's', 'l', 'r')
+  local used, b, e = count(KEYS[1], f1, 3)
+  if type(used) == 'table' then return redis.error_reply(used.err) end
+  if used then return {used, b, e, NONE, NONE, 1} end
 end
 
 local denied = '-' .. tok
@@ -313,7 +326,14 @@ for i = 1, calls do
   local h, o = KEYS[2 * i - 1], 6 * (i - 1)
   local f = redis.pcall('HMGET', h, 'c', 'b', 'e', 'x', 's', 'l', 'r')
   local fine, used, wb, we, blocked, free, ok = false
-  if not f.err then fine, used, wb, we, blocked, free, ok = pcall(allow, h, KEYS[2 * i], f, 7 * i - 4) end
+  if not f.err then
+    fine, used, wb, we, blocked, free, ok = true, count(h, f, 7 * i - 4)
+    if used == nil then
+      fine, used, wb, we, blocked, free, ok = pcall(allow, h, KEYS[2 * i], f, 7 * i - 4)
+    elseif type(used) == 'table' then
+      fine = false
+    end
+  end
   if fine then
     out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5], out[o + 6] = used, wb, we, blocked, free, ok
   else
