@@ -10,7 +10,8 @@
 // code, with less of Redis's CPU.
 //
 // Keys are "countlimit:<use_type>:{<id>}", a hash holding the count, the
-// window, the denial tally and the penalty; sliding windows add a sorted set
+// window, the denial tally, the penalty and the record of the script that
+// wrote it last (field r, see Lost replies); sliding windows add a sorted set
 // "countlimit:<use_type>:{<id>}:log" of the counted events, and Concurrent
 // windows a sorted set "countlimit:<use_type>:{<id>}:lease" of lease tokens
 // by expiry (see LeaseKey and lease.lua). The hash tag
