@@ -13,33 +13,53 @@
 -- this script.
 --
 -- KEYS, per check i: KEYS[2i-1] the counter hash, KEYS[2i] the sliding log
--- (a sorted set: member "<µs>:<seq>", score µs); then, for every op but
--- peek, the reply key: a key unique to this call, in the id's slot.
--- ARGV: op ('allow' | 'peek' | 'refund'), now (µs), n, reply TTL (ms), then
--- per check: limit, begin (µs), length (µs; 0 = lifetime), span (µs; 0 =
--- not sliding), block (µs; 0 = none). A sliding check's begin and length
--- are 0: its log is its window.
+-- (a sorted set: member "<µs>:<seq>", score µs).
+-- ARGV: op ('allow' | 'peek' | 'refund'), now (µs), n, the script's token
+-- ('0' for peek), its attempt ('0' the first time the command is written to
+-- a connection, '1' when go-redis sends it again), then per check: limit,
+-- begin (µs), length (µs; 0 = lifetime), span (µs; 0 = not sliding), block
+-- (µs; 0 = none). A sliding check's begin and length are 0: its log is its
+-- window.
 -- Hash fields: c count, b window begin, e window end (absent = lifetime),
--- l limit last applied, d denied tally, x blocked until, s log sequence.
+-- l limit last applied, d denied tally, x blocked until, s log sequence,
+-- r the last script that wrote the hash (see fast.lua).
 -- Returns per check: {used, begin, end, blocked_until, free_at}, NONE for
--- none, then the verdict (1 or 0) as the last element.
+-- none, then the verdict (1 or 0) as the last element; -2 for a repeat
+-- that cannot tell whether it ran (see below).
 --
--- The reply is kept under the reply key for the reply TTL. A client that
--- lost the reply and sends the same call again (go-redis retries on a new
--- connection) gets it back, and nothing is counted or refunded twice.
+-- Lost replies. Only the first attempt of a command applies it; a repeat
+-- (go-redis's retry on a new connection after a lost reply) writes
+-- nothing, so nothing is counted or refunded twice. Every hash the script
+-- writes keeps its token in field r: the first it writes the token, a
+-- space and the packed reply, the others the token alone. A repeat that
+-- finds its reply there returns it; one that does not (the hash written
+-- since, or the first attempt never ran) answers -2 (lost) and the caller
+-- reports the call as failed: it may have counted, once. Token '0' turns
+-- the records off, and every attempt then applies the call.
 local op = ARGV[1]
 local now = tonumber(ARGV[2])
 local n = tonumber(ARGV[3])
-local cnt = (#ARGV - 4) / 5
-local reply = KEYS[2 * cnt + 1]
-if reply then
-  local done = redis.call('GET', reply)
-  if done then return cmsgpack.unpack(done) end
+local tok = ARGV[4]
+local guard = tok ~= '0'
+local cnt = (#ARGV - 5) / 5
+local NONE = -9007199254740992 -- -2^53: no time (every valid one is larger)
+
+if guard and ARGV[5] == '1' then
+  for i = 1, cnt do
+    local r = redis.call('HGET', KEYS[2 * i - 1], 'r')
+    if r and string.sub(r, 1, #tok + 1) == tok .. ' ' then
+      return cmsgpack.unpack(string.sub(r, #tok + 2))
+    end
+  end
+  local out = {}
+  for i = 1, cnt do
+    out[5 * i - 4], out[5 * i - 3], out[5 * i - 2], out[5 * i - 1], out[5 * i] = 0, NONE, NONE, NONE, NONE
+  end
+  out[5 * cnt + 1] = -2
+  return out
 end
 local need = n
 if op ~= 'allow' then need = 1 end
-
-local NONE = -9007199254740992 -- -2^53: no time (every valid one is larger)
 
 local function s(x) return string.format('%.0f', x) end
 
@@ -71,10 +91,16 @@ local function slide(c)
   end
 end
 
+-- first is the first hash the script writes: it keeps the reply.
+local first
+local function wrote(h)
+  if first == nil and guard then first = h end
+end
+
 local checks = {}
 local allok = true
 for i = 1, cnt do
-  local a = 4 + (i - 1) * 5
+  local a = 5 + (i - 1) * 5
   local c = {
     h = KEYS[2 * i - 1], z = KEYS[2 * i],
     limit = tonumber(ARGV[a + 1]), begin = tonumber(ARGV[a + 2]), len = tonumber(ARGV[a + 3]),
@@ -98,7 +124,8 @@ for i = 1, cnt do
     end
     slide(c)
     if op == 'refund' and c.exists then
-      redis.call('HSET', c.h, 'c', s(c.used))
+      redis.call('HSET', c.h, 'c', s(c.used), 'r', tok)
+      wrote(c.h)
       if c.used > 0 then redis.call('HSET', c.h, 'b', s(c.wbegin), 'e', s(c.wend)) end
     end
   else
@@ -110,7 +137,8 @@ for i = 1, cnt do
       c.used, c.wbegin, c.wend = tonumber(f[1]), b, e
       if op == 'refund' and c.used > 0 then
         c.used = math.max(c.used - n, 0)
-        redis.call('HSET', c.h, 'c', s(c.used))
+        redis.call('HSET', c.h, 'c', s(c.used), 'r', tok)
+        wrote(c.h)
       end
     else
       c.used, c.wbegin = 0, c.begin
@@ -144,7 +172,8 @@ if op == 'allow' then
           c.wbegin, c.wend = now, now + c.span
         end
         c.used = c.used + n
-        redis.call('HSET', c.h, 'c', s(c.used), 'b', s(c.wbegin), 'e', s(c.wend), 'l', s(c.limit))
+        redis.call('HSET', c.h, 'c', s(c.used), 'b', s(c.wbegin), 'e', s(c.wend), 'l', s(c.limit), 'r', tok)
+        wrote(c.h)
         expire(c.z, c.wend)
         c.e = c.wend
       else
@@ -155,18 +184,19 @@ if op == 'allow' then
           redis.call('HDEL', c.h, 's')
         end
         if c.wend == nil then
-          redis.call('HSET', c.h, 'c', s(c.used), 'b', s(c.wbegin), 'l', s(c.limit))
+          redis.call('HSET', c.h, 'c', s(c.used), 'b', s(c.wbegin), 'l', s(c.limit), 'r', tok)
           if c.e ~= nil then redis.call('HDEL', c.h, 'e') end
         else
-          redis.call('HSET', c.h, 'c', s(c.used), 'b', s(c.wbegin), 'e', s(c.wend), 'l', s(c.limit))
+          redis.call('HSET', c.h, 'c', s(c.used), 'b', s(c.wbegin), 'e', s(c.wend), 'l', s(c.limit), 'r', tok)
         end
+        wrote(c.h)
         c.e = c.wend
       end
     elseif not c.fits then
-      local set = {'HSET', c.h, 'l', s(c.limit)}
+      local set = {'HSET', c.h, 'l', s(c.limit), 'r', tok}
       if not c.exists then
         -- An empty window (begin = end) that only a counted event opens.
-        set[5], set[6], set[7], set[8], set[9], set[10] = 'b', s(now), 'e', s(now), 'c', '0'
+        set[7], set[8], set[9], set[10], set[11], set[12] = 'b', s(now), 'e', s(now), 'c', '0'
         c.e = now
       end
       if c.blocked == nil and c.block > 0 then
@@ -176,6 +206,7 @@ if op == 'allow' then
         set[k + 1], set[k + 2] = 'x', s(c.blocked)
       end
       redis.call(unpack(set))
+      wrote(c.h)
       redis.call('HINCRBY', c.h, 'd', 1)
     end
     if allok or not c.fits then
@@ -201,9 +232,7 @@ for i = 1, cnt do
   out[#out + 1] = free
 end
 out[#out + 1] = allok and 1 or 0
--- A repeated denial needs no memory: it counts nothing (at most it adds one
--- to the denied tally), so a flood of denials creates no keys.
-if reply and (allok or op ~= 'allow') then
-  redis.call('SET', reply, cmsgpack.pack(out), 'PX', ARGV[4])
-end
+-- The reply goes with the token into the first hash written (the others
+-- hold the token alone, written above).
+if first then redis.call('HSET', first, 'r', tok .. ' ' .. cmsgpack.pack(out)) end
 return out

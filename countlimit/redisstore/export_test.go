@@ -7,8 +7,12 @@ import (
 	"github.com/countlimit/countlimit/countlimit/driver"
 )
 
-// ReplyTTL is how long a write's reply is kept, for the tests.
+// ReplyTTL is how long a Reset's reply is kept, for the tests.
 const ReplyTTL = replyTTL
+
+// SetUnguarded turns the lost-reply records off (true) or on, for every
+// Store of the process: a test shows what they protect against.
+func SetUnguarded(off bool) { unguarded.Store(off) }
 
 // QueuedForTest reports how many calls wait for a pipeline.
 func (s *Store) QueuedForTest() int { return s.gather.Queued() }

@@ -1,90 +1,265 @@
 -- countlimit: the fast path, apply.lua for the common call: an Allow of
--- one rule whose window is not sliding (rolling, fixed, calendar, lifetime,
--- CheckLimit). It decides as apply.lua does for such a call, in straight
--- code without apply.lua's tables, loops and branches for other ops and
--- for logs, and counts an event in the current window under an unchanged
--- limit with one HINCRBY instead of rewriting four fields: about a third
--- less Redis CPU a call. Twins: apply.lua (and with it countlimit_apply,
--- queries/fast.sql and memstore's Store.apply): change one, change them
--- all. storetest.Run, in TestConformance, sends every single-rule Allow
--- here and every other call to apply.lua, on the same keys.
+-- one rule (rolling, fixed, calendar, lifetime, sliding, CheckLimit). It
+-- decides as apply.lua does for such a call, in straight code without
+-- apply.lua's tables, loops and branches for other ops and for several
+-- rules, and counts an event in the current window under an unchanged
+-- limit by writing the count and the record alone. Twins: apply.lua
+-- (and with it countlimit_apply, queries/fast.sql and memstore's
+-- Store.apply): change one, change them all. storetest.Run, in
+-- TestConformance, sends every single-rule Allow here and every other call
+-- to apply.lua, on the same keys.
 --
 -- One script may carry many such calls (a pipeline's, on one server): they
 -- are applied one after another, in order, each to the hash as the one
 -- before left it, exactly as if each were a script of its own, and share
--- one reply key and the script's fixed cost.
+-- the script's fixed cost.
 --
--- KEYS: for each call its counter hash and its sliding log (deleted when a
--- log is there: counting with another kind of window drops it); last, the
--- reply key.
--- ARGV: reply TTL (ms), then for each call: now (µs), n, limit, begin (µs),
--- length (µs; 0 = lifetime), block (µs; 0 = none).
+-- KEYS: for each call its counter hash and its sliding log (for a window
+-- that is not sliding, deleted when a log is there: counting with another
+-- kind of window drops it).
+-- ARGV: the script's token, its attempt ('0' the first time the command is
+-- written to a connection, '1' when go-redis sends it again), then for each
+-- call: now (µs), n, limit, begin (µs), length (µs; 0 = lifetime), block
+-- (µs; 0 = none), span (µs; 0 = not sliding; begin and length are 0 when
+-- it is not).
 -- Returns apply.lua's reply for each call, one after another: {used,
--- begin, end, blocked_until, NONE, verdict}; and keeps it under the reply
--- key, as apply.lua does, when a call counted (with the replies of the
--- script's other calls, denials too). A call of many whose keys hold
--- something the script cannot read or write (a hash key made a string, a
--- field that is not a number; a hand edit) fails before it writes
--- anything: each branch's first write is the only one that can fail. Its
--- verdict is then -1 and it changed nothing, so the caller sends it again
--- alone, to get the error. A script of one call fails with that error.
+-- begin, end, blocked_until, free_at, verdict}.
+--
+-- Lost replies. Only the first attempt of a command applies its calls; a
+-- repeat (attempt '1') writes nothing, so however the attempts of one
+-- command meet in Redis, in whatever order, each call counts at most once.
+-- A repeat only answers: every hash a call writes keeps the script's token
+-- in its field r, the token when the call counted, '-' and the token when
+-- it was denied (apply.lua keeps its own there, so r always names the last
+-- script that wrote the hash). A repeat's call whose hash still names the
+-- script was applied by the first attempt, and nothing has written that
+-- hash since, so the hash is as that call left it and the reply is read
+-- back from it. A call whose hash names another script (written since, or
+-- never written by this one: the first attempt may never have reached
+-- Redis) answers verdict -2 (lost) and the caller reports it as failed: it
+-- may have counted, once. Token '0' turns the records off, and every
+-- attempt then applies its calls (a test shows what that costs).
+--
+-- A call of many whose keys hold something the script cannot read or write
+-- (a hash key made a string, a field that is not a number; a hand edit)
+-- fails before it writes anything: each branch's first write is the only
+-- one that can fail. Its verdict is then -1 and it changed nothing, so the
+-- caller sends it again alone, to get the error. A script of one call fails
+-- with that error.
 local NONE = -9007199254740992 -- -2^53: no time
+local tok = ARGV[1]
+local guard = tok ~= '0'
+local repeated = guard and ARGV[2] == '1'
 
--- allow applies the call whose hash is h, log lg and arguments ARGV[a..a+5]
--- and returns its reply's values.
-local function allow(h, lg, a)
-  local now, n, limit = tonumber(ARGV[a]), tonumber(ARGV[a+1]), tonumber(ARGV[a+2])
-  local f = redis.call('HMGET', h, 'c', 'b', 'e', 'x', 's', 'l')
-  local exists = f[2] ~= false
-  local b, e, x = tonumber(f[2]), tonumber(f[3]), tonumber(f[4])
-  -- The hash's TTL now: the later of e and x (apply.lua's oldat).
-  local oldat = e
-  if e ~= nil and x ~= nil and x > e then oldat = x end
+-- count applies the commonest call, if it is one: counting n more in the
+-- current window of the hash h (fields f) under the limit last applied,
+-- with no log and no penalty, as allow's first branch does. It writes the
+-- count and the record with one HSET and returns the reply's values, or
+-- nil, having written nothing, for any other call. An error (a write
+-- refused: OOM, READONLY) is returned as such, to fail the call alone.
+local function count(h, f, a)
+  if not f[2] or f[5] or f[6] ~= ARGV[a+2] or ARGV[a+6] ~= '0' then return nil end
+  -- A field that is no number (a hand edit) leaves the call to allow,
+  -- which fails it as it always has.
+  local now, x, e = tonumber(ARGV[a]), f[4], f[3]
+  if x then x = tonumber(x) end
+  if x and x > now then return nil end
+  local b, used = tonumber(f[2]), tonumber(f[1])
+  if b == nil or used == nil then return nil end
+  if e then e = tonumber(e) else e = nil end
+  if e ~= nil and not (b < e and e > now) then return nil end
+  local n = tonumber(ARGV[a+1])
+  if n > tonumber(ARGV[a+2]) - used then return nil end
+  used = used + n
+  local w
+  if guard then
+    w = redis.pcall('HSET', h, 'c', string.format('%.0f', used), 'r', tok)
+  else
+    w = redis.pcall('HSET', h, 'c', string.format('%.0f', used))
+  end
+  if type(w) == 'table' and w.err then return w end
+  return used, b, e or NONE, NONE, NONE, 1
+end
+
+-- The commonest call first, before the other functions below are made (Lua
+-- makes each anew on every run): one call, no repeat, that count applies.
+-- Anything else goes on below with the fields read here.
+local f1
+if #KEYS == 2 and not repeated then
+  f1 = redis.call('HMGET', KEYS[1], 'c', 'b', 'e', 'x', 's', 'l', 'r')
+  local used, b, e = count(KEYS[1], f1, 3)
+  if type(used) == 'table' then return redis.error_reply(used.err) end
+  if used then return {used, b, e, NONE, NONE, 1} end
+end
+
+local denied = '-' .. tok
+
+-- record adds field r, the record of this script, to set, an HSET's
+-- arguments, unless records are off.
+local function record(set, r)
+  if guard then set[#set + 1], set[#set + 2] = 'r', r end
+end
+
+local function s(x) return string.format('%.0f', x) end
+
+-- decide works out the call whose fields are f and arguments ARGV[a..a+6]
+-- as the hash stands, writing nothing; not for a sliding call (slide).
+local function decide(f, a)
+  local now, n = tonumber(ARGV[a]), tonumber(ARGV[a+1])
+  local b, e, x = f[2], f[3], f[4]
+  local exists = b ~= false
+  if e then e = tonumber(e) else e = nil end
+  if x then x = tonumber(x) else x = nil end
   local blocked
   if x ~= nil and x > now then blocked = x end
-
   -- Current: not empty, not over (begin is not compared with now).
-  local cur = exists and (e == nil or (b < e and e > now))
-  local used, wb, we = 0, tonumber(ARGV[a+3]), nil
+  local used, wb, we, cur = 0, nil, nil, false
+  if exists then
+    b = tonumber(b)
+    cur = e == nil or (b < e and e > now)
+  end
   if cur then
     used, wb, we = tonumber(f[1]), b, e
   else
+    wb = tonumber(ARGV[a+3])
     local len = tonumber(ARGV[a+4])
     if len > 0 then we = wb + len end
   end
+  local ok = blocked == nil and n <= tonumber(ARGV[a+2]) - used
+  return ok, now, n, exists, cur, e, x, blocked, used, wb, we
+end
 
+-- slide works out a sliding call whose log is lg, fields f and arguments
+-- ARGV[a..a+6] as the log stands, writing nothing: apply.lua's slide and
+-- decision for one check.
+local function slide(lg, f, a)
+  local now, n, limit, span = tonumber(ARGV[a]), tonumber(ARGV[a+1]), tonumber(ARGV[a+2]), tonumber(ARGV[a+6])
+  local x = f[4]
+  if x then x = tonumber(x) else x = nil end
+  local blocked
+  if x ~= nil and x > now then blocked = x end
+  local cut = '(' .. s(now - span)
+  local used = redis.call('ZCOUNT', lg, cut, '+inf')
+  local wb, we, free
+  if used > 0 then
+    wb = tonumber(redis.call('ZRANGEBYSCORE', lg, cut, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)[2])
+    we = tonumber(redis.call('ZRANGE', lg, -1, -1, 'WITHSCORES')[2]) + span
+  end
+  if n > limit - used and n <= limit then
+    free = tonumber(redis.call('ZRANGEBYSCORE', lg, cut, '+inf', 'WITHSCORES', 'LIMIT', used + n - limit - 1, 1)[2])
+  end
   local ok = blocked == nil and n <= limit - used
+  return ok, now, n, span, x, blocked, used, wb, we, free
+end
+
+-- expire sets h's TTL to end at at (µs), seen at now; nil: never.
+local function expire(h, at, now)
+  if at == nil then
+    redis.call('PERSIST', h)
+  else
+    local ms = math.ceil((at - now) / 1000)
+    if ms < 1 then ms = 1 end
+    redis.call('PEXPIRE', h, ms)
+  end
+end
+
+-- slideAllow applies a sliding call, as allow does others.
+local function slideAllow(h, lg, f, a)
+  local ok, now, n, span, x, blocked, used, wb, we, free = slide(lg, f, a)
+  local exists = f[2] ~= false
+  local e = f[3]
+  if e then e = tonumber(e) else e = nil end
+  if ok then
+    local snow = s(now)
+    redis.call('ZREMRANGEBYSCORE', lg, '-inf', s(now - span))
+    local seq = redis.call('HINCRBY', h, 's', n)
+    for j = seq - n + 1, seq do
+      redis.call('ZADD', lg, snow, snow .. ':' .. s(j))
+    end
+    -- The log is now the used live events slide found (the trim above
+    -- dropped exactly those it did not count) and n more at now, which a
+    -- late clock read may put before the newest, or even the oldest, of
+    -- them.
+    if used > 0 then
+      wb, we = math.min(wb, now), math.max(we, now + span)
+    else
+      wb, we = now, now + span
+    end
+    used = used + n
+    local set = {'HSET', h, 'c', s(used), 'b', s(wb), 'e', s(we), 'l', ARGV[a+2]}
+    record(set, tok)
+    redis.call(unpack(set))
+    expire(lg, we, now)
+    e, free = we, nil
+  else
+    redis.call('HINCRBY', h, 'd', 1)
+    local set = {'HSET', h, 'l', ARGV[a+2]}
+    if not exists then
+      -- An empty window (begin = end) that only a counted event opens.
+      set[5], set[6], set[7], set[8], set[9], set[10] = 'b', ARGV[a], 'e', ARGV[a], 'c', '0'
+      e = now
+    end
+    local block = tonumber(ARGV[a+5])
+    if blocked == nil and block > 0 then
+      blocked = now + block
+      x = blocked
+      set[#set + 1], set[#set + 2] = 'x', s(blocked)
+    end
+    record(set, denied)
+    redis.call(unpack(set))
+  end
+  -- A sliding hash's TTL is set on every write: a refund may have
+  -- shortened its window.
+  local at = e
+  if at ~= nil and x ~= nil and x > at then at = x end
+  expire(h, at, now)
+  return used, wb or NONE, we or NONE, blocked or NONE, free or NONE, ok and 1 or 0
+end
+
+-- allow applies the call whose hash is h, log lg, fields f and arguments
+-- ARGV[a..a+6] and returns its reply's values.
+local function allow(h, lg, f, a)
+  if ARGV[a+6] ~= '0' then return slideAllow(h, lg, f, a) end
+  local ok, now, n, exists, cur, e, x, blocked, used, wb, we = decide(f, a)
+  -- The hash's TTL now: the later of e and x (apply.lua's oldat).
+  local oldat = e
+  if e ~= nil and x ~= nil and x > e then oldat = x end
   if ok then
     used = used + n
     if cur and f[6] == ARGV[a+2] and not f[5] then
       -- One more in the current window, the limit as last applied: the
-      -- window, the limit and the TTL stay as they are.
-      redis.call('HINCRBY', h, 'c', n)
-    else
-      if f[5] then
-        redis.call('DEL', lg)
-        redis.call('HDEL', h, 's')
-      end
-      if we == nil then
-        redis.call('HSET', h, 'c', string.format('%.0f', used), 'b', string.format('%.0f', wb), 'l', ARGV[a+2])
-        if e ~= nil then redis.call('HDEL', h, 'e') end
+      -- window, the limit and the TTL stay as they are. One HSET writes
+      -- the count and the record (a call into Redis costs more than
+      -- formatting the count).
+      if guard then
+        redis.call('HSET', h, 'c', string.format('%.0f', used), 'r', tok)
       else
-        redis.call('HSET', h, 'c', string.format('%.0f', used), 'b', string.format('%.0f', wb),
-          'e', string.format('%.0f', we), 'l', ARGV[a+2])
+        redis.call('HSET', h, 'c', string.format('%.0f', used))
       end
+      return used, wb, we or NONE, NONE, NONE, 1
     end
+    if f[5] then
+      redis.call('DEL', lg)
+      redis.call('HDEL', h, 's')
+    end
+    local set = {'HSET', h, 'c', string.format('%.0f', used), 'b', string.format('%.0f', wb), 'l', ARGV[a+2]}
+    if we ~= nil then set[9], set[10] = 'e', string.format('%.0f', we) end
+    record(set, tok)
+    redis.call(unpack(set))
+    if we == nil and e ~= nil then redis.call('HDEL', h, 'e') end
     e = we
   else
     -- The tally first: the one write of a denial that can fail (a field
     -- that is not an integer), before any other.
     redis.call('HINCRBY', h, 'd', 1)
-    if exists then
-      redis.call('HSET', h, 'l', ARGV[a+2])
-    else
+    local set = {'HSET', h, 'l', ARGV[a+2]}
+    if not exists then
       -- An empty window (begin = end) that only a counted event opens.
-      redis.call('HSET', h, 'l', ARGV[a+2], 'b', ARGV[a], 'e', ARGV[a], 'c', '0')
+      set[5], set[6], set[7], set[8], set[9], set[10] = 'b', ARGV[a], 'e', ARGV[a], 'c', '0'
       e = now
     end
+    record(set, denied)
+    redis.call(unpack(set))
     local block = tonumber(ARGV[a+5])
     if blocked == nil and block > 0 then
       blocked = now + block
@@ -97,41 +272,72 @@ local function allow(h, lg, a)
   -- count, kept for good); a TTL that would not change is left alone.
   local at = e
   if at ~= nil and x ~= nil and x > at then at = x end
-  if not exists or at ~= oldat then
-    if at == nil then
-      redis.call('PERSIST', h)
-    else
-      local ms = math.ceil((at - now) / 1000)
-      if ms < 1 then ms = 1 end
-      redis.call('PEXPIRE', h, ms)
-    end
-  end
-  return used, wb or NONE, we or NONE, blocked or NONE, ok
+  if not exists or at ~= oldat then expire(h, at, now) end
+  return used, wb or NONE, we or NONE, blocked or NONE, NONE, ok and 1 or 0
 end
 
-local reply = KEYS[#KEYS]
-local done = redis.call('GET', reply)
-if done then return cmsgpack.unpack(done) end
+-- again answers, without writing, the call whose hash (and log) is as
+-- this script left it (fields f, record r) from an earlier attempt.
+local function again(lg, f, a, r)
+  if r == tok then
+    -- Counted: the hash holds the count and the window it left (for a
+    -- sliding call too); a counted call was not blocked.
+    local e = NONE
+    if f[3] then e = tonumber(f[3]) end
+    return tonumber(f[1]), tonumber(f[2]), e, NONE, NONE, 1
+  end
+  -- Denied: the same hash, log and arguments decide the same way again
+  -- (the penalty it set blocks it, the empty window it opened is not
+  -- current, the log is as it was).
+  if ARGV[a+6] ~= '0' then
+    local ok, _, _, _, _, blocked, used, wb, we, free = slide(lg, f, a)
+    return used, wb or NONE, we or NONE, blocked or NONE, free or NONE, ok and 1 or 0
+  end
+  local ok, _, _, _, _, _, _, blocked, used, wb, we = decide(f, a)
+  return used, wb, we or NONE, blocked or NONE, NONE, ok and 1 or 0
+end
 
-local calls = (#KEYS - 1) / 2
-local out, counted = {}, false
+local calls = #KEYS / 2
+if repeated then
+  -- Every call answers from its hash, or is lost. A hash that a later
+  -- call of this script wrote holds that call's outcome, not this one's.
+  local last, out = {}, {}
+  for i = 1, calls do last[KEYS[2 * i - 1]] = i end
+  for i = 1, calls do
+    local h, o = KEYS[2 * i - 1], 6 * (i - 1)
+    local f = redis.pcall('HMGET', h, 'c', 'b', 'e', 'x', 's', 'l', 'r')
+    if last[h] == i and not f.err and (f[7] == tok or f[7] == denied) then
+      out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5], out[o + 6] = again(KEYS[2 * i], f, 7 * i - 4, f[7])
+    else
+      out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5], out[o + 6] = 0, NONE, NONE, NONE, NONE, -2
+    end
+  end
+  return out
+end
+
+if calls == 1 then
+  return {allow(KEYS[1], KEYS[2], f1 or redis.call('HMGET', KEYS[1], 'c', 'b', 'e', 'x', 's', 'l', 'r'), 3)}
+end
+
+-- Many calls, one after another, each reading its hash as the one before
+-- left it. A key that is no hash fails its call alone (verdict -1).
+local out = {}
 for i = 1, calls do
-  local o, a = 6 * (i - 1), 2 + 6 * (i - 1)
-  local fine, used, wb, we, blocked, ok = true
-  if calls == 1 then
-    used, wb, we, blocked, ok = allow(KEYS[1], KEYS[2], a)
-  else
-    fine, used, wb, we, blocked, ok = pcall(allow, KEYS[2 * i - 1], KEYS[2 * i], a)
+  local h, o = KEYS[2 * i - 1], 6 * (i - 1)
+  local f = redis.pcall('HMGET', h, 'c', 'b', 'e', 'x', 's', 'l', 'r')
+  local fine, used, wb, we, blocked, free, ok = false
+  if not f.err then
+    fine, used, wb, we, blocked, free, ok = true, count(h, f, 7 * i - 4)
+    if used == nil then
+      fine, used, wb, we, blocked, free, ok = pcall(allow, h, KEYS[2 * i], f, 7 * i - 4)
+    elseif type(used) == 'table' then
+      fine = false
+    end
   end
   if fine then
-    out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5], out[o + 6] =
-      used, wb, we, blocked, NONE, ok and 1 or 0
-    counted = counted or ok
+    out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5], out[o + 6] = used, wb, we, blocked, free, ok
   else
     out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5], out[o + 6] = 0, NONE, NONE, NONE, NONE, -1
   end
 end
--- As in apply.lua, a denial alone is not remembered: its repeat counts
--- nothing either.
-if counted then redis.call('SET', reply, cmsgpack.pack(out), 'PX', ARGV[1]) end
 return out

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -19,12 +20,14 @@ import (
 var fastSeed = flag.Uint64("fastseed", 0, "TestFastScriptIsApplyForOneRule: replay this seed (0: a new one)")
 
 // TestFastScriptIsApplyForOneRule runs fast.lua and apply.lua side by side
-// on two keys, with the same random Allows of one rule that is not sliding
-// (fixed, rolling and lifetime windows, limits that change, up to 2^53,
-// weights, penalties, a clock that sometimes steps back), and demands the
-// same reply, the same hash, the same TTL and the same kept reply after
-// every step. Between steps, on both keys alike: now and then apply.lua's
-// sliding Allow leaves a log behind, or its refund takes events back, the
+// on two keys, with the same random Allows of one rule (fixed, rolling,
+// lifetime and sliding windows, limits that change, up to 2^53, weights,
+// penalties, a clock that sometimes steps back), and demands the same
+// reply, the same hash (but for the record of the script that wrote it
+// last, which each keeps in its own form) and log, the same TTL, and the
+// same reply again from a repeat of the script (go-redis's retry after a
+// lost reply), which changes nothing, after every step. Between steps, on
+// both keys alike: now and then apply.lua's refund takes events back, the
 // hash is deleted (a Reset) or replaced by what lease.lua alone writes (a
 // tally and a penalty), so that fast.lua meets every state the other
 // scripts leave. A failure names its seed: go test -run
@@ -65,11 +68,7 @@ func TestFastScriptIsApplyForOneRule(t *testing.T) {
 	const gone, slack = time.Duration(-2), 500 * time.Millisecond
 	now := time.Now().UnixMicro()
 	limit := int64(4)
-	replies := 0
-	reply := func() string {
-		replies++
-		return fmt.Sprintf("{%s}:reply:%d", ut, replies)
-	}
+	tokens := 0
 	fastAllowed := 0
 	for step := range 2000 {
 		now += rng.Int64N(3 * sec)
@@ -99,23 +98,28 @@ func TestFastScriptIsApplyForOneRule(t *testing.T) {
 		op := rng.IntN(25)
 		leaseX := now + rng.Int64N(2*sec) - sec
 		var desc string
-		got, hashes, kepts := make([]string, len(sides)), make([]string, len(sides)), make([]string, len(sides)) // reply, hash, kept reply
+		got, hashes, agains := make([]string, len(sides)), make([]string, len(sides)), make([]string, len(sides)) // reply, hash, repeat's reply
 		ttls := make([]time.Duration, len(sides))
 		for i, s := range sides {
-			script, args := apply, []any{"allow", now, n, 20000, limit, begin, length, 0, block}
+			tokens++
+			tok := fmt.Sprint(tokens)
+			script, args := apply, []any{"allow", now, n, tok, "0", limit, begin, length, 0, block}
 			var prepare func(p redis.Pipeliner)
-			oneRule := true // an Allow of one rule that is not sliding: fast.lua's
+			oneRule := true // an Allow of one rule: fast.lua's
+			// A sliding Allow's arguments: apply.lua's, and fast.lua's.
+			lim, b, l, span := limit, begin, length, int64(0)
 			switch {
-			case op == 0 && step > 0:
-				desc, oneRule = "sliding allow (apply.lua on both)", false
-				args = []any{"allow", now, n, 20000, min(limit, countlimit.MaxSlidingLimit), 0, 0, 4 * sec, block}
+			case op <= 4 && op != 1 && step > 0:
+				desc = "sliding allow"
+				lim, b, l, span = min(limit, countlimit.MaxSlidingLimit), 0, 0, 4*sec
+				args = []any{"allow", now, n, tok, "0", lim, b, l, span, block}
 			case op == 1:
 				desc, oneRule = "refund (apply.lua on both)", false
 				args[0] = "refund"
-			case op == 2:
+			case op == 5:
 				desc = "allow after a reset"
 				prepare = func(p redis.Pipeliner) { p.Del(ctx, s.hash, s.log) }
-			case op == 3:
+			case op == 6:
 				desc = "allow on a hash lease.lua left (a tally and a penalty)"
 				prepare = func(p redis.Pipeliner) {
 					p.Del(ctx, s.hash, s.log)
@@ -125,9 +129,9 @@ func TestFastScriptIsApplyForOneRule(t *testing.T) {
 				desc = "allow"
 			}
 			if oneRule {
-				desc = fmt.Sprintf("%s: n=%d limit=%d begin=%d length=%d block=%d", desc, n, limit, begin, length, block)
+				desc = fmt.Sprintf("%s: n=%d limit=%d begin=%d length=%d block=%d span=%d", desc, n, lim, b, l, block, span)
 				if i == 1 {
-					script, args = fast, []any{20000, now, n, limit, begin, length, block}
+					script, args = fast, []any{tok, "0", now, n, lim, b, l, block, span}
 				}
 			}
 			// One transaction, so that nothing else runs between the
@@ -135,28 +139,44 @@ func TestFastScriptIsApplyForOneRule(t *testing.T) {
 			// millisecond (a denial's empty window) may still be gone by
 			// the reads when Redis stalls mid-transaction on a loaded
 			// machine: see gone below.
-			key := reply()
-			var res *redis.Cmd
+			repeat := slices.Clone(args)
+			repeat[slices.Index(repeat, any("0"))] = "1" // the attempt
+			var res, rep *redis.Cmd
 			var ttl *redis.DurationCmd
 			var h *redis.MapStringStringCmd
-			var kept *redis.StringCmd
+			var lg *redis.ZSliceCmd
 			_, err := c.TxPipelined(ctx, func(p redis.Pipeliner) error {
 				if prepare != nil {
 					prepare(p)
 				}
 				p.PExpire(ctx, s.hash, keep)
-				res = script.Eval(ctx, p, []string{s.hash, s.log, key}, args...)
+				res = script.Eval(ctx, p, []string{s.hash, s.log}, args...)
+				rep = script.Eval(ctx, p, []string{s.hash, s.log}, repeat...)
 				ttl = p.PTTL(ctx, s.hash)
 				p.PExpire(ctx, s.hash, keep)
 				h = p.HGetAll(ctx, s.hash)
-				kept = p.Get(ctx, key)
+				lg = p.ZRangeWithScores(ctx, s.log, 0, -1)
 				return nil
 			})
 			if err != nil && err != redis.Nil {
 				t.Fatalf("seed %d step %d: %s on %s: %v", seed, step, desc, s.name, err)
 			}
-			// fmt prints a map's keys sorted.
-			got[i], hashes[i], kepts[i] = fmt.Sprint(res.Val()), fmt.Sprint(h.Val()), kept.Val()
+			// fmt prints a map's keys sorted. The record (r) is each
+			// script's own: fast.lua's token, '-' and the token for a
+			// denial; apply.lua's token and its packed reply.
+			hv := h.Val()
+			if r, ok := hv["r"]; ok {
+				if r != tok && r != "-"+tok && !strings.HasPrefix(r, tok+" ") && op != 1 { // a refund may write nothing
+					t.Fatalf("seed %d step %d: %s on %s: record r = %q, want token %s", seed, step, desc, s.name, r, tok)
+				}
+				delete(hv, "r")
+			}
+			got[i], hashes[i], agains[i] = fmt.Sprint(res.Val()), fmt.Sprint(hv, lg.Val()), fmt.Sprint(rep.Val())
+			// A script that wrote nothing (a refund of nothing) cannot
+			// tell its repeat from a script that never ran: lost (-2).
+			if vals, _ := rep.Val().([]any); agains[i] != got[i] && (op != 1 || len(vals) == 0 || vals[len(vals)-1] != int64(-2)) {
+				t.Fatalf("seed %d step %d: %s on %s: repeat got %s, want %s", seed, step, desc, s.name, agains[i], got[i])
+			}
 			ttls[i] = ttl.Val()
 			if vals, _ := res.Val().([]any); i == 1 && oneRule && len(vals) == 6 && vals[5] == int64(1) {
 				fastAllowed++
@@ -182,9 +202,9 @@ func TestFastScriptIsApplyForOneRule(t *testing.T) {
 		// loaded machine may stall (by 113 ms, seen under -race with the
 		// cores oversubscribed).
 		out := func(i int) string {
-			return fmt.Sprintf("reply %s, hash %s, kept reply %q, TTL %v", got[i], hashes[i], kepts[i], ttls[i])
+			return fmt.Sprintf("reply %s, hash %s, repeat's reply %s, TTL %v", got[i], hashes[i], agains[i], ttls[i])
 		}
-		if d := ttls[0] - ttls[1]; got[0] != got[1] || hashes[0] != hashes[1] || kepts[0] != kepts[1] ||
+		if d := ttls[0] - ttls[1]; got[0] != got[1] || hashes[0] != hashes[1] || agains[0] != agains[1] ||
 			(ttls[0] < 0) != (ttls[1] < 0) || (ttls[0] < 0 && ttls[0] != ttls[1]) || d < -slack || d > slack {
 			t.Fatalf("seed %d step %d: %s\n%s: %s\n%s: %s", seed, step, desc, sides[0].name, out(0), sides[1].name, out(1))
 		}
@@ -195,16 +215,17 @@ func TestFastScriptIsApplyForOneRule(t *testing.T) {
 }
 
 // TestFastScriptCombinedIsOneByOne runs the same random Allows (fixed,
-// rolling and lifetime windows, limits that change, weights, penalties,
+// rolling, lifetime and sliding windows, limits that change, weights, penalties,
 // the calls of one script on the same few ids) on two sets of keys: one
 // fast.lua script a call on one side, and on the other one script for
 // each run of 1 to 9 calls, as a pipeline on one server sends them. Every
-// call gets the same reply, and after each script the hashes are the same,
-// with the same TTLs; a script of several calls keeps its reply when one
-// of them counted. One id's key is now and then a string: its call fails
-// alone and, in a script of several, is left undone (verdict -1) without
-// touching what the others do. A script sent again under the same reply key
-// gets its first reply and counts nothing.
+// call gets the same reply, and after each script the hashes are the same
+// (but for each side's own tokens), with the same TTLs. One id's key is now
+// and then a string: its call fails alone and, in a script of several, is
+// left undone (verdict -1) without touching what the others do. A script
+// sent again with the same token, as a repeat, gets its first reply for
+// every call it can still tell (all but a failed call and one whose id a
+// later call wrote: lost, -2) and counts nothing.
 func TestFastScriptCombinedIsOneByOne(t *testing.T) {
 	c := client(t)
 	ctx := context.Background()
@@ -246,10 +267,10 @@ func TestFastScriptCombinedIsOneByOne(t *testing.T) {
 		}
 		type call struct {
 			id   string
-			args []any // fast.lua's six for the call
+			args []any // fast.lua's seven for the call
 		}
 		calls := make([]call, 1+rng.IntN(9))
-		var scriptAs func(side string, calls []call, reply int) *redis.Cmd
+		var scriptAs func(side string, calls []call, reply int, attempt string) *redis.Cmd
 		for i := range calls {
 			now += rng.Int64N(sec)
 			if rng.IntN(12) == 0 {
@@ -259,37 +280,39 @@ func TestFastScriptCombinedIsOneByOne(t *testing.T) {
 			if rng.IntN(3) == 0 {
 				block = 5 * sec
 			}
-			var begin, length int64
-			switch kind := rng.IntN(10); {
+			var begin, length, span int64
+			lim := limit
+			switch kind := rng.IntN(12); {
 			case kind < 5:
 				begin, length = now-now%(7*sec), 7*sec
 			case kind < 8:
 				begin, length = now, 10*sec
-			default:
+			case kind < 10:
 				begin = now
+			default:
+				span, lim = 4*sec, min(limit, countlimit.MaxSlidingLimit)
 			}
 			id := ids[rng.IntN(3)]
 			if rng.IntN(8) == 0 {
 				id = "bad"
 			}
-			calls[i] = call{id, []any{now, 1 + rng.Int64N(3), limit, begin, length, block}}
+			calls[i] = call{id, []any{now, 1 + rng.Int64N(3), lim, begin, length, block, span}}
 		}
 		script := func(side string, calls []call) *redis.Cmd {
 			replies++
-			return scriptAs(side, calls, replies)
+			return scriptAs(side, calls, replies, "0")
 		}
-		scriptOn := func(p redis.Scripter, side string, calls []call, reply int) *redis.Cmd {
-			keys := make([]string, 0, 2*len(calls)+1)
-			args := []any{20000}
+		scriptOn := func(p redis.Scripter, side string, calls []call, reply int, attempt string) *redis.Cmd {
+			keys := make([]string, 0, 2*len(calls))
+			args := []any{reply, attempt}
 			for _, cl := range calls {
 				keys = append(keys, hash(side, cl.id), hash(side, cl.id)+":log")
 				args = append(args, cl.args...)
 			}
-			keys = append(keys, fmt.Sprintf("{%s}:reply:%d", ut, reply))
 			return fast.Eval(ctx, p, keys, args...)
 		}
-		scriptAs = func(side string, calls []call, reply int) *redis.Cmd {
-			return scriptOn(c, side, calls, reply)
+		scriptAs = func(side string, calls []call, reply int, attempt string) *redis.Cmd {
+			return scriptOn(c, side, calls, reply, attempt)
 		}
 		// An id whose hash a lone call left to expire at once (a denial's
 		// empty window lives 1 ms) is fuzzy for this step: its next lone
@@ -304,7 +327,7 @@ func TestFastScriptCombinedIsOneByOne(t *testing.T) {
 			var ttl *redis.DurationCmd
 			_, _ = c.TxPipelined(ctx, func(p redis.Pipeliner) error {
 				replies++
-				res = scriptOn(p, "alone", []call{cl}, replies)
+				res = scriptOn(p, "alone", []call{cl}, replies, "0")
 				ttl = p.PTTL(ctx, hash("alone", cl.id))
 				return nil
 			})
@@ -350,17 +373,27 @@ func TestFastScriptCombinedIsOneByOne(t *testing.T) {
 				t.Fatalf("seed %d step %d: call %d of %d (%v): alone %s, combined %s", seed, step, i+1, len(calls), cl, alone[i], got)
 			}
 		}
-		kept, err := c.Get(ctx, fmt.Sprintf("{%s}:reply:%d", ut, replies)).Result()
-		if anyCounted != (err == nil) || (err != nil && err != redis.Nil) {
-			t.Fatalf("seed %d step %d: kept reply %q, %v; a call counted: %v", seed, step, kept, err, anyCounted)
-		}
-		if anyCounted {
+		if anyCounted || len(calls) > 1 {
 			// A repeat of the script (a reply lost, the command sent
-			// again) gets the kept reply and counts nothing: the hashes
-			// below must still match the other side's.
-			again, err := scriptAs("combined", calls, replies).Slice()
-			if err != nil || fmt.Sprint(again) != fmt.Sprint(vals) {
+			// again) gets the first reply and counts nothing: the hashes
+			// below must still match the other side's. A call that failed,
+			// or whose id a later call of the script wrote again, cannot
+			// be told apart from one whose record was overwritten: lost.
+			// So may a denial be, whose empty window lived a millisecond
+			// (TestFastScriptIsApplyForOneRule holds denials' repeats in a
+			// transaction, where no hash expires).
+			again, err := scriptAs("combined", calls, replies, "1").Slice()
+			if err != nil || len(again) != len(vals) {
 				t.Fatalf("seed %d step %d: the repeat of a script got %v, %v; want %v", seed, step, again, err, vals)
+			}
+			for i, cl := range calls {
+				lostOK := vals[6*i+5] == int64(-1) || vals[6*i+5] == "failed" || vals[6*i+5] == int64(0)
+				for _, later := range calls[i+1:] {
+					lostOK = lostOK || later.id == cl.id
+				}
+				if got, want := fmt.Sprint(again[6*i:6*i+6]), fmt.Sprint(vals[6*i:6*i+6]); got != want && !(lostOK && again[6*i+5] == int64(-2)) {
+					t.Fatalf("seed %d step %d: call %d of %d (%v): the repeat got %s, want %s", seed, step, i+1, len(calls), cl, got, want)
+				}
 			}
 		}
 		for _, id := range ids[:3] {
@@ -369,13 +402,17 @@ func TestFastScriptCombinedIsOneByOne(t *testing.T) {
 			for j, side := range []string{"alone", "combined"} {
 				var h *redis.MapStringStringCmd
 				var d *redis.DurationCmd
+				var lg *redis.ZSliceCmd
 				if _, err := c.TxPipelined(ctx, func(p redis.Pipeliner) error {
 					h, d = p.HGetAll(ctx, hash(side, id)), p.PTTL(ctx, hash(side, id))
+					lg = p.ZRangeWithScores(ctx, hash(side, id)+":log", 0, -1)
 					return nil
 				}); err != nil {
 					t.Fatal(err)
 				}
-				state[j], ttl[j] = fmt.Sprint(h.Val()), d.Val()
+				hv := h.Val()
+				delete(hv, "r") // each side's own tokens
+				state[j], ttl[j] = fmt.Sprint(hv, lg.Val()), d.Val()
 			}
 			// A hash about to expire (a TTL of at most slack) on one side
 			// and gone on the other is gone on both.
@@ -394,7 +431,7 @@ func TestFastScriptCombinedIsOneByOne(t *testing.T) {
 			if differ || short(ttl[0]) || short(ttl[1]) {
 				// Both start the next step without it, whichever side's
 				// would have expired first.
-				if err := c.Del(ctx, hash("alone", id), hash("combined", id)).Err(); err != nil {
+				if err := c.Del(ctx, hash("alone", id), hash("combined", id), hash("alone", id)+":log", hash("combined", id)+":log").Err(); err != nil {
 					t.Fatal(err)
 				}
 			}

@@ -86,14 +86,14 @@ func (h *pipeHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 }
 
 // callsIn returns how many calls a command carries: a fast.lua script
-// may carry several (KEYS: two a call, then the reply key), any other one.
+// may carry several (KEYS: two a call), any other one.
 func callsIn(cmd redis.Cmder) int {
 	args := cmd.Args()
 	if len(args) < 3 || (args[1] != fastScript.Hash() && args[1] != redisstore.FastSource) {
 		return 1
 	}
 	nkeys, _ := args[2].(int)
-	return (nkeys - 1) / 2
+	return nkeys / 2
 }
 
 var fastScript = redis.NewScript(redisstore.FastSource)
@@ -209,9 +209,9 @@ func testFailingScript(t *testing.T, opts []redisstore.Option, names [][]string)
 }
 
 // TestNoScriptInAPipeline flushes the scripts while calls gather: every
-// command of the pipeline (the two fixed-window Allows' one script, the
-// sliding Allow's, the Peek's and the Reset's) gets NOSCRIPT and is sent
-// again, once, with EVAL, and each call gets its own reply.
+// command of the pipeline (the three Allows' one script, two of a fixed
+// window and one sliding, the Peek's and the Reset's) gets NOSCRIPT and is
+// sent again, once, with EVAL, and each call gets its own reply.
 func TestNoScriptInAPipeline(t *testing.T) {
 	c := client(t)
 	other := client(t)
@@ -248,7 +248,7 @@ func TestNoScriptInAPipeline(t *testing.T) {
 		t.Errorf("Used after SCRIPT FLUSH = %d, %d, %d, %d; want 1, 2, 1 or 4, 4", res[0].Used, res[1].Used, res[2].Used, res[3].Used)
 	}
 	h.mu.Lock()
-	want := [][]string{{"evalsha", "evalsha", "evalsha", "evalsha"}, {"eval", "eval", "eval", "eval"}}
+	want := [][]string{{"evalsha", "evalsha", "evalsha"}, {"eval", "eval", "eval"}}
 	if len(h.names) != 2 || !slices.Equal(h.names[0], want[0]) || !slices.Equal(h.names[1], want[1]) {
 		t.Errorf("pipelines sent: %v, want %v", h.names, want)
 	}
@@ -530,5 +530,54 @@ func TestRefusedCombinedScript(t *testing.T) {
 		if n, err := c.HGet(ctx, redisstore.Key(rule.UseType, id), "c").Int64(); err != nil || n != 2 {
 			t.Errorf("stored count of %q: %d, %v; want 2", id, n, err)
 		}
+	}
+}
+
+// TestCombinedScriptsAreBounded gathers five Allows into one pipeline on a
+// Store whose combined scripts carry at most two calls, or about 3000
+// bytes of keys and arguments (two calls of 500-byte ids): the pipeline
+// carries three scripts, of two, two and one calls, and every call counts
+// once, from its own count.
+func TestCombinedScriptsAreBounded(t *testing.T) {
+	t.Parallel()
+	long := strings.Repeat("x", 500)
+	for _, tc := range []struct {
+		name string
+		opt  redisstore.Option
+		id   string
+	}{
+		{"calls", redisstore.WithMaxScript(2, 0), ""},
+		{"bytes", redisstore.WithMaxScript(0, 3000), long},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			c := client(t)
+			h, s, l := oneSlot(c, tc.opt)
+			ctx := context.Background()
+			rule := countlimit.Rule{UseType: storetest.UseType(t, "bounded"), Limit: 5, Window: countlimit.Fixed(time.Hour)}
+			ids := []string{"a", "b", "c", "d", "e"}
+			before := map[string]int64{"b": 1, "c": 2, "d": 3, "e": 4}
+			for id, n := range before {
+				if _, err := l.AllowN(ctx, rule, tc.id+id, n); err != nil {
+					t.Fatal(err)
+				}
+			}
+			results := make([]countlimit.Result, len(ids))
+			calls := make([]func() error, len(ids))
+			for i, id := range ids {
+				calls[i] = func() (err error) { results[i], err = l.Allow(ctx, rule, tc.id+id); return err }
+			}
+			errs := gathered(t, s, h, func() error { _, err := l.Allow(ctx, rule, "first"); return err }, calls...)
+			h.mu.Lock()
+			if want := [][]string{{"evalsha", "evalsha", "evalsha"}}; !slices.Equal(h.sizes, []int{len(ids)}) || !slices.EqualFunc(h.names, want, slices.Equal) {
+				t.Errorf("round trips of %v calls (%v) sent, want one of %d (%v)", h.sizes, h.names, len(ids), want)
+			}
+			h.mu.Unlock()
+			for i, id := range ids {
+				if want := before[id] + 1; errs[i] != nil || !results[i].Allowed || results[i].Used != want {
+					t.Errorf("Allow(%q) = %+v, %v; want allowed, Used %d", id, results[i], errs[i], want)
+				}
+			}
+		})
 	}
 }

@@ -5,12 +5,13 @@
 // Every operation runs in one Lua script, run with EVALSHA (and EVAL when
 // the server answers NOSCRIPT, after a restart or SCRIPT FLUSH), so each
 // check is atomic on the server; a pipeline's fast-path calls may share one
-// (see Pipelining). The common call, an Allow of one rule that is not
-// sliding, runs fast.lua, which decides as apply.lua does (every other
-// check's script) in about two thirds of its Redis CPU.
+// (see Pipelining). The common call, an Allow of one rule, runs fast.lua,
+// which decides as apply.lua does (every other check's script) in straight
+// code, with less of Redis's CPU.
 //
 // Keys are "countlimit:<use_type>:{<id>}", a hash holding the count, the
-// window, the denial tally and the penalty; sliding windows add a sorted set
+// window, the denial tally, the penalty and the record of the script that
+// wrote it last (field r, see Lost replies); sliding windows add a sorted set
 // "countlimit:<use_type>:{<id>}:log" of the counted events, and Concurrent
 // windows a sorted set "countlimit:<use_type>:{<id>}:lease" of lease tokens
 // by expiry (see LeaseKey and lease.lua). The hash tag
@@ -48,13 +49,14 @@
 // of its calls: go-redis sends each script to the node of its keys).
 //
 // On one server (a *redis.Client: a single Redis, or Sentinel's master)
-// the pipeline's fast-path calls, Allows of one rule that is not sliding,
+// the pipeline's fast-path calls, Allows of one rule,
 // go as one fast.lua script that applies them one after another, in the
 // order they came, each exactly as a script of its own would: the script's
-// fixed cost, its arguments' framing and its lost-reply memo are paid once
-// for them all. At 64 callers Redis spent 11-12 µs of CPU an Allow against
-// 18-19 with a script a call, and did 1.6 times the Allows a second
-// (2026-11-26; see docs/benchmarks.md, "Redis"). Every other call, every request of a Do of
+// fixed cost and its arguments' framing are paid once for them all, which
+// is most of what Redis spends on a call when calls are many (see
+// docs/benchmarks.md, "Redis"). A script carries at most 64 calls and
+// 16 KiB of keys and arguments (WithMaxScript); more make more scripts in
+// the same pipeline. Every other call, every request of a Do of
 // several, and every call on a Cluster or a Ring, whose keys live on
 // different nodes, is its own script. A server that refuses a combined
 // script whose keys span slots (CROSSSLOT, MOVED: a Cluster node reached
@@ -81,23 +83,52 @@
 // A lost reply never counts twice. go-redis sends a command, or a whole
 // pipeline, again when its connection breaks (3 retries by default), and a
 // script may have run before the reply was lost: a blind repeat would count
-// an event twice, refund twice, or reset away a count made in between. So
-// every write (Allow, Refund, Reset; not Peek) names a key unique to the
-// call, "countlimit:{<id>}:reply:<token>" (a random prefix per process and a
-// counter), in the id's slot; a combined fast.lua script names one for all
-// its calls. The script keeps its reply there for 20 s (one SET PX) and
-// answers a repeat with that reply instead of running again.
-// This holds whatever the client's retry settings, on a single server,
-// Sentinel or Cluster: the reply is written, and replicated, with the counts
-// it describes. (Turning retries off instead is the client's setting, not
-// the store's, and turns every broken connection into an error.) So that no
-// repeat comes after its reply is gone, a pipeline gives up 10 s after it is
-// sent, whatever its callers' contexts allow. A denial is not remembered:
-// its repeat counts nothing either. The price is a GET and a SET in the
-// script, about 4 µs of Redis CPU per script (of some 13 µs for the whole
-// of apply.lua on a quiet machine), and a short-lived key of about 150
-// bytes per counted script: at most some 3 MB of Redis memory per 1,000
-// counted writes a second, less when calls are combined.
+// an event twice, refund twice, or reset away a count made in between.
+//
+// So every script carries its attempt, an argument go-redis writes anew
+// each time it sends the command (an encoding.BinaryMarshaler: "0" the
+// first time, "1" after), and only the first attempt applies the call: a
+// repeat writes nothing, so however a command's attempts meet in Redis, in
+// whatever order and on whatever connections, a call counts, refunds or
+// resets at most once. For the repeat to answer, every script that writes
+// a counter leaves its token, a number of 31 bits drawn for it, in field r
+// of each hash it writes (fast.lua's header says how; a denial leaves it
+// too), overwriting the token of the script before. This costs no key and
+// no command of its own: the field is written with the count. A repeat
+// reads its hashes and:
+//
+//   - finds its token: the first attempt ran, and nothing has written that
+//     hash since, so the hash is as the call left it, and the reply is read
+//     back from it (fast.lua) or from the packed reply kept beside the
+//     token (apply.lua).
+//   - finds another: the first attempt never reached Redis, or ran and
+//     another call wrote the hash since. The call fails with
+//     countlimit.ErrUnavailable: it may have counted, once.
+//
+// A repeat is answered, then, while nothing else has written the hash
+// (for AllowAll, the first hash it wrote): on an id of its own, a retry
+// milliseconds later finds its record; on an id that many callers share,
+// the retry of a call whose reply was lost mostly fails instead, and so
+// does the retry of a call that never reached Redis (a connection killed
+// with the call in it). Reset deletes the hashes, so it keeps its reply
+// under a key of its own, "countlimit:{<id>}:reply:<token>" in the id's
+// slot, for 20 s, and a pipeline gives up 10 s after it is sent, whatever
+// its callers' contexts allow, so that no repeat of a Reset comes after its
+// reply is gone. This holds whatever the client's retry settings, on a
+// single server, Sentinel or Cluster: the record is written, and
+// replicated, with the counts it describes. (Turning retries off instead is
+// the client's setting, not the store's, and turns every broken connection
+// into an error.) A repeat could take another process's token for its own
+// where two processes' counters meet on the same hash (one chance in 2^31
+// of a repeat's): it would then report the other call's outcome, and count
+// nothing.
+//
+// Hashes written before records existed hold no field r and are read as
+// before; a process of the version before (a reply key per write) and one
+// of this version may share a Redis during a rolling upgrade, but the
+// older one does not update r, so a repeat of the newer one's call that
+// only the older one wrote over in between is answered with the hash as
+// the older one left it: counted once, with a Used that may be too high.
 //
 // Lease operations keep no reply: the lease's token makes a repeat harmless.
 // A repeated Acquire finds its token and answers allowed without taking a
@@ -123,6 +154,7 @@ import (
 	"crypto/rand"
 	_ "embed"
 	"encoding/base64"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"strconv"
@@ -155,7 +187,7 @@ var (
 )
 
 const (
-	// replyTTL is how long a write's reply is kept for a repeat of the call.
+	// replyTTL is how long a Reset's reply is kept for a repeat of the call.
 	replyTTL = 20 * time.Second
 	// maxCall bounds a pipeline, and so the last repeat go-redis may send,
 	// well inside replyTTL (the margin covers a reconnect's handshake).
@@ -168,12 +200,20 @@ var (
 	applySHA any = applyScript.Hash()
 	fastSHA  any = fastScript.Hash()
 	resetSHA any = resetScript.Hash()
+	noToken  any = "0"
 	opArg        = [...]any{driver.OpAllow: "allow", driver.OpPeek: "peek", driver.OpRefund: "refund", driver.OpReset: "reset"}
 )
 
 var (
 	callPrefix = newCallPrefix()
 	callSeq    atomic.Uint64
+	// tokenSeq numbers the scripts that write counters (see token). It
+	// starts at a random place, so that two processes seldom use the same
+	// numbers at the same time.
+	tokenSeq = newTokenSeq()
+	// unguarded turns the lost-reply records off, for a test that shows
+	// what they protect against.
+	unguarded atomic.Bool
 )
 
 // newCallPrefix returns 72 random bits: calls from two processes never
@@ -183,6 +223,60 @@ func newCallPrefix() string {
 	_, _ = rand.Read(b[:]) // never fails (it crashes the program instead)
 	return base64.RawURLEncoding.EncodeToString(b[:])
 }
+
+func newTokenSeq() *atomic.Uint32 {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	var seq atomic.Uint32
+	seq.Store(binary.LittleEndian.Uint32(b[:]))
+	return &seq
+}
+
+// token returns the next script's token: a number of 31 bits, which the
+// hashes it writes keep in their field r (see fast.lua), where Redis
+// stores it in 5 bytes (and its negative, a denial's, too). It is never 0,
+// which turns the records off. A repeat is recognised by its token in a
+// hash that nothing else wrote since, so a token only has to differ from
+// the few that wrote the same hash around the same time: the chance that a
+// retry meets its own number written by someone else is 2^-31.
+func token() any {
+	if unguarded.Load() {
+		return noToken
+	}
+	for {
+		if t := tokenSeq.Add(1) & (1<<31 - 1); t != 0 {
+			return strconv.FormatUint(uint64(t), 10)
+		}
+	}
+}
+
+// attempt is a script's argument that tells it whether go-redis is sending
+// the command for the first time: go-redis writes an argument that is an
+// encoding.BinaryMarshaler by calling MarshalBinary each time it writes the
+// command to a connection, once more for each retry. A script sent again
+// may have run already, and then may only answer from its records.
+type attempt struct{ writes atomic.Int32 }
+
+var (
+	firstAttempt = []byte("0")
+	laterAttempt = []byte("1")
+)
+
+// MarshalBinary implements encoding.BinaryMarshaler: "0" the first time,
+// "1" after.
+func (a *attempt) MarshalBinary() ([]byte, error) {
+	if a.writes.Add(1) == 1 {
+		return firstAttempt, nil
+	}
+	return laterAttempt, nil
+}
+
+// String keeps a command's printed form (logs, hooks) from counting as a write.
+func (a *attempt) String() string { return "attempt" }
+
+// errLost is a repeat's answer when its first attempt's outcome cannot be
+// told: it may have counted, and is not counted again.
+var errLost = errors.New("the reply to an earlier attempt was lost and its outcome cannot be told: it may have counted")
 
 // Store is a driver.Store on Redis. It is safe for concurrent use.
 type Store struct {
@@ -195,14 +289,17 @@ type Store struct {
 	// of now (time.Now; tests set another).
 	policy atomic.Pointer[policyAnswer]
 	now    func() time.Time
+	// A combined script's bounds (WithMaxScript).
+	scriptCalls, scriptBytes int
 }
 
 // Option configures a Store.
 type Option func(*config)
 
 type config struct {
-	maxBatch, maxInFlight int
-	scriptPerCall         bool
+	maxBatch, maxInFlight    int
+	scriptPerCall            bool
+	scriptCalls, scriptBytes int
 }
 
 // WithMaxBatch sets how many calls one pipeline may carry (default 128).
@@ -221,6 +318,25 @@ func WithMaxBatch(n int) Option { return func(c *config) { c.maxBatch = n } }
 // connections of their own.
 func WithMaxInFlight(n int) Option { return func(c *config) { c.maxInFlight = n } }
 
+// WithMaxScript bounds a combined fast.lua script (see the package doc):
+// it carries at most calls calls and, past its first call, at most about
+// bytes of keys and arguments; a pipeline's further fast-path calls go in
+// more scripts of the same pipeline. The defaults are 64 calls and 16 KiB.
+// A script runs atomically, so Redis serves no other client while it
+// runs: the bound keeps one pipeline from holding Redis long, whatever
+// its ids' length, while a script still carries enough calls to pay its
+// fixed cost once for many. Values below 1 keep the default.
+func WithMaxScript(calls, bytes int) Option {
+	return func(c *config) {
+		if calls > 0 {
+			c.scriptCalls = calls
+		}
+		if bytes > 0 {
+			c.scriptBytes = bytes
+		}
+	}
+}
+
 // WithScriptPerCall makes every call of a pipeline a script of its own,
 // as on a Redis Cluster or a Ring, instead of one fast.lua script for a
 // pipeline's fast-path calls (see the package doc). Give it for a
@@ -233,12 +349,12 @@ func WithScriptPerCall() Option { return func(c *config) { c.scriptPerCall = tru
 // New returns a Store on client. It pipelines concurrent calls; options
 // tune that.
 func New(client redis.UniversalClient, opts ...Option) *Store {
-	cfg := config{maxBatch: 128, maxInFlight: 4}
+	cfg := config{maxBatch: 128, maxInFlight: 4, scriptCalls: 64, scriptBytes: 16 << 10}
 	for _, o := range opts {
 		o(&cfg)
 	}
 	_, single := client.(*redis.Client) // one server, or Sentinel's master
-	s := &Store{client: client, now: time.Now}
+	s := &Store{client: client, now: time.Now, scriptCalls: cfg.scriptCalls, scriptBytes: cfg.scriptBytes}
 	s.combine.Store(single && !cfg.scriptPerCall)
 	if cfg.maxBatch > 1 {
 		s.gather = gather.New(s.send, cfg.maxBatch, cfg.maxInFlight)
@@ -360,19 +476,19 @@ func (s *Store) send(ctx context.Context, calls []*gather.Call) {
 }
 
 // run sends calls in one round trip and gives each call its outcome. Each
-// call is a script of its own but, with combine, two or more fast-path
-// calls go as one fast.lua script.
+// call is a script of its own but, with combine, fast-path calls go
+// together in fast.lua scripts (see combined).
 func (s *Store) run(ctx context.Context, calls []*gather.Call, combine bool) {
 	var one [1]redis.Cmder
-	cmds := one[:] // the commands sent; calls[i]'s is cmds[of[i]]
-	// of nil: calls[i]'s command is cmds[i]. cmds[0] is the combined
-	// script of nfast calls, when there is one; at is a call's place in it.
-	var of, at []int32
-	var nfast int
+	cmds := one[:] // the commands sent
+	// With combined scripts: calls[i]'s command is cmds[of[i]], its place
+	// in it at[i], and cmds[j] carries size[j] calls. of nil: calls[i]'s
+	// command is cmds[i], of one call.
+	var of, at, size []int32
 	if len(calls) > 1 {
 		cmds = make([]redis.Cmder, 0, len(calls))
 		if combine {
-			cmds, of, at, nfast = combined(ctx, cmds, calls)
+			cmds, of, at, size = combined(ctx, cmds, calls, s.scriptCalls, s.scriptBytes)
 		}
 	}
 	if of == nil {
@@ -382,19 +498,24 @@ func (s *Store) run(ctx context.Context, calls []*gather.Call, combine bool) {
 		}
 	}
 	s.execLoading(ctx, cmds)
-	refused := of != nil && s.refused(cmds[0])
+	var refused []bool // by command
+	for j := range size {
+		if size[j] > 1 && s.refused(cmds[j]) {
+			if refused == nil {
+				refused = make([]bool, len(cmds))
+			}
+			refused[j] = true
+		}
+	}
 
 	var alone []*gather.Call // calls to send again, each a script of its own
 	for i, c := range calls {
 		j, pos, k := i, 0, 1
 		if of != nil {
-			j = int(of[i])
-			if j == 0 {
-				if refused {
-					alone = append(alone, c)
-					continue
-				}
-				pos, k = int(at[i]), nfast
+			j, pos, k = int(of[i]), int(at[i]), int(size[of[i]])
+			if refused != nil && refused[j] {
+				alone = append(alone, c)
+				continue
 			}
 		}
 		var done bool
@@ -419,9 +540,8 @@ func (s *Store) run(ctx context.Context, calls []*gather.Call, combine bool) {
 
 // refused reports whether the server refused cmd, a combined fast.lua
 // script, as a whole with an error of its own: the script then applied
-// nothing (each of its calls fails inside it on its own; the only writes
-// outside them, the reply kept, cannot fail once a call has written), and
-// its calls can go again alone. A server that wants a script's keys in one
+// nothing (each of its calls fails inside it on its own, and it writes
+// nothing outside them), and its calls can go again alone. A server that wants a script's keys in one
 // slot (a Cluster node, or a proxy that checks) turns combining off for
 // good.
 func (s *Store) refused(cmd redis.Cmder) bool {
@@ -438,34 +558,61 @@ func (s *Store) refused(cmd redis.Cmder) bool {
 	return true
 }
 
-// combined appends to cmds one fast.lua script for the nfast fast-path
-// calls of calls, when there are two or more, and a command for each other
-// call, and returns which command each call is (of) and its place in it
-// (at); of is nil when there is no such script.
-func combined(ctx context.Context, cmds []redis.Cmder, calls []*gather.Call) (_ []redis.Cmder, of, at []int32, nfast int) {
+// combined appends to cmds fast.lua scripts for the fast-path calls of
+// calls, in their order, each of at most maxCalls calls and, but for its
+// first call, maxBytes of keys and arguments, and a command for each other
+// call. It returns which command each call is (of), its place in it (at),
+// and how many calls each command carries (size); of is nil when no script
+// would carry two calls.
+func combined(ctx context.Context, cmds []redis.Cmder, calls []*gather.Call, maxCalls, maxBytes int) (_ []redis.Cmder, of, at, size []int32) {
+	nfast := 0
 	for _, c := range calls {
 		if isFast(&c.Req) {
 			nfast++
 		}
 	}
 	if nfast < 2 {
-		return cmds, nil, nil, 0
+		return cmds, nil, nil, nil
 	}
-	fast := make([]*driver.Request, 0, nfast)
-	ofAt := make([]int32, 2*len(calls))
-	of, at = ofAt[:len(calls)], ofAt[len(calls):]
-	cmds = append(cmds, nil) // the combined script, below
+	all := make([]int32, 2*len(calls)+len(calls))
+	of, at, size = all[:len(calls)], all[len(calls):2*len(calls)], all[2*len(calls):2*len(calls)]
+	fast := make([]*driver.Request, 0, min(nfast, maxCalls))
+	bytes, open := 0, -1 // the script being filled: its bytes, its command
+	flush := func() {
+		if open >= 0 {
+			cmds[open] = fastCommand(ctx, fast...)
+			fast, open = fast[:0], -1
+		}
+	}
 	for i, c := range calls {
-		if isFast(&c.Req) {
-			at[i] = int32(len(fast))
-			fast = append(fast, &c.Req)
+		if !isFast(&c.Req) {
+			of[i] = int32(len(cmds))
+			cmds = append(cmds, command(ctx, &c.Req))
+			size = append(size, 1)
 			continue
 		}
-		of[i] = int32(len(cmds))
-		cmds = append(cmds, command(ctx, &c.Req))
+		b := fastBytes(&c.Req)
+		if open >= 0 && (len(fast) == maxCalls || bytes+b > maxBytes) {
+			flush()
+		}
+		if open < 0 {
+			open, bytes = len(cmds), 0
+			cmds = append(cmds, nil) // filled by flush
+			size = append(size, 0)
+		}
+		of[i], at[i] = int32(open), int32(len(fast))
+		fast = append(fast, &c.Req)
+		size[open]++
+		bytes += b
 	}
-	cmds[0] = fastCommand(ctx, fast...)
-	return cmds, of, at, nfast
+	flush()
+	return cmds, of, at, size
+}
+
+// fastBytes is about what r adds to a fast.lua script: its two keys and its
+// arguments.
+func fastBytes(r *driver.Request) int {
+	return 2*(logKeyLen(string(r.Checks[0].UseType), r.ID)) + 7*12
 }
 
 // execLoading sends cmds in one round trip (see exec) and sends those the
@@ -503,8 +650,8 @@ func (s *Store) exec(ctx context.Context, cmds []redis.Cmder) {
 }
 
 // command returns the EVALSHA of r's script: lease.lua for leases (see
-// lease.go), reset.lua for a reset, fast.lua for an Allow of one rule that
-// is not sliding, else apply.lua (see each for its KEYS and ARGV).
+// lease.go), reset.lua for a reset, fast.lua for an Allow of one rule,
+// else apply.lua (see each for its KEYS and ARGV).
 func command(ctx context.Context, r *driver.Request) redis.Cmder {
 	if r.OnLeases() {
 		return leaseCommand(ctx, r)
@@ -512,19 +659,20 @@ func command(ctx context.Context, r *driver.Request) redis.Cmder {
 	if isFast(r) {
 		return fastCommand(ctx, r)
 	}
+	reset := r.Op == driver.OpReset
 	nkeys := 2 * len(r.Checks)
-	if r.Op != driver.OpPeek {
+	if reset {
 		nkeys++
 	}
-	nargs := 4 + 5*len(r.Checks)
-	if r.Op == driver.OpReset {
+	nargs := 5 + 5*len(r.Checks)
+	if reset {
 		nargs = 1
 	}
 	args := make([]any, 3, 3+nkeys+nargs)
 	args[0], args[2] = "evalsha", nkeys
-	args = appendKeys(args, r, r.Op != driver.OpPeek)
+	args = appendKeys(args, r, reset)
 	var cmd redis.Cmder
-	if r.Op == driver.OpReset {
+	if reset {
 		args[1] = resetSHA
 		args = withLeaseKeys(args, r)
 		args = append(args, replyMS)
@@ -533,7 +681,11 @@ func command(ctx context.Context, r *driver.Request) redis.Cmder {
 		cmd = c
 	} else {
 		args[1] = applySHA
-		args = append(args, opArg[r.Op], r.Now.UnixMicro(), r.N, replyMS)
+		tok := noToken
+		if r.Op != driver.OpPeek {
+			tok = token()
+		}
+		args = append(args, opArg[r.Op], r.Now.UnixMicro(), r.N, tok, &attempt{})
 		for i := range r.Checks {
 			c := &r.Checks[i]
 			begin, length := wire.Window(c)
@@ -546,31 +698,24 @@ func command(ctx context.Context, r *driver.Request) redis.Cmder {
 	return cmd
 }
 
-// isFast reports whether r is fast.lua's: an Allow of one rule that is not
-// sliding.
+// isFast reports whether r is fast.lua's: an Allow of one rule.
 func isFast(r *driver.Request) bool {
-	return r.Op == driver.OpAllow && len(r.Checks) == 1 && r.Checks[0].Span == 0 && !r.OnLeases()
+	return r.Op == driver.OpAllow && len(r.Checks) == 1 && !r.OnLeases()
 }
 
-// fastCommand is fast.lua's EVALSHA for rs, Allows of one rule that is not
-// sliding, applied in order: one reply key for them all, in the slot of
-// the first one's id.
+// fastCommand is fast.lua's EVALSHA for rs, Allows of one rule, applied in
+// order under one token.
 func fastCommand(ctx context.Context, rs ...*driver.Request) redis.Cmder {
-	args := make([]any, 3, 3+2*len(rs)+2+6*len(rs))
-	args[0], args[1], args[2] = "evalsha", fastSHA, 2*len(rs)+1
-	if len(rs) == 1 {
-		args = appendKeys(args, rs[0], true)
-	} else {
-		for _, r := range rs {
-			args = appendKeys(args, r, false)
-		}
-		args = append(args, replyKey(escape(rs[0].ID)))
+	args := make([]any, 3, 3+2*len(rs)+2+7*len(rs))
+	args[0], args[1], args[2] = "evalsha", fastSHA, 2*len(rs)
+	for _, r := range rs {
+		args = appendKeys(args, r, false)
 	}
-	args = append(args, replyMS)
+	args = append(args, token(), &attempt{})
 	for _, r := range rs {
 		c := &r.Checks[0]
 		begin, length := wire.Window(c)
-		args = append(args, r.Now.UnixMicro(), r.N, c.Limit, wire.Micros(begin, 0), length, c.Block.Microseconds())
+		args = append(args, r.Now.UnixMicro(), r.N, c.Limit, wire.Micros(begin, 0), length, c.Block.Microseconds(), c.Span.Microseconds())
 	}
 	cmd := redis.NewIntSliceCmd(ctx, args...)
 	cmd.SetFirstKeyPos(3)
@@ -578,8 +723,8 @@ func fastCommand(ctx context.Context, rs ...*driver.Request) redis.Cmder {
 }
 
 // appendKeys appends r's keys to args: each check's counter and log, then,
-// when reply is set, a reply key for the call (see the package doc), in the
-// id's slot. No Key starts with "countlimit:{": a use type is never empty.
+// when reply is set (a Reset), a reply key for the call (see the package
+// doc), in the id's slot. No Key starts with "countlimit:{": a use type is never empty.
 // The keys are cut from one string, one allocation.
 func appendKeys(args []any, r *driver.Request, reply bool) []any {
 	id := escape(r.ID)
@@ -617,16 +762,6 @@ func appendKeys(args []any, r *driver.Request, reply bool) []any {
 	return args
 }
 
-// replyKey returns a new reply key in the slot of id, escaped.
-func replyKey(id string) string {
-	var seq [13]byte
-	tok := strconv.AppendUint(seq[:0], callSeq.Add(1), 36)
-	var b strings.Builder
-	b.Grow(replyKeyLen(id, tok))
-	writeReplyKey(&b, id, tok)
-	return b.String()
-}
-
 func replyKeyLen(id string, tok []byte) int {
 	return len("countlimit:{}:reply:") + len(id) + len(callPrefix) + len(tok)
 }
@@ -645,6 +780,14 @@ func writeReplyKey(b *strings.Builder, id string, tok []byte) {
 func withSource(ctx context.Context, cmd redis.Cmder) redis.Cmder {
 	args := append([]any(nil), cmd.Args()...)
 	args[0] = "eval"
+	for i, a := range args {
+		// An EVALSHA written once, and answered NOSCRIPT, never ran: its
+		// EVAL is a first attempt. One written more often may have run
+		// (a lost reply, then a SCRIPT FLUSH) and stays a repeat.
+		if at, ok := a.(*attempt); ok && at.writes.Load() <= 1 {
+			args[i] = &attempt{}
+		}
+	}
 	var out redis.Cmder
 	if args[1] == resetSHA {
 		args[1] = resetSrc
@@ -686,6 +829,9 @@ func finish(r *driver.Request, cmd redis.Cmder, pos, k int) (done bool, err erro
 	out = out[pos*n : (pos+1)*n]
 	if k > 1 && out[n-1] == -1 {
 		return false, nil
+	}
+	if out[n-1] == -2 {
+		return true, errLost
 	}
 	allowed := out[n-1] == 1
 	for i := range r.Checks {

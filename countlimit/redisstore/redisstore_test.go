@@ -4,6 +4,7 @@ import (
 	"context"
 	_ "embed"
 	"errors"
+	"flag"
 	"fmt"
 	"strings"
 	"sync"
@@ -26,9 +27,14 @@ import (
 // examples are left out, as the tests skip.
 func TestMain(m *testing.M) { testenv.MainNeeding(m, "Redis", testenv.FindRedis) }
 
+var unguarded = flag.Bool("unguarded", false, "turn the lost-reply records off: the retry and CLIENT KILL tests should fail")
+
 // client returns a new client on the test Redis, closed when t ends.
 func client(t testing.TB) *redis.Client {
 	t.Helper()
+	if *unguarded {
+		redisstore.SetUnguarded(true)
+	}
 	c, err := redisurl.Open(testbackend.RedisURL(t))
 	if err != nil {
 		t.Fatalf("%s: %v", testbackend.EnvRedis, err)
