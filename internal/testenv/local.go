@@ -83,7 +83,7 @@ func probeRedis(addr string) error {
 	case line == "+PONG\r\n":
 		return nil
 	}
-	return fmt.Errorf("Redis on %s answered PING with %q", addr, line)
+	return fmt.Errorf("%s answered PING with %q, not as Redis", addr, line)
 }
 
 var (
