@@ -1,16 +1,11 @@
 -- countlimit: one atomic check of one id against one or more rules.
--- Twins: countlimit_apply (migrations/00002_apply_locking.sql) and
--- memstore's Store.apply make the same decision, each atomic in its own
--- store, and queries/fast.sql and fast.lua again for one rule that is not
--- sliding: change one, change them all. The contract is
--- countlimit.Store's; storetest.Run, in each store's TestConformance, holds
--- them to it, the corners in RollingStartsAtFirstCountedEvent and
--- LateClockReadJoinsWindow (fresh or current window), Sliding,
--- AllowNSliding and SlidingOutOfOrder (the log), Refund and RefundSliding,
--- AllowAllHourAndDay, AllowAllBlock and ConcurrentAllowAllNoDeadlock (all
--- or nothing), PenaltyOutlivesWindow, LimitChangedMidWindow and
--- WindowKindChanged; TestFastScriptIsApplyForOneRule holds fast.lua to
--- this script.
+-- It is one copy of the decision the driver.Store contract spells out as
+-- code in driver.Apply (docs/ARCHITECTURE.md lists the copies: fast.lua
+-- for one rule, countlimit_apply and the fast statements in PostgreSQL,
+-- memstore's Store.apply): change one, change them all. redisstore's
+-- TestModel holds this script to the model on seeded random steps, every
+-- call it can take; storetest.Run and TestFastScriptIsApplyForOneRule hold
+-- the scripts to each other besides.
 --
 -- KEYS, per check i: KEYS[2i-1] the counter hash, KEYS[2i] the sliding log
 -- (a sorted set: member "<µs>:<seq>", score µs).

@@ -2,9 +2,13 @@ package redisstore
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"time"
 
 	"github.com/countlimit/countlimit/countlimit/driver"
+	"github.com/countlimit/countlimit/internal/gather"
+	"github.com/redis/go-redis/v9"
 )
 
 // ReplyTTL is how long a Reset's reply is kept, for the tests.
@@ -30,4 +34,65 @@ func SetPolicyClock(s *Store, now func() time.Time) { s.now = now }
 // concurrent callers' calls would leave.
 func (s *Store) PipelineForTest(ctx context.Context, reqs []*driver.Request) error {
 	return s.pipeline(ctx, reqs)
+}
+
+// CombinedForTest sends reqs in one pipeline as the Store sends a batch of
+// concurrent calls on one server: its Allows of one rule together in
+// combined fast.lua scripts, every other call a script of its own.
+func (s *Store) CombinedForTest(ctx context.Context, reqs []*driver.Request) error {
+	calls := make([]gather.Call, len(reqs))
+	ptrs := make([]*gather.Call, len(reqs))
+	for i, r := range reqs {
+		calls[i].Req = *r // shares r.Checks: the states land there
+		ptrs[i] = &calls[i]
+	}
+	s.run(ctx, ptrs, true)
+	for i := range calls {
+		if err := calls[i].Err; err != nil {
+			return wrap(err)
+		}
+	}
+	return nil
+}
+
+// ApplyForTest sends r, not on leases, through apply.lua (reset.lua for a
+// reset) whatever its rule, as a script of its own: what an Allow of one
+// rule would meet if fast.lua did not take it.
+func (s *Store) ApplyForTest(ctx context.Context, r *driver.Request) error {
+	cmd := applyCommand(ctx, r)
+	s.execLoading(ctx, []redis.Cmder{cmd})
+	_, err := finish(r, cmd, 0, 1)
+	return wrap(err)
+}
+
+// PadTTLsForTest makes the scripts of every Store of the process give each
+// key they expire pad more time to live than its end calls for, until
+// restore is called; no test may run beside it. A test whose clock is not
+// the real one (internal/modeltest's, which moves seconds ahead in a
+// microsecond, or stops 1 µs before a window ends) would otherwise see
+// Redis drop a key, in real time, whose window its own clock has not yet
+// seen end. A key kept past its end is what the scripts meet anyway when
+// the Limiter's clock runs behind Redis's: they decide by the times in it.
+func PadTTLsForTest(pad time.Duration) (restore func()) {
+	const call = "redis.call('PEXPIRE', "
+	padded := func(name, src string) string {
+		if !strings.Contains(src, call) {
+			panic("redisstore: " + name + " sets no TTL with " + call + "...): PadTTLsForTest needs to learn its new form")
+		}
+		return fmt.Sprintf("local function pexpire(k, ms) return redis.call('PEXPIRE', k, ms + %d) end\n", pad.Milliseconds()) +
+			strings.ReplaceAll(src, call, "pexpire(")
+	}
+	srcs := []*string{&applySrc, &fastSrc, &leaseSrc}
+	shas := []*any{&applySHA, &fastSHA, &leaseSHA}
+	saved := []string{applySrc, fastSrc, leaseSrc}
+	for i, name := range []string{"apply.lua", "fast.lua", "lease.lua"} {
+		*srcs[i] = padded(name, *srcs[i])
+		*shas[i] = redis.NewScript(*srcs[i]).Hash()
+	}
+	return func() {
+		for i := range srcs {
+			*srcs[i] = saved[i]
+			*shas[i] = redis.NewScript(saved[i]).Hash()
+		}
+	}
 }

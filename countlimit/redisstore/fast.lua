@@ -5,7 +5,8 @@
 -- rules, and counts an event in the current window under an unchanged
 -- limit by writing the count and the record alone. Twins: apply.lua
 -- (and with it countlimit_apply, queries/fast.sql and memstore's
--- Store.apply): change one, change them all. storetest.Run, in
+-- Store.apply): change one, change them all. redisstore's TestModel holds
+-- it to driver.Apply, alone and combined; storetest.Run, in
 -- TestConformance, sends every single-rule Allow here and every other call
 -- to apply.lua, on the same keys.
 --

@@ -1,6 +1,7 @@
 -- countlimit: one atomic step on the leases of a Concurrent check.
 -- The twin of memstore's leaseOp and pgstore's lease statements; the
--- contract is countlimit.Store's, proven by storetest on all three.
+-- contract is driver.Store's, written as code in driver.Apply, to which
+-- redisstore's TestModel holds this script.
 --
 -- KEYS[1] the counter hash (see apply.lua: only its fields d, the denied
 -- tally, and x, blocked until, are read or written here), KEYS[2] the lease

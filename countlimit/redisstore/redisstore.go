@@ -56,12 +56,11 @@
 // is most of what Redis spends on a call when calls are many (see
 // docs/benchmarks.md, "Redis"). A script carries at most 64 calls and
 // 16 KiB of keys and arguments (WithMaxScript); more make more scripts in
-// the same pipeline. Every other call, every request of a Do of
-// several, and every call on a Cluster or a Ring, whose keys live on
-// different nodes, is its own script. A server that refuses a combined
-// script whose keys span slots (CROSSSLOT, MOVED: a Cluster node reached
-// through a *redis.Client, or a proxy that checks slots) has its calls sent
-// again alone, and the Store combines no more. A proxy that routes a script
+// the same pipeline. Every other call, and every call on a Cluster or a
+// Ring, whose keys live on different nodes, is its own script. A server
+// that refuses a combined script whose keys span slots (CROSSSLOT, MOVED:
+// a Cluster node reached through a *redis.Client, or a proxy that checks
+// slots) has its calls sent again alone, and the Store combines no more. A proxy that routes a script
 // by its first key without a check (twemproxy, Envoy's Redis proxy) would
 // put other ids' counters on the wrong shard: give WithScriptPerCall there.
 // Each call gets its own outcome: a call that fails (a key of the wrong
@@ -71,7 +70,6 @@
 // countlimit.ErrUnavailable, once go-redis's retries are spent. If the
 // server answers NOSCRIPT, the commands that got it are sent again at
 // once, in one more pipeline, with EVAL, which loads the script again.
-// Several requests in one Do are sent together in a pipeline of their own.
 //
 // A call whose context ends while it waits for a slot leaves the queue and
 // is never sent. A pipeline's context carries the latest deadline of its
@@ -311,11 +309,10 @@ func WithMaxBatch(n int) Option { return func(c *config) { c.maxBatch = n } }
 // its own connection (default 4). Calls wait for a free slot, so too few
 // slots make callers queue behind a round trip when few of them are
 // running; more slots send smaller pipelines, which costs the server and
-// the client a write and a read per pipeline. On 2 cores against a local
-// Redis, 4 was best at 4 callers and as good as 2 at 16 and 64; 1 and 8
-// were slower (see docs/benchmarks.md, "Redis"). Keep the client's PoolSize
-// above it: calls that are not pipelined (several requests in one Do) take
-// connections of their own.
+// the client a write and a read per pipeline (docs/benchmarks.md, "Redis",
+// compares 1, 2, 4 and 8). Keep the client's PoolSize above it: the
+// Store's other commands (CheckEviction, a store clock's TIME) and every
+// call under WithMaxBatch(1) take connections of their own.
 func WithMaxInFlight(n int) Option { return func(c *config) { c.maxInFlight = n } }
 
 // WithMaxScript bounds a combined fast.lua script (see the package doc):
@@ -659,6 +656,12 @@ func command(ctx context.Context, r *driver.Request) redis.Cmder {
 	if isFast(r) {
 		return fastCommand(ctx, r)
 	}
+	return applyCommand(ctx, r)
+}
+
+// applyCommand returns the EVALSHA of r, not on leases, for reset.lua (a
+// reset) or apply.lua (any other op, whatever its rules).
+func applyCommand(ctx context.Context, r *driver.Request) redis.Cmder {
 	reset := r.Op == driver.OpReset
 	nkeys := 2 * len(r.Checks)
 	if reset {

@@ -1,0 +1,169 @@
+package redisstore_test
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/countlimit/countlimit/countlimit"
+	"github.com/countlimit/countlimit/countlimit/driver"
+	"github.com/countlimit/countlimit/countlimit/redisstore"
+	"github.com/countlimit/countlimit/countlimit/storetest"
+	"github.com/countlimit/countlimit/internal/modeltest"
+	"github.com/countlimit/countlimit/internal/testbackend"
+)
+
+// TestModel holds every Redis path to the reference model
+// (internal/modeltest): a lone call (fast.lua for an Allow of one rule,
+// apply.lua, reset.lua or lease.lua for the others), a pipeline whose
+// Allows of one rule share combined fast.lua scripts, a pipeline of a
+// script per call, and apply.lua for every call it can take. The
+// scripts keep each key a minute past its end (PadTTLsForTest): the
+// harness's clock is not Redis's.
+func TestModel(t *testing.T) {
+	client := testbackend.Redis(t)
+	t.Cleanup(redisstore.PadTTLsForTest(time.Minute))
+	s := redisstore.New(client)
+	read := func(ctx context.Context, ut, id string) (driver.Key, error) {
+		return readKey(ctx, client, ut, id)
+	}
+	lone := modeltest.Each(s.Do)
+	modeltest.Run(t, []modeltest.Path{
+		{Name: "lone", Do: lone, Read: read},
+		{Name: "pipeline, combined", Do: s.CombinedForTest, Read: read},
+		{Name: "pipeline, a script each", Do: s.PipelineForTest, Read: read},
+		{Name: "apply.lua", Do: modeltest.Each(s.ApplyForTest), Read: read,
+			Skip: func(reqs []*driver.Request) bool {
+				for _, r := range reqs {
+					if r.OnLeases() {
+						return true
+					}
+				}
+				return false
+			},
+			Fallback: lone},
+	})
+}
+
+// TestContract runs storetest's contract cases on a Store: seeded keys,
+// one request, and the keys compared with driver.Apply's state.
+func TestContract(t *testing.T) {
+	client := testbackend.Redis(t)
+	storetest.RunContract(t, redisstore.New(client), storetest.Inspector{
+		Read: func(ctx context.Context, ut, id string) (driver.Key, error) { return readKey(ctx, client, ut, id) },
+		Seed: func(ctx context.Context, ut, id string, k driver.Key) error { return seedKey(ctx, client, ut, id, k) },
+	})
+}
+
+// readKey reads what Redis keeps of (ut, id), in the model's terms: the
+// counter hash (c count, b and e the window, d the denial tally, x the
+// penalty's end; apply.lua's header), the sliding log and the leases.
+func readKey(ctx context.Context, client redis.Cmdable, ut, id string) (driver.Key, error) {
+	var k driver.Key
+	h, err := client.HGetAll(ctx, redisstore.Key(countlimit.UseType(ut), id)).Result()
+	if err != nil {
+		return k, err
+	}
+	field := func(name string) (int64, bool, error) {
+		v, ok := h[name]
+		if !ok {
+			return 0, false, nil
+		}
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			return 0, true, fmt.Errorf("field %s of (%s, %s): %w", name, ut, id, err)
+		}
+		return n, true, nil
+	}
+	var b, e, c bool
+	if k.Count, c, err = field("c"); err != nil {
+		return k, err
+	}
+	if k.Begin, b, err = field("b"); err != nil {
+		return k, err
+	}
+	if k.End, e, err = field("e"); err != nil {
+		return k, err
+	}
+	if b && !e {
+		k.End = driver.Forever
+	}
+	if !b && c {
+		return k, fmt.Errorf("(%s, %s) has a count but no window: %v", ut, id, h)
+	}
+	if k.Denied, _, err = field("d"); err != nil {
+		return k, err
+	}
+	if k.Blocked, _, err = field("x"); err != nil {
+		return k, err
+	}
+	log, err := client.ZRangeWithScores(ctx, redisstore.LogKey(countlimit.UseType(ut), id), 0, -1).Result()
+	if err != nil {
+		return k, err
+	}
+	for _, z := range log {
+		k.Log = append(k.Log, int64(z.Score))
+	}
+	leases, err := client.ZRangeWithScores(ctx, redisstore.LeaseKey(countlimit.UseType(ut), id), 0, -1).Result()
+	if err != nil {
+		return k, err
+	}
+	for _, z := range leases {
+		if k.Leases == nil {
+			k.Leases = map[string]int64{}
+		}
+		k.Leases[z.Member.(string)] = int64(z.Score)
+	}
+	return k, nil
+}
+
+// seedKey makes Redis keep k for (ut, id), as the scripts would have
+// written it, for an hour.
+func seedKey(ctx context.Context, client redis.Cmdable, ut, id string, k driver.Key) error {
+	h := redisstore.Key(countlimit.UseType(ut), id)
+	z := redisstore.LogKey(countlimit.UseType(ut), id)
+	l := redisstore.LeaseKey(countlimit.UseType(ut), id)
+	if err := client.Del(ctx, h, z, l).Err(); err != nil {
+		return err
+	}
+	if k.Empty() {
+		return nil
+	}
+	var set []any
+	if k.Begin < k.End || k.Count > 0 || len(k.Log) > 0 {
+		set = append(set, "c", k.Count, "b", k.Begin)
+		if k.End != driver.Forever {
+			set = append(set, "e", k.End)
+		}
+	} else if k.Begin != 0 || k.End != 0 {
+		set = append(set, "c", 0, "b", k.Begin, "e", k.End) // an empty window, as a denial leaves
+	}
+	if k.Denied > 0 {
+		set = append(set, "d", k.Denied)
+	}
+	if k.Blocked > 0 {
+		set = append(set, "x", k.Blocked)
+	}
+	if len(k.Log) > 0 {
+		set = append(set, "s", len(k.Log))
+	}
+	p := client.TxPipeline()
+	if len(set) > 0 {
+		p.HSet(ctx, h, set...)
+		p.Expire(ctx, h, time.Hour)
+	}
+	for i, e := range k.Log {
+		p.ZAdd(ctx, z, redis.Z{Score: float64(e), Member: fmt.Sprintf("%d:%d", e, i+1)})
+		p.Expire(ctx, z, time.Hour)
+	}
+	for t, e := range k.Leases {
+		p.ZAdd(ctx, l, redis.Z{Score: float64(e), Member: t})
+		p.Expire(ctx, l, time.Hour)
+	}
+	_, err := p.Exec(ctx)
+	return err
+}
