@@ -171,6 +171,10 @@ func gen(seed uint64, n int) []Step {
 	now := time.Date(2026, 3, 7, 23, 59, 0, 0, ny) // runs into the DST night
 	w := world{}
 	var leases []countlimit.Lease
+	// The rule and id the step before was on, for a late read that
+	// joins the window or log it just wrote.
+	var lastRule *countlimit.Rule
+	var lastID string
 	var steps []Step
 	for len(steps) < n {
 		// The clock: small steps, large ones, an instant something ends
@@ -178,6 +182,7 @@ func gen(seed uint64, n int) []Step {
 		// focus, when set, is the key whose instant the clock landed on:
 		// the step then works on it.
 		var focus *instant
+		again := false
 		switch p := rng.IntN(20); {
 		case p < 11:
 			now = now.Add(time.Duration(rng.IntN(1500)) * time.Millisecond)
@@ -210,6 +215,10 @@ func gen(seed uint64, n int) []Step {
 			}
 			if late {
 				now = back
+				// Half the time on the key just written, whose window or
+				// log the late read joins (a late Allow on a log that
+				// began after it, say).
+				again = lastRule != nil && rng.IntN(2) == 0
 			}
 		}
 		at := now
@@ -218,7 +227,9 @@ func gen(seed uint64, n int) []Step {
 		ctx := context.Background()
 		r := rs[rng.IntN(len(rs))]
 		id := ids[rng.IntN(len(ids))]
-		if focus != nil {
+		if again {
+			r, id = *lastRule, lastID
+		} else if focus != nil {
 			for string(r.UseType) != focus.ut {
 				r = rs[rng.IntN(len(rs))]
 			}
@@ -231,6 +242,8 @@ func gen(seed uint64, n int) []Step {
 		var desc string
 		op := rng.IntN(14)
 		switch {
+		case again:
+			op = 0 // an allow, or an acquire
 		case focus != nil && !r.Window.IsConcurrent() && rng.IntN(5) < 4:
 			op = []int{0, 5}[rng.IntN(2)] // an allow, or a batch, at the instant
 		case focus != nil && r.Window.IsConcurrent() && rng.IntN(5) < 4:
@@ -330,6 +343,7 @@ func gen(seed uint64, n int) []Step {
 			continue // nothing to do (a lease no longer parses, say)
 		}
 		w.apply(clones(rec.reqs))
+		lastRule, lastID = &r, id
 		steps = append(steps, Step{Desc: at.UTC().Format("15:04:05.000000 ") + desc, Reqs: rec.reqs})
 	}
 	return steps
@@ -479,7 +493,7 @@ func Run(t *testing.T, paths []Path) {
 			if at < 0 {
 				return
 			}
-			short := shrink(ctx, p, steps[:at+1], fmt.Sprintf("m%d.s", seed%1e6))
+			short := shrink(ctx, p, steps[:at+1], prefix+"s")
 			var b strings.Builder
 			for i, st := range short {
 				fmt.Fprintf(&b, "\n  %d. %s", i+1, st.Desc)
