@@ -295,6 +295,7 @@ func setCheck(c *driver.Check, r *Rule, now time.Time) {
 		c.TTL = truncMicro(r.Window.d)
 	}
 	c.Block = truncMicro(r.Block)
+	c.Kind = r.Window.kindName()
 	c.State = driver.State{}
 }
 

@@ -152,6 +152,10 @@ func (w Window) kindName() string {
 		return "sliding"
 	case kindConcurrent:
 		return "concurrent"
+	case kindCalendar:
+		return "calendar"
+	case kindLifetime:
+		return "lifetime"
 	}
 	return "window"
 }

@@ -41,6 +41,18 @@ DROP INDEX IF EXISTS count_limit_unique_id_idx;
 ALTER TABLE count_limit_lease ADD CONSTRAINT count_limit_lease_use_type_unique_id_fkey
     FOREIGN KEY (use_type, unique_id) REFERENCES count_limit (use_type, unique_id) ON DELETE CASCADE;
 
+-- window_kind is the kind of the rule whose single-rule check last counted
+-- in the row (rolling, fixed, calendar or lifetime), written by
+-- countlimit_allow_one, _batch and _distinct for count_limit_status. It is
+-- NULL where no such check has counted since the column came: a window
+-- opened by AllowAll or CheckLimit (countlimit_apply and a CheckLimit
+-- write leave or set nothing); the view says "window" there. No check
+-- reads it: it never changes a decision. Adding a nullable column with no
+-- default rewrites nothing.
+ALTER TABLE count_limit ADD COLUMN window_kind text;
+COMMENT ON COLUMN count_limit.window_kind IS
+    'The window kind of the rule that last counted here with a single-rule check: rolling, fixed, calendar or lifetime; NULL when unknown (AllowAll, CheckLimit, rows from before). For people; no check reads it.';
+
 -- count_limit_status counts a window's events while the window is current
 -- as every check decides it: not empty, not over. 00004's view also asked
 -- that the window had begun by now(), and showed 0 used for a window opened
@@ -74,7 +86,7 @@ FROM (
             WHEN k.concurrent THEN 'concurrent'
             WHEN c.events IS NOT NULL THEN 'sliding'
             WHEN c.end_time IS NULL THEN 'lifetime'
-            ELSE 'window'
+            ELSE coalesce(c.window_kind, 'window')
         END AS window_kind,
         CASE WHEN k.concurrent THEN h.held ELSE n.counted END AS used,
         CASE WHEN k.concurrent THEN h.first_taken ELSE c.begin_time END AS window_begin,
@@ -121,7 +133,7 @@ COMMENT ON COLUMN count_limit_status.blocked IS 'True while the id sits in the p
 COMMENT ON COLUMN count_limit_status.blocked_until IS 'When the penalty ends, while it lasts; NULL when not blocked.';
 COMMENT ON COLUMN count_limit_status.blocked_for IS 'How long the penalty still lasts; NULL when not blocked.';
 COMMENT ON COLUMN count_limit_status.updated_at IS 'When the row was last written (database clock).';
-COMMENT ON COLUMN count_limit_status.window_kind IS 'window (rolling, fixed or calendar), sliding (an exact log of events), lifetime (never resets) or concurrent (slots held at once, as leases in count_limit_lease).';
+COMMENT ON COLUMN count_limit_status.window_kind IS 'rolling, fixed or calendar (the rule that last counted in the window with a single-rule check; window when unknown: AllowAll, CheckLimit), sliding (an exact log of events), lifetime (never resets) or concurrent (slots held at once, as leases in count_limit_lease).';
 COMMENT ON COLUMN count_limit_status.used IS 'Events counted in the current window as of now; 0 once the window has ended. For concurrent limits, the leases live now (slots held).';
 COMMENT ON COLUMN count_limit_status.remaining IS 'limit_value - used, never below 0: how many more events (for concurrent limits, slots) the last applied limit allows now.';
 COMMENT ON COLUMN count_limit_status.window_begin IS 'When the current window began; for sliding windows, the oldest logged event; for concurrent limits, when the oldest live lease was taken (NULL when none is held).';
@@ -222,7 +234,8 @@ CREATE FUNCTION countlimit_allow_one(
     p_begin_time  timestamptz,
     p_window_end  timestamptz,
     p_penalty_end timestamptz,
-    p_skip_locked boolean
+    p_skip_locked boolean,
+    p_window_kind text
 ) RETURNS TABLE (
     o_busy          boolean,
     o_allowed       boolean,
@@ -252,6 +265,7 @@ BEGIN
                     THEN c.end_time ELSE p_window_end END,
                 limit_value   = p_limit_value,
                 events        = NULL,
+                window_kind   = p_window_kind,
                 updated_at    = now()
             WHERE c.use_type = p_use_type AND c.unique_id = p_unique_id AND (SELECT mine FROM p)
               AND NOT coalesce(c.blocked_until > p_now, false)
@@ -259,14 +273,15 @@ BEGIN
                     THEN c.already_count ELSE 0 END
             RETURNING true AS allowed, c.already_count, c.begin_time, c.end_time, c.blocked_until
         ), i AS (
-            INSERT INTO count_limit AS c (use_type, unique_id, already_count, begin_time, end_time, limit_value, denied_count, blocked_until)
+            INSERT INTO count_limit AS c (use_type, unique_id, already_count, begin_time, end_time, limit_value, denied_count, blocked_until, window_kind)
             SELECT p_use_type, p_unique_id,
                 CASE WHEN f.fits THEN p_n ELSE 0 END,
                 CASE WHEN f.fits THEN p_begin_time ELSE p_now END,
                 CASE WHEN f.fits THEN p_window_end ELSE p_now END,
                 p_limit_value,
                 CASE WHEN f.fits THEN 0 ELSE 1 END,
-                CASE WHEN f.fits THEN NULL ELSE p_penalty_end END
+                CASE WHEN f.fits THEN NULL ELSE p_penalty_end END,
+                p_window_kind
             FROM (SELECT p_n <= p_limit_value AS fits) f
             WHERE NOT EXISTS (SELECT FROM a) AND (SELECT mine OR NOT present FROM p)
             ON CONFLICT (use_type, unique_id) DO UPDATE SET
@@ -310,6 +325,7 @@ BEGIN
                     THEN c.end_time ELSE p_window_end END,
                 limit_value   = p_limit_value,
                 events        = NULL,
+                window_kind   = p_window_kind,
                 updated_at    = now()
             WHERE c.use_type = p_use_type AND c.unique_id = p_unique_id
               AND NOT coalesce(c.blocked_until > p_now, false)
@@ -317,14 +333,15 @@ BEGIN
                     THEN c.already_count ELSE 0 END
             RETURNING true AS allowed, c.already_count, c.begin_time, c.end_time, c.blocked_until
         ), i AS (
-            INSERT INTO count_limit AS c (use_type, unique_id, already_count, begin_time, end_time, limit_value, denied_count, blocked_until)
+            INSERT INTO count_limit AS c (use_type, unique_id, already_count, begin_time, end_time, limit_value, denied_count, blocked_until, window_kind)
             SELECT p_use_type, p_unique_id,
                 CASE WHEN f.fits THEN p_n ELSE 0 END,
                 CASE WHEN f.fits THEN p_begin_time ELSE p_now END,
                 CASE WHEN f.fits THEN p_window_end ELSE p_now END,
                 p_limit_value,
                 CASE WHEN f.fits THEN 0 ELSE 1 END,
-                CASE WHEN f.fits THEN NULL ELSE p_penalty_end END
+                CASE WHEN f.fits THEN NULL ELSE p_penalty_end END,
+                p_window_kind
             FROM (SELECT p_n <= p_limit_value AS fits) f
             WHERE NOT EXISTS (SELECT FROM a)
             ON CONFLICT (use_type, unique_id) DO UPDATE SET
@@ -389,7 +406,8 @@ CREATE FUNCTION countlimit_allow_batch(
     p_limits       bigint[],
     p_begins       timestamptz[],
     p_window_ends  timestamptz[],
-    p_penalty_ends timestamptz[]
+    p_penalty_ends timestamptz[],
+    p_kinds        text[]
 ) RETURNS TABLE (
     o_key_of        int,
     o_seq           int,
@@ -403,9 +421,9 @@ CREATE FUNCTION countlimit_allow_batch(
 BEGIN
     RETURN QUERY
         WITH RECURSIVE keys AS (
-            SELECT k.use_type, k.unique_id, k.ord::int AS k
-            FROM ROWS FROM (unnest(CASE WHEN random() >= 0 THEN p_use_types END), unnest(p_unique_ids))
-                WITH ORDINALITY AS k(use_type, unique_id, ord)
+            SELECT k.use_type, k.unique_id, k.kind, k.ord::int AS k
+            FROM ROWS FROM (unnest(CASE WHEN random() >= 0 THEN p_use_types END), unnest(p_unique_ids), unnest(p_kinds))
+                WITH ORDINALITY AS k(use_type, unique_id, kind, ord)
         ), calls AS MATERIALIZED (
             SELECT *
             FROM ROWS FROM (unnest(CASE WHEN random() >= 0 THEN p_key_of END), unnest(p_seq), unnest(p_nows),
@@ -462,8 +480,8 @@ BEGIN
             ORDER BY f.k, f.seq DESC
         ), inserted AS (
             -- Phase 2.
-            INSERT INTO count_limit (use_type, unique_id, already_count, begin_time, end_time, limit_value, denied_count, blocked_until)
-            SELECT k.use_type, k.unique_id, f.cnt, f.wb, f.we, f.lim, f.den, f.bu
+            INSERT INTO count_limit (use_type, unique_id, already_count, begin_time, end_time, limit_value, denied_count, blocked_until, window_kind)
+            SELECT k.use_type, k.unique_id, f.cnt, f.wb, f.we, f.lim, f.den, f.bu, k.kind
             FROM final f
             JOIN keys k ON k.k = f.k
             WHERE NOT f.existed
@@ -480,6 +498,7 @@ BEGIN
                 denied_count  = c.denied_count + f.den,
                 blocked_until = f.bu,
                 events        = CASE WHEN f.counted THEN NULL ELSE c.events END,
+                window_kind   = CASE WHEN f.counted THEN k.kind ELSE c.window_kind END,
                 updated_at    = now()
             FROM final f
             JOIN keys k ON k.k = f.k
@@ -526,7 +545,8 @@ CREATE FUNCTION countlimit_allow_distinct(
     p_limits       bigint[],
     p_begins       timestamptz[],
     p_window_ends  timestamptz[],
-    p_penalty_ends timestamptz[]
+    p_penalty_ends timestamptz[],
+    p_kinds        text[]
 ) RETURNS TABLE (
     o_key_of        int,
     o_busy          boolean,
@@ -539,11 +559,11 @@ CREATE FUNCTION countlimit_allow_distinct(
 BEGIN
     RETURN QUERY
         WITH calls AS MATERIALIZED (
-            SELECT c.ord::int AS k, c.use_type, c.unique_id, c.now, c.n, c.lim, c.b, c.e, c.pe
+            SELECT c.ord::int AS k, c.use_type, c.unique_id, c.now, c.n, c.lim, c.b, c.e, c.pe, c.kind
             FROM ROWS FROM (unnest(CASE WHEN random() >= 0 THEN p_use_types END), unnest(p_unique_ids),
                 unnest(p_nows), unnest(p_ns), unnest(p_limits),
-                unnest(p_begins), unnest(p_window_ends), unnest(p_penalty_ends))
-                WITH ORDINALITY AS c(use_type, unique_id, now, n, lim, b, e, pe, ord)
+                unnest(p_begins), unnest(p_window_ends), unnest(p_penalty_ends), unnest(p_kinds))
+                WITH ORDINALITY AS c(use_type, unique_id, now, n, lim, b, e, pe, kind, ord)
         ), locked AS MATERIALIZED (
             -- Phase 1, skipping the rows another transaction holds.
             SELECT c.k, r.already_count, r.begin_time, r.end_time, r.blocked_until
@@ -560,7 +580,7 @@ BEGIN
         ), decided AS MATERIALIZED (
             -- Each call applied to its row as locked (or absent):
             -- countlimit_allow_batch's fold step 1, from its step 0.
-            SELECT c.k, c.use_type, c.unique_id, c.lim, l.k IS NOT NULL AS existed,
+            SELECT c.k, c.use_type, c.unique_id, c.lim, c.kind, l.k IS NOT NULL AS existed,
                 CASE WHEN d.fits THEN d.used + c.n ELSE coalesce(l.already_count, 0) END AS cnt,
                 CASE WHEN d.fits AND NOT d.cur THEN c.b WHEN l.k IS NOT NULL THEN l.begin_time ELSE c.now END AS wb,
                 CASE WHEN d.fits AND NOT d.cur THEN c.e WHEN l.k IS NOT NULL THEN l.end_time ELSE c.now END AS we,
@@ -580,8 +600,8 @@ BEGIN
             WHERE NOT EXISTS (SELECT FROM busy y WHERE y.k = c.k)
         ), inserted AS (
             -- Phase 2: the count(*) makes every lock of phase 1 be taken first.
-            INSERT INTO count_limit (use_type, unique_id, already_count, begin_time, end_time, limit_value, denied_count, blocked_until)
-            SELECT d.use_type, d.unique_id, d.cnt, d.wb, d.we, d.lim, CASE WHEN d.allowed THEN 0 ELSE 1 END, d.bu
+            INSERT INTO count_limit (use_type, unique_id, already_count, begin_time, end_time, limit_value, denied_count, blocked_until, window_kind)
+            SELECT d.use_type, d.unique_id, d.cnt, d.wb, d.we, d.lim, CASE WHEN d.allowed THEN 0 ELSE 1 END, d.bu, d.kind
             FROM decided d
             WHERE NOT d.existed AND (SELECT count(*) FROM locked) >= 0
             ORDER BY d.k
@@ -597,6 +617,7 @@ BEGIN
                 denied_count  = r.denied_count + CASE WHEN d.allowed THEN 0 ELSE 1 END,
                 blocked_until = d.bu,
                 events        = CASE WHEN d.allowed THEN NULL ELSE r.events END,
+                window_kind   = CASE WHEN d.allowed THEN d.kind ELSE r.window_kind END,
                 updated_at    = now()
             FROM decided d
             WHERE d.existed AND r.use_type = d.use_type AND r.unique_id = d.unique_id
@@ -920,9 +941,10 @@ DROP FUNCTION countlimit_extend_lease(text, text, timestamptz, text, timestamptz
 DROP FUNCTION countlimit_release_lease(text, text, timestamptz, text);
 DROP FUNCTION countlimit_purge(timestamptz, int);
 DROP FUNCTION countlimit_reset(text, text[]);
-DROP FUNCTION countlimit_allow_distinct(text[], text[], timestamptz[], bigint[], bigint[], timestamptz[], timestamptz[], timestamptz[]);
-DROP FUNCTION countlimit_allow_batch(text[], text[], int[], int[], timestamptz[], bigint[], bigint[], timestamptz[], timestamptz[], timestamptz[]);
-DROP FUNCTION countlimit_allow_one(text, text, timestamptz, bigint, bigint, timestamptz, timestamptz, timestamptz, boolean);
+DROP FUNCTION countlimit_allow_distinct(text[], text[], timestamptz[], bigint[], bigint[], timestamptz[], timestamptz[], timestamptz[], text[]);
+DROP FUNCTION countlimit_allow_batch(text[], text[], int[], int[], timestamptz[], bigint[], bigint[], timestamptz[], timestamptz[], timestamptz[], text[]);
+DROP FUNCTION countlimit_allow_one(text, text, timestamptz, bigint, bigint, timestamptz, timestamptz, timestamptz, boolean, text);
+ALTER TABLE count_limit DROP COLUMN window_kind;
 ALTER FUNCTION countlimit_acquire(text, text, timestamptz, text, bigint, timestamptz, timestamptz, boolean) RESET enable_seqscan;
 ALTER FUNCTION countlimit_apply(text, text, timestamptz, bigint, text[], bigint[], timestamptz[], bigint[], bigint[], bigint[]) RESET enable_seqscan;
 CREATE INDEX count_limit_unique_id_idx ON count_limit (unique_id);

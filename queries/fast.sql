@@ -8,12 +8,14 @@
 -- AllowOne counts n events of one rule for one id, or tallies the denial
 -- and sets the penalty (countlimit_allow_one). With skip_locked, a row
 -- another transaction holds locked comes back busy, nothing written. No
--- row means: send it again (its row was created concurrently).
+-- row means: send it again (its row was created concurrently). window_kind
+-- is the rule's kind for count_limit_status, empty when unknown (CheckLimit).
 SELECT r.o_busy::boolean AS busy, r.o_allowed::boolean AS allowed, r.o_used::bigint AS used,
     r.o_window_begin::timestamptz AS window_begin, r.o_window_end::timestamptz AS window_end,
     r.o_blocked_until::timestamptz AS blocked_until
 FROM countlimit_allow_one(@use_type::text, @unique_id::text, @now::timestamptz, @n::bigint, @limit_value::bigint,
-    @begin_time::timestamptz, sqlc.narg(window_end)::timestamptz, sqlc.narg(penalty_end)::timestamptz, @skip_locked::boolean) AS r;
+    @begin_time::timestamptz, sqlc.narg(window_end)::timestamptz, sqlc.narg(penalty_end)::timestamptz, @skip_locked::boolean,
+    nullif(@window_kind::text, '')) AS r;
 
 -- name: AllowBatch :many
 -- AllowBatch is AllowOne for many calls at once, group commit
@@ -25,7 +27,8 @@ SELECT r.o_key_of::int AS key_of, r.o_seq::int AS seq, r.o_busy::boolean AS busy
     r.o_used::bigint AS used, r.o_window_begin::timestamptz AS window_begin, r.o_window_end::timestamptz AS window_end,
     r.o_blocked_until::timestamptz AS blocked_until
 FROM countlimit_allow_batch(@use_types::text[], @unique_ids::text[], @key_of::int[], @seq::int[], @nows::timestamptz[],
-    @ns::bigint[], @limits::bigint[], @begins::timestamptz[], @window_ends::timestamptz[], @penalty_ends::timestamptz[]) AS r;
+    @ns::bigint[], @limits::bigint[], @begins::timestamptz[], @window_ends::timestamptz[], @penalty_ends::timestamptz[],
+    array_replace(@kinds::text[], '', NULL)) AS r;
 
 -- name: AllowBatchDistinct :many
 -- AllowBatchDistinct is AllowBatch for calls whose keys are all different
@@ -35,4 +38,5 @@ SELECT r.o_key_of::int AS key_of, r.o_busy::boolean AS busy, r.o_allowed::boolea
     r.o_used::bigint AS used, r.o_window_begin::timestamptz AS window_begin, r.o_window_end::timestamptz AS window_end,
     r.o_blocked_until::timestamptz AS blocked_until
 FROM countlimit_allow_distinct(@use_types::text[], @unique_ids::text[], @nows::timestamptz[], @ns::bigint[],
-    @limits::bigint[], @begins::timestamptz[], @window_ends::timestamptz[], @penalty_ends::timestamptz[]) AS r;
+    @limits::bigint[], @begins::timestamptz[], @window_ends::timestamptz[], @penalty_ends::timestamptz[],
+    array_replace(@kinds::text[], '', NULL)) AS r;

@@ -187,6 +187,11 @@ type Check struct {
 	TTL time.Duration
 	// Block is the penalty a denial sets; zero for none.
 	Block time.Duration
+	// Kind names the rule's window: "rolling", "fixed", "calendar",
+	// "sliding", "lifetime" or "concurrent"; empty for CheckLimit's window.
+	// It never changes a decision: a store may keep it for people to read
+	// (pgstore's count_limit.window_kind) or ignore it.
+	Kind string
 
 	State State
 }

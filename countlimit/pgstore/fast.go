@@ -92,6 +92,7 @@ func (s *Store) allowOne(ctx context.Context, d DBTX, r *driver.Request, skipLoc
 		UseType:    string(c.UseType),
 		UniqueID:   r.ID,
 		Now:        timestamptz(r.Now),
+		WindowKind: c.Kind,
 	}
 	for range gather.MaxAttempts {
 		row, err := s.q.AllowOne(ctx, d, p)
@@ -166,6 +167,7 @@ func (s *Store) sendBatch(ctx context.Context, calls []*gather.Call) {
 		if j == 0 || compareKeys(firstKey(r), firstKey(&calls[order[j-1]].Req)) != 0 {
 			p.UseTypes = append(p.UseTypes, string(c.UseType))
 			p.UniqueIds = append(p.UniqueIds, r.ID)
+			p.Kinds = append(p.Kinds, c.Kind) // the key's first call's
 			first = append(first, j)
 			seq = 0
 		}
@@ -214,6 +216,7 @@ func (s *Store) sendDistinct(ctx context.Context, calls []*gather.Call, order []
 		Begins:      make([]pgtype.Timestamptz, len(order)),
 		WindowEnds:  make([]pgtype.Timestamptz, len(order)),
 		PenaltyEnds: make([]pgtype.Timestamptz, len(order)),
+		Kinds:       make([]string, len(order)),
 	}
 	for j, i := range order {
 		r := &calls[i].Req
@@ -226,6 +229,7 @@ func (s *Store) sendDistinct(ctx context.Context, calls []*gather.Call, order []
 		p.Begins[j] = timestamptz(c.Begin)
 		p.WindowEnds[j] = nullTime(c.End)
 		p.PenaltyEnds[j] = penaltyEnd(r, c)
+		p.Kinds[j] = c.Kind
 	}
 	rows, err := s.q.AllowBatchDistinct(ctx, s.db, p)
 	done := make([]bool, len(calls))

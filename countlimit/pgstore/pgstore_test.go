@@ -362,8 +362,8 @@ func TestSchemaIsDocumentedForDBAs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if kind != "window" || used != 2 || remaining != 0 || den != 1 || !isBlocked || blockedFor <= 9*time.Minute {
-		t.Errorf("count_limit_status = kind %s used %d remaining %d denied %d blocked %v for %v; want window 2 0 1 true ~10m",
+	if kind != "rolling" || used != 2 || remaining != 0 || den != 1 || !isBlocked || blockedFor <= 9*time.Minute {
+		t.Errorf("count_limit_status = kind %s used %d remaining %d denied %d blocked %v for %v; want rolling 2 0 1 true ~10m",
 			kind, used, remaining, den, isBlocked, blockedFor)
 	}
 }

@@ -16,7 +16,8 @@ SELECT r.o_key_of::int AS key_of, r.o_seq::int AS seq, r.o_busy::boolean AS busy
     r.o_used::bigint AS used, r.o_window_begin::timestamptz AS window_begin, r.o_window_end::timestamptz AS window_end,
     r.o_blocked_until::timestamptz AS blocked_until
 FROM countlimit_allow_batch($1::text[], $2::text[], $3::int[], $4::int[], $5::timestamptz[],
-    $6::bigint[], $7::bigint[], $8::timestamptz[], $9::timestamptz[], $10::timestamptz[]) AS r
+    $6::bigint[], $7::bigint[], $8::timestamptz[], $9::timestamptz[], $10::timestamptz[],
+    array_replace($11::text[], '', NULL)) AS r
 `
 
 type AllowBatchParams struct {
@@ -30,6 +31,7 @@ type AllowBatchParams struct {
 	Begins      []pgtype.Timestamptz
 	WindowEnds  []pgtype.Timestamptz
 	PenaltyEnds []pgtype.Timestamptz
+	Kinds       []string
 }
 
 type AllowBatchRow struct {
@@ -60,6 +62,7 @@ func (q *Queries) AllowBatch(ctx context.Context, db DBTX, arg AllowBatchParams)
 		arg.Begins,
 		arg.WindowEnds,
 		arg.PenaltyEnds,
+		arg.Kinds,
 	)
 	if err != nil {
 		return nil, err
@@ -93,7 +96,8 @@ SELECT r.o_key_of::int AS key_of, r.o_busy::boolean AS busy, r.o_allowed::boolea
     r.o_used::bigint AS used, r.o_window_begin::timestamptz AS window_begin, r.o_window_end::timestamptz AS window_end,
     r.o_blocked_until::timestamptz AS blocked_until
 FROM countlimit_allow_distinct($1::text[], $2::text[], $3::timestamptz[], $4::bigint[],
-    $5::bigint[], $6::timestamptz[], $7::timestamptz[], $8::timestamptz[]) AS r
+    $5::bigint[], $6::timestamptz[], $7::timestamptz[], $8::timestamptz[],
+    array_replace($9::text[], '', NULL)) AS r
 `
 
 type AllowBatchDistinctParams struct {
@@ -105,6 +109,7 @@ type AllowBatchDistinctParams struct {
 	Begins      []pgtype.Timestamptz
 	WindowEnds  []pgtype.Timestamptz
 	PenaltyEnds []pgtype.Timestamptz
+	Kinds       []string
 }
 
 type AllowBatchDistinctRow struct {
@@ -130,6 +135,7 @@ func (q *Queries) AllowBatchDistinct(ctx context.Context, db DBTX, arg AllowBatc
 		arg.Begins,
 		arg.WindowEnds,
 		arg.PenaltyEnds,
+		arg.Kinds,
 	)
 	if err != nil {
 		return nil, err
@@ -163,7 +169,8 @@ SELECT r.o_busy::boolean AS busy, r.o_allowed::boolean AS allowed, r.o_used::big
     r.o_window_begin::timestamptz AS window_begin, r.o_window_end::timestamptz AS window_end,
     r.o_blocked_until::timestamptz AS blocked_until
 FROM countlimit_allow_one($1::text, $2::text, $3::timestamptz, $4::bigint, $5::bigint,
-    $6::timestamptz, $7::timestamptz, $8::timestamptz, $9::boolean) AS r
+    $6::timestamptz, $7::timestamptz, $8::timestamptz, $9::boolean,
+    nullif($10::text, '')) AS r
 `
 
 type AllowOneParams struct {
@@ -176,6 +183,7 @@ type AllowOneParams struct {
 	WindowEnd  pgtype.Timestamptz
 	PenaltyEnd pgtype.Timestamptz
 	SkipLocked bool
+	WindowKind string
 }
 
 type AllowOneRow struct {
@@ -195,7 +203,8 @@ type AllowOneRow struct {
 // AllowOne counts n events of one rule for one id, or tallies the denial
 // and sets the penalty (countlimit_allow_one). With skip_locked, a row
 // another transaction holds locked comes back busy, nothing written. No
-// row means: send it again (its row was created concurrently).
+// row means: send it again (its row was created concurrently). window_kind
+// is the rule's kind for count_limit_status, empty when unknown (CheckLimit).
 func (q *Queries) AllowOne(ctx context.Context, db DBTX, arg AllowOneParams) (AllowOneRow, error) {
 	row := db.QueryRow(ctx, allowOne,
 		arg.UseType,
@@ -207,6 +216,7 @@ func (q *Queries) AllowOne(ctx context.Context, db DBTX, arg AllowOneParams) (Al
 		arg.WindowEnd,
 		arg.PenaltyEnd,
 		arg.SkipLocked,
+		arg.WindowKind,
 	)
 	var i AllowOneRow
 	err := row.Scan(
