@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"io"
 	"net"
@@ -109,5 +110,33 @@ func TestSkippedNotice(t *testing.T) {
 	}
 	if strings.Contains(b.String(), "PostgreSQL:") {
 		t.Errorf("the notice names PostgreSQL, which was not skipped:\n%s", b.String())
+	}
+}
+
+// TestLocalOff: the local server is taken before a container, unless
+// COUNTLIMIT_TEST_LOCAL=off, which skips it without a probe.
+func TestLocalOff(t *testing.T) {
+	probed := 0
+	mk := func() *server {
+		return &server{
+			what: "Fake", env: "COUNTLIMIT_TEST_FAKE_URL", imageEnv: "COUNTLIMIT_TEST_FAKE_IMAGE", defaultImage: "fake:1",
+			localURL: "fake://local", local: func() error { probed++; return nil },
+			start: func(context.Context, string) (string, error) { return "fake://container", nil },
+		}
+	}
+	t.Setenv("COUNTLIMIT_TEST_FAKE_URL", "")
+	if u, err := mk().lookup(); u != "fake://local" || err != nil || probed != 1 {
+		t.Fatalf("lookup = %q, %v after %d probes; want the local server", u, err, probed)
+	}
+	t.Setenv(EnvLocal, "off")
+	u, err := mk().lookup()
+	if probed != 1 {
+		t.Errorf("%s=off probed the local server", EnvLocal)
+	}
+	switch {
+	case err == nil && u != "fake://container":
+		t.Errorf("lookup = %q, want the container", u)
+	case err != nil && !strings.Contains(err.Error(), EnvLocal+"=off"):
+		t.Errorf("lookup's error %q does not say the local servers were off", err)
 	}
 }

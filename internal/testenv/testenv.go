@@ -4,7 +4,9 @@
 //
 //  1. the URL in COUNTLIMIT_TEST_POSTGRES_URL / COUNTLIMIT_TEST_REDIS_URL;
 //  2. else a server on its default local port that needs no password
-//     (LocalPostgresURL, LocalRedisURL), as a developer's machine has;
+//     (LocalPostgresURL, LocalRedisURL), as a developer's machine has,
+//     unless COUNTLIMIT_TEST_LOCAL=off (to test on containers where such
+//     servers run);
 //  3. else a container started with testcontainers-go from
 //     COUNTLIMIT_TEST_POSTGRES_IMAGE / COUNTLIMIT_TEST_REDIS_IMAGE (default
 //     postgres:15-alpine, redis:7-alpine), where a Docker engine answers;
@@ -46,6 +48,9 @@ const (
 	EnvPostgresImage = "COUNTLIMIT_TEST_POSTGRES_IMAGE"
 	EnvRedisImage    = "COUNTLIMIT_TEST_REDIS_IMAGE"
 	EnvRequire       = "COUNTLIMIT_REQUIRE_BACKENDS"
+	// EnvLocal set to "off" skips the servers on their default local
+	// ports: the tests then take a URL or a container.
+	EnvLocal = "COUNTLIMIT_TEST_LOCAL"
 )
 
 // The images started when the image variables are unset.
@@ -132,7 +137,10 @@ func (s *server) lookup() (string, error) {
 	if u := os.Getenv(s.env); u != "" {
 		return u, nil
 	}
-	localErr := s.local()
+	localErr := fmt.Errorf("%s=off", EnvLocal)
+	if os.Getenv(EnvLocal) != "off" {
+		localErr = s.local()
+	}
 	if localErr == nil {
 		return s.localURL, nil
 	}
