@@ -42,16 +42,17 @@ ALTER TABLE count_limit_lease ADD CONSTRAINT count_limit_lease_use_type_unique_i
     FOREIGN KEY (use_type, unique_id) REFERENCES count_limit (use_type, unique_id) ON DELETE CASCADE;
 
 -- window_kind is the kind of the rule whose single-rule check last counted
--- in the row (rolling, fixed, calendar or lifetime), written by
--- countlimit_allow_one, _batch and _distinct for count_limit_status. It is
--- NULL where no such check has counted since the column came: a window
--- opened by AllowAll or CheckLimit (countlimit_apply and a CheckLimit
--- write leave or set nothing); the view says "window" there. No check
--- reads it: it never changes a decision. Adding a nullable column with no
--- default rewrites nothing.
+-- in the row, or created it (rolling, fixed, calendar or lifetime),
+-- written by countlimit_allow_one, _batch and _distinct for
+-- count_limit_status. It is NULL where no such check has: a row of
+-- AllowAll alone (countlimit_apply leaves the column alone), CheckLimit's
+-- (a window of the caller's own, written as NULL), or one from before the
+-- column; the view says "window" there. No check reads it: it never
+-- changes a decision. Adding a nullable column with no default rewrites
+-- nothing.
 ALTER TABLE count_limit ADD COLUMN window_kind text;
 COMMENT ON COLUMN count_limit.window_kind IS
-    'The window kind of the rule that last counted here with a single-rule check: rolling, fixed, calendar or lifetime; NULL when unknown (AllowAll, CheckLimit, rows from before). For people; no check reads it.';
+    'The window kind of the rule whose single-rule check last counted here, or created the row: rolling, fixed, calendar or lifetime; NULL when unknown (AllowAll, CheckLimit, rows from before). For people; no check reads it.';
 
 -- count_limit_status counts a window's events while the window is current
 -- as every check decides it: not empty, not over. 00004's view also asked

@@ -34,7 +34,7 @@ type CountLimit struct {
 	UpdatedAt pgtype.Timestamptz
 	// Concurrency limits only: no lease of this key (count_limit_lease) expires after this. Raised by every Acquire that takes a slot and every Extend; set to the time of a denied Acquire when no lease was ever taken. Purges keep the row until then. NULL for keys never acquired.
 	LeaseUntil pgtype.Timestamptz
-	// The window kind of the rule that last counted here with a single-rule check: rolling, fixed, calendar or lifetime; NULL when unknown (AllowAll, CheckLimit, rows from before). For people; no check reads it.
+	// The window kind of the rule whose single-rule check last counted here, or created the row: rolling, fixed, calendar or lifetime; NULL when unknown (AllowAll, CheckLimit, rows from before). For people; no check reads it.
 	WindowKind pgtype.Text
 }
 
