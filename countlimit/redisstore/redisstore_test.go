@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -334,33 +333,9 @@ var benchIDs = func() []string {
 }()
 
 // runCallers runs b.N calls of call from exactly callers goroutines, each
-// on the next of 256 ids, and returns the wall time per call in ns. It
-// reports calls/s.
+// on the next of 256 ids (runCallersOver benchIDs), and returns the wall
+// time per call in ns. It reports calls/s.
 func runCallers(b *testing.B, callers int, call func(id string) error) float64 {
 	b.Helper()
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	b.ReportAllocs()
-	b.ResetTimer()
-	start := time.Now()
-	for range callers {
-		wg.Go(func() {
-			for {
-				i := next.Add(1)
-				if i > int64(b.N) {
-					return
-				}
-				if err := call(benchIDs[i%int64(len(benchIDs))]); err != nil {
-					b.Error(err)
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	elapsed := time.Since(start)
-	b.StopTimer()
-	ns := float64(elapsed.Nanoseconds()) / float64(b.N)
-	b.ReportMetric(1e9/ns, "calls/s")
-	return ns
+	return runCallersOver(b, callers, benchIDs, call)
 }
