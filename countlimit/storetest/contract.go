@@ -146,22 +146,21 @@ func stateText(s driver.State) string {
 // keyText is what must be equal of a key's stored state at now: a sliding
 // log and the leases by what is live, a window only when it is not empty.
 func keyText(k driver.Key, span, now int64) string {
-	var log []int64
-	for _, e := range k.Log {
-		if span > 0 && e > now-span {
-			log = append(log, e)
-		}
-	}
-	var leases []string
-	for t, e := range k.Leases {
-		if e > now {
-			leases = append(leases, fmt.Sprintf("%.4s@%d", t, e))
-		}
-	}
-	slices.Sort(leases)
+	k = k.Live(span, now)
 	window := "none"
 	if k.Begin < k.End {
 		window = fmt.Sprintf("%d [%d, %d)", k.Count, k.Begin, k.End)
 	}
-	return fmt.Sprintf("{window %s log %v denied %d blocked %d leases %v}", window, log, k.Denied, k.Blocked, leases)
+	return fmt.Sprintf("{window %s log %v denied %d blocked %d leases %v}", window, k.Log, k.Denied, k.Blocked, leaseText(k.Leases, 4))
+}
+
+// leaseText lists leases as "token@expiry", sorted, each token cut to
+// width characters.
+func leaseText(leases map[string]int64, width int) []string {
+	var out []string
+	for t, e := range leases {
+		out = append(out, fmt.Sprintf("%.*s@%d", width, t, e))
+	}
+	slices.Sort(out)
+	return out
 }

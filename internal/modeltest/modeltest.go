@@ -371,20 +371,8 @@ func clones(reqs []*driver.Request) []*driver.Request { return clonesFor(reqs, "
 // a janitor) or kept, and counts as empty; a log and the leases count by
 // what is live.
 func canon(k driver.Key, ut string, now int64) string {
-	span := spans[ut]
-	var log []int64
-	for _, e := range k.Log {
-		if span > 0 && e > now-span {
-			log = append(log, e)
-		}
-	}
-	var leases []string
-	for t, e := range k.Leases {
-		if e > now {
-			leases = append(leases, fmt.Sprintf("%.6s@%d", t, e))
-		}
-	}
-	slices.Sort(leases)
+	k = k.Live(spans[ut], now)
+	log, leases := k.Log, k.Leases
 	window := k.Begin < k.End
 	if !window && k.Blocked <= now && len(log) == 0 && len(leases) == 0 ||
 		window && k.End <= now && k.Blocked <= now && len(log) == 0 && len(leases) == 0 {
@@ -403,7 +391,7 @@ func canon(k driver.Key, ut string, now int64) string {
 	}
 	fmt.Fprintf(&b, "denied %d blocked %d", k.Denied, k.Blocked)
 	if len(leases) > 0 {
-		fmt.Fprintf(&b, " leases %v", leases)
+		fmt.Fprintf(&b, " leases %v", leaseText(leases))
 	}
 	return b.String()
 }
@@ -519,4 +507,15 @@ func shrink(ctx context.Context, p Path, failing []Step, prefix string) []Step {
 		i++
 	}
 	return failing
+}
+
+// leaseText lists leases as "token@expiry", sorted, tokens cut to 6
+// characters.
+func leaseText(leases map[string]int64) []string {
+	var out []string
+	for t, e := range leases {
+		out = append(out, fmt.Sprintf("%.6s@%d", t, e))
+	}
+	slices.Sort(out)
+	return out
 }
