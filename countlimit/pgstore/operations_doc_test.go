@@ -94,7 +94,7 @@ func TestPgCronRecipeJob(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the recipe's job:\n%s\nfailed: %v", job, err)
 	}
-	rows, leases := purgeLeft(t, pool)
+	rows, leases := testbackend.PurgeLeft(t, pool)
 	if !slices.Equal(rows, wantRows) || !slices.Equal(leases, wantLeases) {
 		t.Errorf("after one run of the recipe's job: %d rows (the first %v), leases %v; want rows %v and leases %v",
 			len(rows), rows[:min(len(rows), 8)], leases, wantRows, wantLeases)

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/countlimit/countlimit/countlimit/pgstore"
+	"github.com/countlimit/countlimit/internal/testbackend"
 	"github.com/countlimit/countlimit/internal/testenv/pgcluster"
 )
 
@@ -107,7 +108,7 @@ func TestPgCronRecipeScheduled(t *testing.T) {
 	if status != "succeeded" {
 		t.Fatalf("pg_cron's run of the recipe: %s: %s", status, message)
 	}
-	rows, leases := purgeLeft(t, pool)
+	rows, leases := testbackend.PurgeLeft(t, pool)
 	if !slices.Equal(rows, wantRows) || !slices.Equal(leases, wantLeases) {
 		t.Errorf("after pg_cron ran the recipe: %d rows (the first %v), leases %v; want rows %v and leases %v",
 			len(rows), rows[:min(len(rows), 8)], leases, wantRows, wantLeases)

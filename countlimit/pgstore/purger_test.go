@@ -3,13 +3,11 @@ package pgstore_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"slices"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/countlimit/countlimit/countlimit"
@@ -22,69 +20,18 @@ import (
 // its clock from WithPurgeClock finds anything expired.
 var purgeT0 = time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
 
-// seedExpired writes, with clock at purgeT0, 30 counters whose windows end
-// a minute later and a key with 2 leases that end then too; and, an hour
-// later, what must stay: a penalty, a lifetime count, a current window and
-// a live lease. It leaves the clock an hour after purgeT0 and returns how
-// many rows and leases a purge then deletes.
+// seedExpired writes testbackend.SeedPurge's rows (use types "purge.*"):
+// what must go at purgeT0, what must stay an hour later. It leaves clock
+// an hour after purgeT0 and returns how many rows and leases a purge then
+// deletes.
 func seedExpired(t *testing.T, pool *pgxpool.Pool, clock *storetest.Clock) int64 {
 	t.Helper()
-	ctx := context.Background()
-	clock.Set(purgeT0)
-	l := countlimit.New(pgstore.New(pool), countlimit.WithClock(clock.Now))
-	minute := countlimit.Rule{UseType: "purge.minute", Limit: 1, Window: countlimit.Fixed(time.Minute)}
-	for i := range 30 {
-		if _, err := l.Allow(ctx, minute, fmt.Sprint("old-", i)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	shortSlots := countlimit.Rule{UseType: "purge.slots", Limit: 2, Window: countlimit.Concurrent(time.Minute)}
-	for range 2 {
-		if _, res, err := l.Acquire(ctx, shortSlots, "lease-old"); err != nil || !res.Allowed {
-			t.Fatalf("Acquire(lease-old) = %+v, %v", res, err)
-		}
-	}
-	blocked := countlimit.Rule{UseType: "purge.blocked", Limit: 0, Window: countlimit.Fixed(time.Minute), Block: 24 * time.Hour}
-	forever := countlimit.Rule{UseType: "purge.forever", Limit: 1, Window: countlimit.Lifetime()}
-	for _, r := range []countlimit.Rule{blocked, forever} {
-		if _, err := l.Allow(ctx, r, "keep"); err != nil {
-			t.Fatal(err)
-		}
-	}
 	clock.Set(purgeT0.Add(time.Hour))
-	if _, err := l.Allow(ctx, countlimit.Rule{UseType: "purge.hour", Limit: 1, Window: countlimit.Rolling(time.Hour)}, "live"); err != nil {
-		t.Fatal(err)
-	}
-	longSlots := countlimit.Rule{UseType: "purge.slots", Limit: 2, Window: countlimit.Concurrent(time.Hour)}
-	if _, res, err := l.Acquire(ctx, longSlots, "lease-live"); err != nil || !res.Allowed {
-		t.Fatalf("Acquire(lease-live) = %+v, %v", res, err)
-	}
-	return 30 + 2 + 1
+	return testbackend.SeedPurge(t, pool, "purge.",
+		func() time.Time { return purgeT0 }, func() time.Time { return purgeT0.Add(time.Hour) })
 }
 
-// purgeLeft lists the rows and the leases' keys left, each sorted.
-func purgeLeft(t *testing.T, pool *pgxpool.Pool) (rows, leases []string) {
-	t.Helper()
-	ctx := context.Background()
-	list := func(query string) []string {
-		r, err := pool.Query(ctx, query)
-		if err != nil {
-			t.Fatal(err)
-		}
-		got, err := pgx.CollectRows(r, pgx.RowTo[string])
-		if err != nil {
-			t.Fatal(err)
-		}
-		return got
-	}
-	return list(`SELECT use_type || '/' || unique_id FROM count_limit ORDER BY 1`),
-		list(`SELECT use_type || '/' || unique_id FROM count_limit_lease ORDER BY 1`)
-}
-
-var (
-	keptRows   = []string{"purge.blocked/keep", "purge.forever/keep", "purge.hour/live", "purge.slots/lease-live"}
-	keptLeases = []string{"purge.slots/lease-live"}
-)
+var keptRows, keptLeases = testbackend.PurgeKept("purge.")
 
 // passes collects what PurgeEvery reports, for a test to read while the
 // purger runs.
@@ -153,7 +100,7 @@ func TestPurgeEvery(t *testing.T) {
 			pgstore.WithPurgeBatchSize(7), pgstore.WithPurgeClock(clock.Now), pgstore.WithPurgeReport(got.add))
 	}()
 	eventually(t, "the expired rows and leases to go", func() bool {
-		rows, leases := purgeLeft(t, pool)
+		rows, leases := testbackend.PurgeLeft(t, pool)
 		return slices.Equal(rows, keptRows) && slices.Equal(leases, keptLeases)
 	})
 	var total int64
@@ -183,7 +130,7 @@ func TestPurgeEvery(t *testing.T) {
 	if !several {
 		t.Errorf("no pass ran more than one batch of 7 over %d rows and leases: %+v", want, list)
 	}
-	if rows, leases := purgeLeft(t, pool); !slices.Equal(rows, keptRows) || !slices.Equal(leases, keptLeases) {
+	if rows, leases := testbackend.PurgeLeft(t, pool); !slices.Equal(rows, keptRows) || !slices.Equal(leases, keptLeases) {
 		t.Errorf("left after purging: rows %v, leases %v; want %v and %v", rows, leases, keptRows, keptLeases)
 	}
 }

@@ -9,70 +9,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/countlimit/countlimit/countlimit"
-	"github.com/countlimit/countlimit/countlimit/pgstore"
 	"github.com/countlimit/countlimit/internal/cli"
 	"github.com/countlimit/countlimit/internal/testbackend"
 )
-
-// seedForPurge writes, on a migrated schema, 30 counters and a key with 2
-// leases that all ended over an hour ago, and what must stay: a penalty,
-// a lifetime count, a current window and a live lease. It returns how
-// many rows and leases a purge deletes.
-func seedForPurge(t *testing.T, pool *pgxpool.Pool) int64 {
-	t.Helper()
-	ctx := context.Background()
-	past := countlimit.New(pgstore.New(pool), countlimit.WithClock(func() time.Time { return time.Now().Add(-2 * time.Hour) }))
-	minute := countlimit.Rule{UseType: "old.minute", Limit: 1, Window: countlimit.Fixed(time.Minute)}
-	for i := range 30 {
-		if _, err := past.Allow(ctx, minute, fmt.Sprint("id-", i)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	shortSlots := countlimit.Rule{UseType: "slots", Limit: 2, Window: countlimit.Concurrent(time.Minute)}
-	for range 2 {
-		if _, res, err := past.Acquire(ctx, shortSlots, "lease-old"); err != nil || !res.Allowed {
-			t.Fatalf("Acquire(lease-old) = %+v, %v", res, err)
-		}
-	}
-	blocked := countlimit.Rule{UseType: "blocked", Limit: 0, Window: countlimit.Fixed(time.Minute), Block: 24 * time.Hour}
-	if _, err := past.Allow(ctx, blocked, "keep"); err != nil {
-		t.Fatal(err)
-	}
-	now := countlimit.New(pgstore.New(pool))
-	if _, err := now.Allow(ctx, countlimit.Rule{UseType: "forever", Limit: 1, Window: countlimit.Lifetime()}, "keep"); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := now.Allow(ctx, countlimit.Rule{UseType: "hour", Limit: 1, Window: countlimit.Rolling(time.Hour)}, "live"); err != nil {
-		t.Fatal(err)
-	}
-	longSlots := countlimit.Rule{UseType: "slots", Limit: 2, Window: countlimit.Concurrent(time.Hour)}
-	if _, res, err := now.Acquire(ctx, longSlots, "lease-live"); err != nil || !res.Allowed {
-		t.Fatalf("Acquire(lease-live) = %+v, %v", res, err)
-	}
-	return 30 + 2 + 1
-}
-
-// leftAfterPurge lists the rows and the leases' keys, each sorted.
-func leftAfterPurge(t *testing.T, pool *pgxpool.Pool) (rows, leases []string) {
-	t.Helper()
-	list := func(query string) []string {
-		r, err := pool.Query(context.Background(), query)
-		if err != nil {
-			t.Fatal(err)
-		}
-		got, err := pgx.CollectRows(r, pgx.RowTo[string])
-		if err != nil {
-			t.Fatal(err)
-		}
-		return got
-	}
-	return list(`SELECT use_type || '/' || unique_id FROM count_limit ORDER BY 1`),
-		list(`SELECT use_type || '/' || unique_id FROM count_limit_lease ORDER BY 1`)
-}
 
 // logLines returns serve's JSON log lines whose msg is msg.
 func logLines(t *testing.T, stderr, msg string) []map[string]any {
@@ -105,14 +46,14 @@ func TestServePurges(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	want := seedForPurge(t, pool)
+	// What must go was written two hours ago, what must stay now.
+	want := testbackend.SeedPurge(t, pool, "", func() time.Time { return time.Now().Add(-2 * time.Hour) }, time.Now)
 
 	s := launch(t, "--store", url, "--purge-interval", "200ms", "--purge-batch", "7")
-	kept := []string{"blocked/keep", "forever/keep", "hour/live", "slots/lease-live"}
-	keptLeases := []string{"slots/lease-live"}
+	kept, keptLeases := testbackend.PurgeKept("")
 	var rows, leases []string
 	poll(t, "the expired rows and leases to go, and the live ones to stay", func() bool {
-		rows, leases = leftAfterPurge(t, pool)
+		rows, leases = testbackend.PurgeLeft(t, pool)
 		return slices.Equal(rows, kept) && slices.Equal(leases, keptLeases)
 	}, func() string { return fmt.Sprintf("rows %v, leases %v left", rows, leases) })
 	var metrics string
