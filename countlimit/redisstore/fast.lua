@@ -164,6 +164,34 @@ local function expire(h, at, now)
   end
 end
 
+-- deny writes the denial of the call whose hash is h and arguments
+-- ARGV[a..a+6], at now, blocked the penalty's end or nil: the tally, the
+-- limit, an empty window on a new hash, a penalty when the rule has one
+-- and none runs, and the record. It returns the hash's window end when it
+-- wrote one (else nil), the penalty's end when it set one (else nil), and
+-- blocked as it now is.
+local function deny(h, a, exists, now, blocked)
+  -- The tally first: the one write of a denial that can fail (a field
+  -- that is not an integer), before any other.
+  redis.call('HINCRBY', h, 'd', 1)
+  local set = {'HSET', h, 'l', ARGV[a+2]}
+  local e, x
+  if not exists then
+    -- An empty window (begin = end) that only a counted event opens.
+    set[5], set[6], set[7], set[8], set[9], set[10] = 'b', ARGV[a], 'e', ARGV[a], 'c', '0'
+    e = now
+  end
+  local block = tonumber(ARGV[a+5])
+  if blocked == nil and block > 0 then
+    blocked = now + block
+    x = blocked
+    set[#set + 1], set[#set + 2] = 'x', s(blocked)
+  end
+  record(set, denied)
+  redis.call(unpack(set))
+  return e, x, blocked
+end
+
 -- slideAllow applies a sliding call, as allow does others.
 local function slideAllow(h, lg, f, a)
   local ok, now, n, span, x, blocked, used, wb, we, free = slide(lg, f, a)
@@ -193,21 +221,9 @@ local function slideAllow(h, lg, f, a)
     expire(lg, we, now)
     e, free = we, nil
   else
-    redis.call('HINCRBY', h, 'd', 1)
-    local set = {'HSET', h, 'l', ARGV[a+2]}
-    if not exists then
-      -- An empty window (begin = end) that only a counted event opens.
-      set[5], set[6], set[7], set[8], set[9], set[10] = 'b', ARGV[a], 'e', ARGV[a], 'c', '0'
-      e = now
-    end
-    local block = tonumber(ARGV[a+5])
-    if blocked == nil and block > 0 then
-      blocked = now + block
-      x = blocked
-      set[#set + 1], set[#set + 2] = 'x', s(blocked)
-    end
-    record(set, denied)
-    redis.call(unpack(set))
+    local de, dx
+    de, dx, blocked = deny(h, a, exists, now, blocked)
+    e, x = de or e, dx or x
   end
   -- A sliding hash's TTL is set on every write: a refund may have
   -- shortened its window.
@@ -250,23 +266,9 @@ local function allow(h, lg, f, a)
     if we == nil and e ~= nil then redis.call('HDEL', h, 'e') end
     e = we
   else
-    -- The tally first: the one write of a denial that can fail (a field
-    -- that is not an integer), before any other.
-    redis.call('HINCRBY', h, 'd', 1)
-    local set = {'HSET', h, 'l', ARGV[a+2]}
-    if not exists then
-      -- An empty window (begin = end) that only a counted event opens.
-      set[5], set[6], set[7], set[8], set[9], set[10] = 'b', ARGV[a], 'e', ARGV[a], 'c', '0'
-      e = now
-    end
-    record(set, denied)
-    redis.call(unpack(set))
-    local block = tonumber(ARGV[a+5])
-    if blocked == nil and block > 0 then
-      blocked = now + block
-      x = blocked
-      redis.call('HSET', h, 'x', string.format('%.0f', blocked))
-    end
+    local de, dx
+    de, dx, blocked = deny(h, a, exists, now, blocked)
+    e, x = de or e, dx or x
   end
 
   -- The hash lives as long as its window and its penalty (nil: a lifetime
