@@ -142,8 +142,8 @@ func (l *ConnLimit) admit(nc net.Conn) *limitedConn {
 	l.mu.Lock()
 	var victim *limitedConn
 	if l.open >= l.max {
-		e := l.idle.Front()
-		if e == nil {
+		victim = l.takeIdle()
+		if victim == nil {
 			warn := !l.warnedRefused
 			l.warnedRefused = true
 			l.mu.Unlock()
@@ -154,8 +154,6 @@ func (l *ConnLimit) admit(nc net.Conn) *limitedConn {
 			refuse(nc)
 			return nil
 		}
-		victim = l.idle.Remove(e).(*limitedConn)
-		victim.elem = nil
 		victim.gone = true // its slot is the newcomer's
 	} else {
 		l.open++
@@ -174,17 +172,27 @@ func (l *ConnLimit) admit(nc net.Conn) *limitedConn {
 	return c
 }
 
+// takeIdle takes the longest idle connection off the idle list and
+// returns it, or nil when none is idle. l.mu must be held.
+func (l *ConnLimit) takeIdle() *limitedConn {
+	e := l.idle.Front()
+	if e == nil {
+		return nil
+	}
+	c := l.idle.Remove(e).(*limitedConn)
+	c.elem = nil
+	return c
+}
+
 // closeIdle closes the longest idle connection to free its file, and
 // reports whether there was one.
 func (l *ConnLimit) closeIdle() bool {
 	l.mu.Lock()
-	e := l.idle.Front()
-	if e == nil {
+	victim := l.takeIdle()
+	if victim == nil {
 		l.mu.Unlock()
 		return false
 	}
-	victim := l.idle.Remove(e).(*limitedConn)
-	victim.elem = nil
 	warn := !l.warnedFiles
 	l.warnedFiles = true
 	l.mu.Unlock()
