@@ -20,22 +20,24 @@ import (
 	"github.com/countlimit/countlimit/internal/rulefile"
 )
 
-// exchange is one "$ curl ..." line of the README and the output it shows.
+// exchange is one "$ curl ..." line of a curl session and the output it
+// shows.
 type exchange struct {
 	method, path, body string
 	want               string
 }
 
-// readmeSession reads the curl session that follows <!-- curl-session -->.
-func readmeSession(t *testing.T) []exchange {
+// curlSession reads the curl session that follows <!-- curl-session --> in
+// the file named name (relative to the repository's root).
+func curlSession(t *testing.T, name string) []exchange {
 	t.Helper()
-	raw, err := os.ReadFile("../../README.md")
+	raw, err := os.ReadFile(filepath.Join("../..", name))
 	if err != nil {
 		t.Fatal(err)
 	}
 	_, after, ok := strings.Cut(string(raw), "<!-- curl-session -->\n```console\n")
 	if !ok {
-		t.Fatal("README.md: no <!-- curl-session --> console block")
+		t.Fatalf("%s: no <!-- curl-session --> console block", name)
 	}
 	block, _, _ := strings.Cut(after, "```")
 	cmdRE := regexp.MustCompile(`^\$ curl -s localhost:8080(\S+)(?: -d '([^']*)')?$`)
@@ -44,7 +46,7 @@ func readmeSession(t *testing.T) []exchange {
 		if strings.HasPrefix(line, "$ ") {
 			m := cmdRE.FindStringSubmatch(line)
 			if m == nil {
-				t.Fatalf("README.md: cannot replay %q", line)
+				t.Fatalf("%s: cannot replay %q", name, line)
 			}
 			ex := exchange{method: "GET", path: m[1], body: m[2]}
 			if m[2] != "" {
@@ -54,12 +56,12 @@ func readmeSession(t *testing.T) []exchange {
 			continue
 		}
 		if len(out) == 0 {
-			t.Fatalf("README.md: output %q before any command", line)
+			t.Fatalf("%s: output %q before any command", name, line)
 		}
 		out[len(out)-1].want += line
 	}
 	if len(out) < 3 {
-		t.Fatalf("README.md: only %d commands in the curl session", len(out))
+		t.Fatalf("%s: only %d commands in the curl session", name, len(out))
 	}
 	return out
 }
@@ -91,18 +93,27 @@ func normalize(v any) any {
 	return v
 }
 
-// TestREADMESession builds the command, starts "countlimit serve" as the
-// README says (on a free port), replays the README's curl session against
-// it, and stops it with SIGTERM.
+// TestREADMESession builds the command and, for the curl session of the
+// README and that of docs/service.md, each on a server of its own: starts
+// "countlimit serve" as the file says (on a free port), replays the session
+// against it, and stops it with SIGTERM.
 func TestREADMESession(t *testing.T) {
 	if runtime.GOOS == "windows" {
 		t.Skip("uses SIGTERM")
 	}
-	session := readmeSession(t)
 	bin := filepath.Join(t.TempDir(), "countlimit")
 	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
+	for _, name := range []string{"README.md", "docs/service.md"} {
+		t.Run(name, func(t *testing.T) { replay(t, bin, name) })
+	}
+}
+
+// replay starts bin's server, replays the curl session of the file named
+// name against it, and stops it.
+func replay(t *testing.T, bin, name string) {
+	session := curlSession(t, name)
 	cmd := exec.Command(bin, "serve", "--addr", "127.0.0.1:0")
 	cmd.Env = append(os.Environ(), "COUNTLIMIT_STORE=")
 	stdout, err := cmd.StdoutPipe()
@@ -141,10 +152,10 @@ func TestREADMESession(t *testing.T) {
 			t.Fatalf("command %d (%s %s): bad JSON %q", i+1, ex.method, ex.path, got)
 		}
 		if err := json.Unmarshal([]byte(ex.want), &w); err != nil {
-			t.Fatalf("README.md command %d: its output is not JSON: %q", i+1, ex.want)
+			t.Fatalf("%s command %d: its output is not JSON: %q", name, i+1, ex.want)
 		}
 		if !reflect.DeepEqual(normalize(g), normalize(w)) {
-			t.Errorf("command %d: %s %s %s\n got: %s\nREADME: %s", i+1, ex.method, ex.path, ex.body, strings.TrimSpace(string(got)), ex.want)
+			t.Errorf("command %d: %s %s %s\n got: %s\n%s: %s", i+1, ex.method, ex.path, ex.body, strings.TrimSpace(string(got)), name, ex.want)
 		}
 	}
 
