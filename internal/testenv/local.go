@@ -95,9 +95,10 @@ var (
 // missing backend, says so where the person running the tests sees it: go
 // test shows nothing of a package that passes but its "ok" line, so the
 // skips' messages would stay hidden. It writes to the terminal, once per
-// go command however many packages skipped (the first to finish writes;
-// the others see its mark), and to nothing where there is no terminal (CI,
-// which sets COUNTLIMIT_REQUIRE_BACKENDS=1 and never skips).
+// go command however many packages skipped: the first to finish writes,
+// wherever that falls among the packages' lines, and the others see its
+// mark (see claimNotice). It writes nothing where there is no terminal
+// (CI, which sets COUNTLIMIT_REQUIRE_BACKENDS=1 and never skips).
 func skippedNotice() {
 	skipMu.Lock()
 	defer skipMu.Unlock()
@@ -109,13 +110,44 @@ func skippedNotice() {
 		return
 	}
 	defer tty.Close()
-	mark := filepath.Join(os.TempDir(), "countlimit-tests-skipped-"+strconv.Itoa(os.Getppid()))
-	if f, err := os.OpenFile(mark, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600); err != nil {
+	if !claimNotice(os.TempDir(), os.Getppid(), time.Now()) {
 		return // another package of this go test run has said it
-	} else {
-		f.Close()
 	}
 	writeSkipped(tty, skipped)
+}
+
+// noticeMark prefixes the files that say a go command's run has shown the
+// notice; the go command's process id follows.
+const noticeMark = "countlimit-tests-skip-notice-run-"
+
+// staleMark is how old a run's mark must be for claimNotice to remove it:
+// older than any go test run, so the marks do not pile up in dir, and a
+// reused process id does not find an old run's mark.
+const staleMark = 24 * time.Hour
+
+// oldNoticeMark is what marks were called before noticeMark; stale ones
+// are removed as well.
+const oldNoticeMark = "countlimit-tests-skipped-"
+
+// claimNotice reports whether the notice of the go command with process id
+// run is this process's to write: it creates run's mark in dir, which only
+// the first caller can. It first removes the marks of runs older than
+// staleMark.
+func claimNotice(dir string, run int, now time.Time) bool {
+	for _, prefix := range []string{noticeMark, oldNoticeMark} {
+		marks, _ := filepath.Glob(filepath.Join(dir, prefix+"*"))
+		for _, name := range marks {
+			if fi, err := os.Lstat(name); err == nil && fi.Mode().IsRegular() && now.Sub(fi.ModTime()) > staleMark {
+				_ = os.Remove(name)
+			}
+		}
+	}
+	f, err := os.OpenFile(filepath.Join(dir, noticeMark+strconv.Itoa(run)), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return false
+	}
+	f.Close()
+	return true
 }
 
 // writeSkipped writes the notice of skipped backends, why by what.

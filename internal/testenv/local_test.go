@@ -6,8 +6,11 @@ import (
 	"errors"
 	"io"
 	"net"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // fake serves each connection with answer, after reading what the client
@@ -110,6 +113,44 @@ func TestSkippedNotice(t *testing.T) {
 	}
 	if strings.Contains(b.String(), "PostgreSQL:") {
 		t.Errorf("the notice names PostgreSQL, which was not skipped:\n%s", b.String())
+	}
+}
+
+// TestClaimNotice: one notice per run, and marks older than a day are
+// removed, whatever run left them.
+func TestClaimNotice(t *testing.T) {
+	dir, now := t.TempDir(), time.Now()
+	mark := func(name string, age time.Duration) string {
+		t.Helper()
+		path := filepath.Join(dir, name)
+		if err := os.WriteFile(path, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chtimes(path, now.Add(-age), now.Add(-age)); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	stale := []string{mark(noticeMark+"7", 25*time.Hour), mark(oldNoticeMark+"9", 48*time.Hour)}
+	fresh := mark(noticeMark+"8", time.Hour)
+	other := mark("countlimit-something-else", 48*time.Hour)
+
+	if !claimNotice(dir, 7, now) {
+		t.Error("run 7, whose mark is stale: not claimed")
+	}
+	if claimNotice(dir, 7, now) {
+		t.Error("run 7 claimed twice")
+	}
+	if claimNotice(dir, 8, now) {
+		t.Error("run 8, marked an hour ago: claimed again")
+	}
+	if _, err := os.Stat(stale[1]); !os.IsNotExist(err) {
+		t.Errorf("a stale mark of the old name is still there: %v", err)
+	}
+	for _, path := range []string{stale[0], fresh, other} {
+		if _, err := os.Stat(path); err != nil {
+			t.Errorf("%s: %v", filepath.Base(path), err)
+		}
 	}
 }
 
