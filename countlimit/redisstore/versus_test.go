@@ -174,8 +174,8 @@ func BenchmarkMemoryVersusRedisRate(b *testing.B) {
 				})
 			}
 			// A first run, not measured: the first phase after the server
-			// took the filler keys read some 80 kB more, now and then, than
-			// the same phase run later.
+			// took the filler keys now and then read more memory than the
+			// same phase run later.
 			allow(countlimit.UseType("bench.memory.warm." + run))
 			cl, keys, calls := allow(countlimit.UseType("bench.memory." + run))
 			redisstore.SetUnguarded(true)

@@ -157,7 +157,8 @@ func redisStoreOptions(rawURL string) (string, []redisstore.Option, error) {
 
 // failFast sets what the URL leaves unset so that a Redis store that is
 // down fails a call at once: go-redis's defaults dial 5 times per attempt
-// and retry 3 times, about 1.7 s and 4 log lines per failed call. A retry
+// and retry 3 times, so each failed call would wait out every dial and
+// backoff, and log every attempt. A retry
 // stays: redisstore answers a repeated call with its first reply (see its
 // package doc), so a connection dropped mid-call costs no error and no
 // double count. The URL's max_retries and dial_timeout win.
