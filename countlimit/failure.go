@@ -19,11 +19,12 @@ import (
 var ErrCircuitOpen = fmt.Errorf("%w: circuit breaker open", ErrUnavailable)
 
 // ErrLocked is returned, wrapped, by a check that was not decided because
-// another transaction holds the id's state locked, typically a check made
-// inside a caller's own pgx.Tx that has not committed yet, and the call's
-// context (or [WithStoreTimeout]'s bound) ended before the lock was
-// released. pgstore's group commit returns it: it waits for such a row on
-// its own, never holding other ids' calls behind the lock. It wraps
+// another transaction holds the id's state locked (or has inserted it and
+// not committed), typically a check made inside a caller's own pgx.Tx that
+// has not committed yet, and the call's context (or [WithStoreTimeout]'s
+// bound) ended before the lock was released. pgstore on a pool returns it:
+// it waits for such a row on its own, never holding other ids' calls or
+// the pool's connections behind the lock. It wraps
 // ErrUnavailable, so a fail-open or fail-closed policy applies as for any
 // call that could not be decided; but the store is not failing: it does
 // not count toward the circuit breaker (nor as a failure or timeout in

@@ -179,6 +179,22 @@ ALTER FUNCTION countlimit_acquire(text, text, timestamptz, text, bigint, timesta
 -- p_window_end bound the window an allowed event opens (p_window_end NULL for a
 -- lifetime window); p_penalty_end is now + Block (NULL when the rule has none).
 
+-- countlimit_lock_briefly sets, for the rest of the transaction, how long
+-- a statement of pgstore's pool waits for a lock before it gives up with
+-- lock_not_available (SQLSTATE 55P03), nothing written: the setting
+-- countlimit.lock_wait when set (ALTER ROLE ... SET countlimit.lock_wait =
+-- '10ms', or a connection's options), else 2 ms. That is longer than the
+-- pool's own statements hold a row, and shorter than a wait for another
+-- transaction (a check inside a caller's transaction, a DBA's UPDATE) is
+-- worth a connection: pgstore then waits in the process and sends the call
+-- again. Only a pool's statements call it, each its own transaction;
+-- never a caller's transaction.
+-- +goose StatementBegin
+CREATE FUNCTION countlimit_lock_briefly() RETURNS text LANGUAGE sql AS $fn$
+    SELECT set_config('lock_timeout', coalesce(nullif(current_setting('countlimit.lock_wait', true), ''), '2ms'), true)
+$fn$;
+-- +goose StatementEnd
+
 -- countlimit_allow_one counts n events of one rule for one id, or tallies the
 -- denial and sets the penalty, in one statement of two steps:
 --
@@ -222,9 +238,11 @@ ALTER FUNCTION countlimit_acquire(text, text, timestamptz, text, bigint, timesta
 -- behind a lock held elsewhere) the row is locked first, FOR NO KEY UPDATE
 -- SKIP LOCKED: a row the statement's snapshot shows that it could not lock
 -- is another transaction's, and the call writes nothing and returns one row
--- with o_busy set. Without it (a Store on the caller's own connection or
--- transaction) the statement waits for such a lock, as the caller's other
--- statements do.
+-- with o_busy set; a new id's row that another transaction has inserted
+-- and not committed fails the statement with lock_not_available after a
+-- brief wait (countlimit_lock_briefly), nothing written. Without it (a
+-- Store on the caller's own connection or transaction) the statement waits
+-- for such a lock, as the caller's other statements do.
 -- +goose StatementBegin
 CREATE FUNCTION countlimit_allow_one(
     p_use_type    text,
@@ -247,6 +265,12 @@ CREATE FUNCTION countlimit_allow_one(
 ) LANGUAGE plpgsql SET enable_seqscan = off AS $fn$
 BEGIN
     IF p_skip_locked THEN
+        -- Nor waits long for another transaction's insert of a new id, not
+        -- yet committed (the id's first check inside a caller's
+        -- transaction): the statement fails with lock_not_available,
+        -- nothing written (countlimit_lock_briefly), and pgstore sends the
+        -- call again later, as it does a busy one.
+        PERFORM countlimit_lock_briefly();
         RETURN QUERY
         WITH l AS MATERIALIZED (
             -- The row, locked unless another transaction holds it.
@@ -375,6 +399,41 @@ END
 $fn$;
 -- +goose StatementEnd
 
+-- countlimit_claim_keys is how a batch gets past a key that another
+-- transaction has inserted and not yet committed (a check of a new id
+-- inside a caller's transaction), whose insert would hold the batch's
+-- every call until that transaction ends. countlimit_allow_batch and
+-- countlimit_allow_distinct insert their new keys with a brief
+-- lock_timeout (countlimit_lock_briefly); when one times out
+-- (lock_not_available), the batch has written
+-- nothing and calls this, which inserts, one key at a time, an empty row
+-- for each key (p_use_types[i], p_unique_ids[i]) no committed row holds:
+-- count 0 and an empty window at p_nows[i] (the time of the key's first
+-- call), the row a new key's denial leaves. It returns the positions of
+-- the keys whose insert timed out. The batch then runs again: it finds the
+-- other new keys' rows, its own, and decides their calls as it would have
+-- on inserting them, and reports the held keys' calls busy.
+-- +goose StatementBegin
+CREATE FUNCTION countlimit_claim_keys(p_use_types text[], p_unique_ids text[], p_nows timestamptz[], p_kinds text[])
+RETURNS int[] LANGUAGE plpgsql SET enable_seqscan = off AS $fn$
+DECLARE
+    v_held int[] := '{}';
+BEGIN
+    FOR i IN 1 .. coalesce(array_length(p_use_types, 1), 0) LOOP
+        CONTINUE WHEN EXISTS (SELECT FROM count_limit c WHERE c.use_type = p_use_types[i] AND c.unique_id = p_unique_ids[i]);
+        BEGIN
+            INSERT INTO count_limit (use_type, unique_id, already_count, begin_time, end_time, limit_value, window_kind)
+            VALUES (p_use_types[i], p_unique_ids[i], 0, p_nows[i], p_nows[i], 0, p_kinds[i])
+            ON CONFLICT DO NOTHING;
+        EXCEPTION WHEN lock_not_available THEN
+            v_held := v_held || i;
+        END;
+    END LOOP;
+    RETURN v_held;
+END
+$fn$;
+-- +goose StatementEnd
+
 -- countlimit_allow_batch is countlimit_allow_one for many calls at once:
 -- group commit. Keys are given once each, sorted; calls refer to their key by
 -- its 1-based position (key_of) and are numbered 1, 2, ... within a key in
@@ -389,8 +448,12 @@ $fn$;
 -- waited for: the statement would hold every other call of the batch
 -- behind that lock. Its calls come back with busy set and nothing of them
 -- applied; the caller sends them again later, alone or in another batch.
--- A key that no committed row holds is inserted, which waits only when
--- another transaction has inserted the same key and not yet committed.
+-- A key that no committed row holds is inserted; when another transaction
+-- has inserted the same key and not yet committed, the insert gives up
+-- after a brief wait and the statement runs again past that key, whose
+-- calls come back busy (countlimit_claim_keys). The rows come back sorted: a sort
+-- reads all its input before it returns a row, so none is returned before
+-- every insert is done, and a run that gives up has returned nothing.
 --
 -- CASE WHEN random() >= 0 THEN ... END is the array itself, but the planner
 -- cannot see through it: it estimates the batch at 10 calls whatever its
@@ -419,107 +482,126 @@ CREATE FUNCTION countlimit_allow_batch(
     o_window_end    timestamptz,
     o_blocked_until timestamptz
 ) LANGUAGE plpgsql SET enable_seqscan = off AS $fn$
+DECLARE
+    v_held int[] := '{}'; -- the keys another transaction is inserting
 BEGIN
-    RETURN QUERY
-        WITH RECURSIVE keys AS (
-            SELECT k.use_type, k.unique_id, k.kind, k.ord::int AS k
-            FROM ROWS FROM (unnest(CASE WHEN random() >= 0 THEN p_use_types END), unnest(p_unique_ids), unnest(p_kinds))
-                WITH ORDINALITY AS k(use_type, unique_id, kind, ord)
-        ), calls AS MATERIALIZED (
-            SELECT *
-            FROM ROWS FROM (unnest(CASE WHEN random() >= 0 THEN p_key_of END), unnest(p_seq), unnest(p_nows),
-                unnest(p_ns), unnest(p_limits), unnest(p_begins),
-                unnest(p_window_ends), unnest(p_penalty_ends))
-                AS c(k, seq, now, n, lim, b, e, pe)
-        ), locked AS MATERIALIZED (
-            -- Phase 1, skipping the rows another transaction holds.
-            SELECT k.k, c.already_count, c.begin_time, c.end_time, c.blocked_until
-            FROM keys k
-            JOIN count_limit c ON c.use_type = k.use_type AND c.unique_id = k.unique_id
-            ORDER BY k.k
-            FOR NO KEY UPDATE OF c SKIP LOCKED
-        ), busy AS MATERIALIZED (
-            -- Rows the statement's snapshot shows that phase 1 did not lock.
-            SELECT k.k
-            FROM keys k
-            JOIN count_limit c ON c.use_type = k.use_type AND c.unique_id = k.unique_id
-            WHERE NOT EXISTS (SELECT FROM locked l WHERE l.k = k.k)
-        ), fold (k, seq, existed, ex, cnt, wb, we, bu, den, counted, lim, allowed, used, ob, oe, obu) AS (
-            -- Step 0 is each key's state as locked (or absent); step i applies
-            -- call i to the state after step i-1.
-            SELECT k.k, 0, l.k IS NOT NULL, l.k IS NOT NULL, coalesce(l.already_count, 0),
-                l.begin_time, l.end_time, l.blocked_until, 0::bigint, false, 0::bigint,
-                false, 0::bigint, NULL::timestamptz, NULL::timestamptz, NULL::timestamptz
-            FROM keys k
-            LEFT JOIN locked l ON l.k = k.k
-            WHERE NOT EXISTS (SELECT FROM busy y WHERE y.k = k.k)
-            UNION ALL
-            SELECT f.k, c.seq, f.existed, true,
-                CASE WHEN d.fits THEN d.used + c.n ELSE f.cnt END,
-                CASE WHEN d.fits AND NOT d.cur THEN c.b WHEN f.ex THEN f.wb ELSE c.now END,
-                CASE WHEN d.fits AND NOT d.cur THEN c.e WHEN f.ex THEN f.we ELSE c.now END,
-                CASE WHEN d.fits OR d.blocked OR c.pe IS NULL THEN f.bu ELSE c.pe END,
-                f.den + CASE WHEN d.fits THEN 0 ELSE 1 END,
-                f.counted OR d.fits,
-                c.lim,
-                d.fits,
-                CASE WHEN d.fits THEN d.used + c.n ELSE d.used END,
-                CASE WHEN d.cur THEN f.wb ELSE c.b END,
-                CASE WHEN d.cur THEN f.we ELSE c.e END,
-                CASE WHEN d.blocked THEN f.bu WHEN d.fits THEN NULL ELSE c.pe END
-            FROM fold f
-            JOIN calls c ON c.k = f.k AND c.seq = f.seq + 1
-            CROSS JOIN LATERAL (SELECT s.cur, s.blocked, u.used, NOT s.blocked AND c.n <= c.lim - u.used AS fits
-                FROM (SELECT
-                    f.ex AND f.wb < coalesce(f.we, 'infinity') AND coalesce(f.we > c.now, true) AS cur,
-                    coalesce(f.bu > c.now, false) AS blocked) s
-                CROSS JOIN LATERAL (SELECT CASE WHEN s.cur THEN f.cnt ELSE 0 END AS used) u) d
-        ), final AS (
-            SELECT DISTINCT ON (f.k) f.k, f.existed, f.cnt, f.wb, f.we, f.bu, f.den, f.counted, f.lim
-            FROM fold f
-            WHERE f.seq > 0
-            ORDER BY f.k, f.seq DESC
-        ), inserted AS (
-            -- Phase 2.
-            INSERT INTO count_limit (use_type, unique_id, already_count, begin_time, end_time, limit_value, denied_count, blocked_until, window_kind)
-            SELECT k.use_type, k.unique_id, f.cnt, f.wb, f.we, f.lim, f.den, f.bu, k.kind
-            FROM final f
-            JOIN keys k ON k.k = f.k
-            WHERE NOT f.existed
-            ORDER BY f.k
-            ON CONFLICT DO NOTHING
-            RETURNING use_type, unique_id
-        ), updated AS (
-            -- Phase 3: the count(*) makes every insert happen first.
-            UPDATE count_limit c SET
-                already_count = f.cnt,
-                begin_time    = f.wb,
-                end_time      = f.we,
-                limit_value   = f.lim,
-                denied_count  = c.denied_count + f.den,
-                blocked_until = f.bu,
-                events        = CASE WHEN f.counted THEN NULL ELSE c.events END,
-                window_kind   = CASE WHEN f.counted THEN k.kind ELSE c.window_kind END,
-                updated_at    = now()
-            FROM final f
-            JOIN keys k ON k.k = f.k
-            WHERE f.existed AND c.use_type = k.use_type AND c.unique_id = k.unique_id
-              AND (SELECT count(*) FROM inserted) >= 0
-            RETURNING f.k
-        ), applied AS (
-            SELECT u.k FROM updated u
-            UNION ALL
-            SELECT k.k FROM inserted i JOIN keys k ON k.use_type = i.use_type AND k.unique_id = i.unique_id
-        )
-        SELECT f.k::int AS key_of, f.seq::int AS seq, false AS busy, f.allowed::boolean AS allowed, f.used::bigint AS used,
-            f.ob::timestamptz AS window_begin, f.oe::timestamptz AS window_end, f.obu::timestamptz AS blocked_until
-        FROM fold f
-        JOIN applied a ON a.k = f.k
-        WHERE f.seq > 0
-        UNION ALL
-        SELECT c.k, c.seq, true, false, 0, NULL, NULL, NULL
-        FROM calls c
-        JOIN busy y ON y.k = c.k;
+    PERFORM countlimit_lock_briefly();
+    FOR v_try IN 1 .. 2 LOOP
+        BEGIN
+            RETURN QUERY
+                WITH RECURSIVE keys AS (
+                    SELECT k.use_type, k.unique_id, k.kind, k.ord::int AS k
+                    FROM ROWS FROM (unnest(CASE WHEN random() >= 0 THEN p_use_types END), unnest(p_unique_ids), unnest(p_kinds))
+                        WITH ORDINALITY AS k(use_type, unique_id, kind, ord)
+                ), calls AS MATERIALIZED (
+                    SELECT *
+                    FROM ROWS FROM (unnest(CASE WHEN random() >= 0 THEN p_key_of END), unnest(p_seq), unnest(p_nows),
+                        unnest(p_ns), unnest(p_limits), unnest(p_begins),
+                        unnest(p_window_ends), unnest(p_penalty_ends))
+                        AS c(k, seq, now, n, lim, b, e, pe)
+                ), locked AS MATERIALIZED (
+                    -- Phase 1, skipping the rows another transaction holds.
+                    SELECT k.k, c.already_count, c.begin_time, c.end_time, c.blocked_until
+                    FROM keys k
+                    JOIN count_limit c ON c.use_type = k.use_type AND c.unique_id = k.unique_id
+                    ORDER BY k.k
+                    FOR NO KEY UPDATE OF c SKIP LOCKED
+                ), busy AS MATERIALIZED (
+                    -- Rows the statement's snapshot shows that phase 1 did not
+                    -- lock, and keys another transaction is inserting.
+                    SELECT k.k
+                    FROM keys k
+                    JOIN count_limit c ON c.use_type = k.use_type AND c.unique_id = k.unique_id
+                    WHERE NOT EXISTS (SELECT FROM locked l WHERE l.k = k.k)
+                    UNION ALL
+                    SELECT h FROM unnest(v_held) AS h
+                ), fold (k, seq, existed, ex, cnt, wb, we, bu, den, counted, lim, allowed, used, ob, oe, obu) AS (
+                    -- Step 0 is each key's state as locked (or absent); step i applies
+                    -- call i to the state after step i-1.
+                    SELECT k.k, 0, l.k IS NOT NULL, l.k IS NOT NULL, coalesce(l.already_count, 0),
+                        l.begin_time, l.end_time, l.blocked_until, 0::bigint, false, 0::bigint,
+                        false, 0::bigint, NULL::timestamptz, NULL::timestamptz, NULL::timestamptz
+                    FROM keys k
+                    LEFT JOIN locked l ON l.k = k.k
+                    WHERE NOT EXISTS (SELECT FROM busy y WHERE y.k = k.k)
+                    UNION ALL
+                    SELECT f.k, c.seq, f.existed, true,
+                        CASE WHEN d.fits THEN d.used + c.n ELSE f.cnt END,
+                        CASE WHEN d.fits AND NOT d.cur THEN c.b WHEN f.ex THEN f.wb ELSE c.now END,
+                        CASE WHEN d.fits AND NOT d.cur THEN c.e WHEN f.ex THEN f.we ELSE c.now END,
+                        CASE WHEN d.fits OR d.blocked OR c.pe IS NULL THEN f.bu ELSE c.pe END,
+                        f.den + CASE WHEN d.fits THEN 0 ELSE 1 END,
+                        f.counted OR d.fits,
+                        c.lim,
+                        d.fits,
+                        CASE WHEN d.fits THEN d.used + c.n ELSE d.used END,
+                        CASE WHEN d.cur THEN f.wb ELSE c.b END,
+                        CASE WHEN d.cur THEN f.we ELSE c.e END,
+                        CASE WHEN d.blocked THEN f.bu WHEN d.fits THEN NULL ELSE c.pe END
+                    FROM fold f
+                    JOIN calls c ON c.k = f.k AND c.seq = f.seq + 1
+                    CROSS JOIN LATERAL (SELECT s.cur, s.blocked, u.used, NOT s.blocked AND c.n <= c.lim - u.used AS fits
+                        FROM (SELECT
+                            f.ex AND f.wb < coalesce(f.we, 'infinity') AND coalesce(f.we > c.now, true) AS cur,
+                            coalesce(f.bu > c.now, false) AS blocked) s
+                        CROSS JOIN LATERAL (SELECT CASE WHEN s.cur THEN f.cnt ELSE 0 END AS used) u) d
+                ), final AS (
+                    SELECT DISTINCT ON (f.k) f.k, f.existed, f.cnt, f.wb, f.we, f.bu, f.den, f.counted, f.lim
+                    FROM fold f
+                    WHERE f.seq > 0
+                    ORDER BY f.k, f.seq DESC
+                ), inserted AS (
+                    -- Phase 2.
+                    INSERT INTO count_limit (use_type, unique_id, already_count, begin_time, end_time, limit_value, denied_count, blocked_until, window_kind)
+                    SELECT k.use_type, k.unique_id, f.cnt, f.wb, f.we, f.lim, f.den, f.bu, k.kind
+                    FROM final f
+                    JOIN keys k ON k.k = f.k
+                    WHERE NOT f.existed
+                    ORDER BY f.k
+                    ON CONFLICT DO NOTHING
+                    RETURNING use_type, unique_id
+                ), updated AS (
+                    -- Phase 3: the count(*) makes every insert happen first.
+                    UPDATE count_limit c SET
+                        already_count = f.cnt,
+                        begin_time    = f.wb,
+                        end_time      = f.we,
+                        limit_value   = f.lim,
+                        denied_count  = c.denied_count + f.den,
+                        blocked_until = f.bu,
+                        events        = CASE WHEN f.counted THEN NULL ELSE c.events END,
+                        window_kind   = CASE WHEN f.counted THEN k.kind ELSE c.window_kind END,
+                        updated_at    = now()
+                    FROM final f
+                    JOIN keys k ON k.k = f.k
+                    WHERE f.existed AND c.use_type = k.use_type AND c.unique_id = k.unique_id
+                      AND (SELECT count(*) FROM inserted) >= 0
+                    RETURNING f.k
+                ), applied AS (
+                    SELECT u.k FROM updated u
+                    UNION ALL
+                    SELECT k.k FROM inserted i JOIN keys k ON k.use_type = i.use_type AND k.unique_id = i.unique_id
+                )
+                SELECT f.k::int AS key_of, f.seq::int AS seq, false AS busy, f.allowed::boolean AS allowed, f.used::bigint AS used,
+                    f.ob::timestamptz AS window_begin, f.oe::timestamptz AS window_end, f.obu::timestamptz AS blocked_until
+                FROM fold f
+                JOIN applied a ON a.k = f.k
+                WHERE f.seq > 0
+                UNION ALL
+                SELECT c.k, c.seq, true, false, 0, NULL, NULL, NULL
+                FROM calls c
+                JOIN busy y ON y.k = c.k
+                ORDER BY 1, 2;
+            RETURN;
+        EXCEPTION WHEN lock_not_available THEN
+            IF v_try = 2 THEN
+                RAISE;
+            END IF;
+            v_held := countlimit_claim_keys(p_use_types, p_unique_ids,
+                ARRAY(SELECT p_nows[i] FROM generate_subscripts(p_key_of, 1) AS i WHERE p_seq[i] = 1 ORDER BY p_key_of[i]),
+                p_kinds);
+        END;
+    END LOOP;
 END
 $fn$;
 -- +goose StatementEnd
@@ -557,85 +639,102 @@ CREATE FUNCTION countlimit_allow_distinct(
     o_window_end    timestamptz,
     o_blocked_until timestamptz
 ) LANGUAGE plpgsql SET enable_seqscan = off AS $fn$
+DECLARE
+    v_held int[] := '{}'; -- the keys another transaction is inserting
 BEGIN
-    RETURN QUERY
-        WITH calls AS MATERIALIZED (
-            SELECT c.ord::int AS k, c.use_type, c.unique_id, c.now, c.n, c.lim, c.b, c.e, c.pe, c.kind
-            FROM ROWS FROM (unnest(CASE WHEN random() >= 0 THEN p_use_types END), unnest(p_unique_ids),
-                unnest(p_nows), unnest(p_ns), unnest(p_limits),
-                unnest(p_begins), unnest(p_window_ends), unnest(p_penalty_ends), unnest(p_kinds))
-                WITH ORDINALITY AS c(use_type, unique_id, now, n, lim, b, e, pe, kind, ord)
-        ), locked AS MATERIALIZED (
-            -- Phase 1, skipping the rows another transaction holds.
-            SELECT c.k, r.already_count, r.begin_time, r.end_time, r.blocked_until
-            FROM calls c
-            JOIN count_limit r ON r.use_type = c.use_type AND r.unique_id = c.unique_id
-            ORDER BY c.k
-            FOR NO KEY UPDATE OF r SKIP LOCKED
-        ), busy AS MATERIALIZED (
-            -- Rows the statement's snapshot shows that phase 1 did not lock.
-            SELECT c.k
-            FROM calls c
-            JOIN count_limit r ON r.use_type = c.use_type AND r.unique_id = c.unique_id
-            WHERE NOT EXISTS (SELECT FROM locked l WHERE l.k = c.k)
-        ), decided AS MATERIALIZED (
-            -- Each call applied to its row as locked (or absent):
-            -- countlimit_allow_batch's fold step 1, from its step 0.
-            SELECT c.k, c.use_type, c.unique_id, c.lim, c.kind, l.k IS NOT NULL AS existed,
-                CASE WHEN d.fits THEN d.used + c.n ELSE coalesce(l.already_count, 0) END AS cnt,
-                CASE WHEN d.fits AND NOT d.cur THEN c.b WHEN l.k IS NOT NULL THEN l.begin_time ELSE c.now END AS wb,
-                CASE WHEN d.fits AND NOT d.cur THEN c.e WHEN l.k IS NOT NULL THEN l.end_time ELSE c.now END AS we,
-                CASE WHEN d.fits OR d.blocked OR c.pe IS NULL THEN l.blocked_until ELSE c.pe END AS bu,
-                d.fits AS allowed,
-                CASE WHEN d.fits THEN d.used + c.n ELSE d.used END AS used,
-                CASE WHEN d.cur THEN l.begin_time ELSE c.b END AS ob,
-                CASE WHEN d.cur THEN l.end_time ELSE c.e END AS oe,
-                CASE WHEN d.blocked THEN l.blocked_until WHEN d.fits THEN NULL ELSE c.pe END AS obu
-            FROM calls c
-            LEFT JOIN locked l ON l.k = c.k
-            CROSS JOIN LATERAL (SELECT s.cur, s.blocked, u.used, NOT s.blocked AND c.n <= c.lim - u.used AS fits
-                FROM (SELECT
-                    coalesce(l.begin_time < coalesce(l.end_time, 'infinity') AND coalesce(l.end_time > c.now, true), false) AS cur,
-                    coalesce(l.blocked_until > c.now, false) AS blocked) s
-                CROSS JOIN LATERAL (SELECT CASE WHEN s.cur THEN l.already_count ELSE 0 END AS used) u) d
-            WHERE NOT EXISTS (SELECT FROM busy y WHERE y.k = c.k)
-        ), inserted AS (
-            -- Phase 2: the count(*) makes every lock of phase 1 be taken first.
-            INSERT INTO count_limit (use_type, unique_id, already_count, begin_time, end_time, limit_value, denied_count, blocked_until, window_kind)
-            SELECT d.use_type, d.unique_id, d.cnt, d.wb, d.we, d.lim, CASE WHEN d.allowed THEN 0 ELSE 1 END, d.bu, d.kind
-            FROM decided d
-            WHERE NOT d.existed AND (SELECT count(*) FROM locked) >= 0
-            ORDER BY d.k
-            ON CONFLICT DO NOTHING
-            RETURNING use_type, unique_id
-        ), updated AS (
-            -- Phase 3: the count(*) makes every insert happen first.
-            UPDATE count_limit r SET
-                already_count = d.cnt,
-                begin_time    = d.wb,
-                end_time      = d.we,
-                limit_value   = d.lim,
-                denied_count  = r.denied_count + CASE WHEN d.allowed THEN 0 ELSE 1 END,
-                blocked_until = d.bu,
-                events        = CASE WHEN d.allowed THEN NULL ELSE r.events END,
-                window_kind   = CASE WHEN d.allowed THEN d.kind ELSE r.window_kind END,
-                updated_at    = now()
-            FROM decided d
-            WHERE d.existed AND r.use_type = d.use_type AND r.unique_id = d.unique_id
-              AND (SELECT count(*) FROM inserted) >= 0
-            RETURNING d.k
-        ), applied AS (
-            SELECT u.k FROM updated u
-            UNION ALL
-            SELECT d.k FROM inserted i JOIN decided d ON d.use_type = i.use_type AND d.unique_id = i.unique_id
-        )
-        SELECT d.k::int AS key_of, false AS busy, d.allowed::boolean AS allowed, d.used::bigint AS used,
-            d.ob::timestamptz AS window_begin, d.oe::timestamptz AS window_end, d.obu::timestamptz AS blocked_until
-        FROM decided d
-        JOIN applied a ON a.k = d.k
-        UNION ALL
-        SELECT y.k, true, false, 0, NULL, NULL, NULL
-        FROM busy y;
+    PERFORM countlimit_lock_briefly();
+    FOR v_try IN 1 .. 2 LOOP
+        BEGIN
+            RETURN QUERY
+                WITH calls AS MATERIALIZED (
+                    SELECT c.ord::int AS k, c.use_type, c.unique_id, c.now, c.n, c.lim, c.b, c.e, c.pe, c.kind
+                    FROM ROWS FROM (unnest(CASE WHEN random() >= 0 THEN p_use_types END), unnest(p_unique_ids),
+                        unnest(p_nows), unnest(p_ns), unnest(p_limits),
+                        unnest(p_begins), unnest(p_window_ends), unnest(p_penalty_ends), unnest(p_kinds))
+                        WITH ORDINALITY AS c(use_type, unique_id, now, n, lim, b, e, pe, kind, ord)
+                ), locked AS MATERIALIZED (
+                    -- Phase 1, skipping the rows another transaction holds.
+                    SELECT c.k, r.already_count, r.begin_time, r.end_time, r.blocked_until
+                    FROM calls c
+                    JOIN count_limit r ON r.use_type = c.use_type AND r.unique_id = c.unique_id
+                    ORDER BY c.k
+                    FOR NO KEY UPDATE OF r SKIP LOCKED
+                ), busy AS MATERIALIZED (
+                    -- Rows the statement's snapshot shows that phase 1 did not
+                    -- lock, and keys another transaction is inserting.
+                    SELECT c.k
+                    FROM calls c
+                    JOIN count_limit r ON r.use_type = c.use_type AND r.unique_id = c.unique_id
+                    WHERE NOT EXISTS (SELECT FROM locked l WHERE l.k = c.k)
+                    UNION ALL
+                    SELECT h FROM unnest(v_held) AS h
+                ), decided AS MATERIALIZED (
+                    -- Each call applied to its row as locked (or absent):
+                    -- countlimit_allow_batch's fold step 1, from its step 0.
+                    SELECT c.k, c.use_type, c.unique_id, c.lim, c.kind, l.k IS NOT NULL AS existed,
+                        CASE WHEN d.fits THEN d.used + c.n ELSE coalesce(l.already_count, 0) END AS cnt,
+                        CASE WHEN d.fits AND NOT d.cur THEN c.b WHEN l.k IS NOT NULL THEN l.begin_time ELSE c.now END AS wb,
+                        CASE WHEN d.fits AND NOT d.cur THEN c.e WHEN l.k IS NOT NULL THEN l.end_time ELSE c.now END AS we,
+                        CASE WHEN d.fits OR d.blocked OR c.pe IS NULL THEN l.blocked_until ELSE c.pe END AS bu,
+                        d.fits AS allowed,
+                        CASE WHEN d.fits THEN d.used + c.n ELSE d.used END AS used,
+                        CASE WHEN d.cur THEN l.begin_time ELSE c.b END AS ob,
+                        CASE WHEN d.cur THEN l.end_time ELSE c.e END AS oe,
+                        CASE WHEN d.blocked THEN l.blocked_until WHEN d.fits THEN NULL ELSE c.pe END AS obu
+                    FROM calls c
+                    LEFT JOIN locked l ON l.k = c.k
+                    CROSS JOIN LATERAL (SELECT s.cur, s.blocked, u.used, NOT s.blocked AND c.n <= c.lim - u.used AS fits
+                        FROM (SELECT
+                            coalesce(l.begin_time < coalesce(l.end_time, 'infinity') AND coalesce(l.end_time > c.now, true), false) AS cur,
+                            coalesce(l.blocked_until > c.now, false) AS blocked) s
+                        CROSS JOIN LATERAL (SELECT CASE WHEN s.cur THEN l.already_count ELSE 0 END AS used) u) d
+                    WHERE NOT EXISTS (SELECT FROM busy y WHERE y.k = c.k)
+                ), inserted AS (
+                    -- Phase 2: the count(*) makes every lock of phase 1 be taken first.
+                    INSERT INTO count_limit (use_type, unique_id, already_count, begin_time, end_time, limit_value, denied_count, blocked_until, window_kind)
+                    SELECT d.use_type, d.unique_id, d.cnt, d.wb, d.we, d.lim, CASE WHEN d.allowed THEN 0 ELSE 1 END, d.bu, d.kind
+                    FROM decided d
+                    WHERE NOT d.existed AND (SELECT count(*) FROM locked) >= 0
+                    ORDER BY d.k
+                    ON CONFLICT DO NOTHING
+                    RETURNING use_type, unique_id
+                ), updated AS (
+                    -- Phase 3: the count(*) makes every insert happen first.
+                    UPDATE count_limit r SET
+                        already_count = d.cnt,
+                        begin_time    = d.wb,
+                        end_time      = d.we,
+                        limit_value   = d.lim,
+                        denied_count  = r.denied_count + CASE WHEN d.allowed THEN 0 ELSE 1 END,
+                        blocked_until = d.bu,
+                        events        = CASE WHEN d.allowed THEN NULL ELSE r.events END,
+                        window_kind   = CASE WHEN d.allowed THEN d.kind ELSE r.window_kind END,
+                        updated_at    = now()
+                    FROM decided d
+                    WHERE d.existed AND r.use_type = d.use_type AND r.unique_id = d.unique_id
+                      AND (SELECT count(*) FROM inserted) >= 0
+                    RETURNING d.k
+                ), applied AS (
+                    SELECT u.k FROM updated u
+                    UNION ALL
+                    SELECT d.k FROM inserted i JOIN decided d ON d.use_type = i.use_type AND d.unique_id = i.unique_id
+                )
+                SELECT d.k::int AS key_of, false AS busy, d.allowed::boolean AS allowed, d.used::bigint AS used,
+                    d.ob::timestamptz AS window_begin, d.oe::timestamptz AS window_end, d.obu::timestamptz AS blocked_until
+                FROM decided d
+                JOIN applied a ON a.k = d.k
+                UNION ALL
+                SELECT y.k, true, false, 0, NULL, NULL, NULL
+                FROM busy y
+                ORDER BY 1;
+            RETURN;
+        EXCEPTION WHEN lock_not_available THEN
+            IF v_try = 2 THEN
+                RAISE;
+            END IF;
+            v_held := countlimit_claim_keys(p_use_types, p_unique_ids, p_nows, p_kinds);
+        END;
+    END LOOP;
 END
 $fn$;
 -- +goose StatementEnd
@@ -943,6 +1042,8 @@ DROP FUNCTION countlimit_release_lease(text, text, timestamptz, text);
 DROP FUNCTION countlimit_purge(timestamptz, int);
 DROP FUNCTION countlimit_reset(text, text[]);
 DROP FUNCTION countlimit_allow_distinct(text[], text[], timestamptz[], bigint[], bigint[], timestamptz[], timestamptz[], timestamptz[], text[]);
+DROP FUNCTION countlimit_claim_keys(text[], text[], timestamptz[], text[]);
+DROP FUNCTION countlimit_lock_briefly();
 DROP FUNCTION countlimit_allow_batch(text[], text[], int[], int[], timestamptz[], bigint[], bigint[], timestamptz[], timestamptz[], timestamptz[], text[]);
 DROP FUNCTION countlimit_allow_one(text, text, timestamptz, bigint, bigint, timestamptz, timestamptz, timestamptz, boolean, text);
 ALTER TABLE count_limit DROP COLUMN window_kind;

@@ -33,24 +33,30 @@ func (r *recorder) Do(_ context.Context, q *driver.Request) error {
 // order. Batches change limits and windows, read the clock late, cross
 // window ends, weigh calls and set penalties. Over few keys they repeat
 // keys, so one row update decides several calls (AllowBatch); over many,
-// every call of a batch has a key of its own (AllowBatchDistinct).
+// every call of a batch has a key of its own (AllowBatchDistinct). With
+// held, another transaction has inserted a key and not committed, and
+// every batch carries a call of that key: the call comes back busy, and a
+// batch with new keys inserts them past it (countlimit_claim_keys) and
+// must decide them as it does without.
 func TestBatchMatchesOneByOne(t *testing.T) {
 	for _, tc := range []struct {
-		name     string
-		ids      int
-		distinct bool
+		name           string
+		ids            int
+		distinct, held bool
 	}{
-		{"repeated keys", 4, false},
-		{"distinct keys", 24, true},
+		{"repeated keys", 4, false, false},
+		{"distinct keys", 24, true, false},
+		{"repeated keys, one held", 4, false, true},
+		{"distinct keys, one held", 24, true, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			matchOneByOne(t, tc.ids, tc.distinct)
+			matchOneByOne(t, tc.ids, tc.distinct, tc.held)
 		})
 	}
 }
 
-func matchOneByOne(t *testing.T, nids int, distinct bool) {
+func matchOneByOne(t *testing.T, nids int, distinct, held bool) {
 	pool := testbackend.Postgres(t)
 	pg := pgstore.New(pool)
 	mem := memstore.New(memstore.WithJanitorInterval(0))
@@ -76,7 +82,14 @@ func matchOneByOne(t *testing.T, nids int, distinct bool) {
 		countlimit.Calendar(countlimit.Day, shanghai), countlimit.Fixed(5 * time.Second), countlimit.Lifetime(),
 	}
 	base := time.Date(2026, 3, 1, 15, 59, 30, 0, time.UTC)
-	var calls, allowed, denied, blocked, repeated, inserted int
+	heldRule := countlimit.Rule{UseType: keys[0].ut, Limit: 5, Window: countlimit.Fixed(time.Hour)}
+	if held {
+		b := begin(t, pool)
+		if _, err := countlimit.New(pgstore.New(b.tx)).Allow(ctx, heldRule, "held"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var calls, allowed, denied, blocked, repeated, inserted, claimed int
 	for batch := range 300 {
 		rec := &recorder{}
 		clock := storetest.NewClock(base)
@@ -111,6 +124,7 @@ func matchOneByOne(t *testing.T, nids int, distinct bool) {
 				t.Fatal(err)
 			}
 		}
+		fresh := false // a call of the batch is on a new row
 		for _, r := range rec.reqs {
 			var rows int
 			if err := pool.QueryRow(ctx, `SELECT count(*) FROM count_limit WHERE use_type = $1 AND unique_id = $2`,
@@ -119,6 +133,7 @@ func matchOneByOne(t *testing.T, nids int, distinct bool) {
 			}
 			if rows == 0 {
 				inserted++
+				fresh = true
 			}
 			if err := mem.Do(ctx, r); err != nil {
 				t.Fatal(err)
@@ -129,7 +144,23 @@ func matchOneByOne(t *testing.T, nids int, distinct bool) {
 			want[i] = r.Checks[0].State
 			r.Checks[0].State = driver.State{}
 		}
-		if err := pg.AllowBatchForTest(ctx, rec.reqs); err != nil {
+		sent := rec.reqs
+		if held {
+			h := &recorder{}
+			if _, err := countlimit.New(h, countlimit.WithClock(func() time.Time { return base })).Allow(ctx, heldRule, "held"); err != nil {
+				t.Fatal(err)
+			}
+			sent = append(slices.Clone(rec.reqs), h.reqs[0])
+		}
+		err := pg.AllowBatchForTest(ctx, sent)
+		if held {
+			if want := fmt.Sprintf("call %d: %v", len(rec.reqs), pgstore.ErrBusy); err == nil || err.Error() != want {
+				t.Fatalf("batch %d with a held key: %v; want only %q", batch, err, want)
+			}
+			if fresh {
+				claimed++
+			}
+		} else if err != nil {
 			t.Fatalf("batch %d: %v", batch, err)
 		}
 		for i, r := range rec.reqs {
@@ -170,6 +201,9 @@ func matchOneByOne(t *testing.T, nids int, distinct bool) {
 		calls, allowed, denied, blocked, inserted, repeated)
 	if allowed == 0 || denied == 0 || blocked == 0 || inserted == 0 {
 		t.Error("the random batches do not cover allowed, denied and blocked calls and new rows")
+	}
+	if held && claimed == 0 {
+		t.Error("no batch inserted a new key past the held one")
 	}
 	if distinct && repeated > 0 || !distinct && repeated < calls/2 {
 		t.Errorf("%d of %d calls repeat a key of their batch", repeated, calls)

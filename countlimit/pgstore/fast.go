@@ -8,58 +8,14 @@ import (
 	"hash/maphash"
 	"slices"
 	"strings"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 
-	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/internal/db"
 	"github.com/countlimit/countlimit/internal/gather"
 )
-
-// errBusy is the outcome of a group-committed call whose row another
-// transaction holds locked: nothing of it was applied (see AllowBatch in
-// queries/fast.sql).
-var errBusy = errors.New("pgstore: the row is locked by another transaction")
-
-// The pauses of a call whose row is locked, before it is sent again: from
-// the first, doubling up to the last. The lock is another transaction's, a
-// caller's business transaction say, which commits in its own time: the
-// call waits for it without a connection or a group commit's slot.
-const (
-	firstBusyPause = time.Millisecond
-	lastBusyPause  = 32 * time.Millisecond
-)
-
-// gathered sends r, which takes the fast path, through group commit. A
-// call whose row another transaction holds locked is sent again, after a
-// pause, until its row is free or its context ends; then it fails with
-// countlimit.ErrLocked, which is not a store failure.
-func (s *Store) gathered(ctx context.Context, r *driver.Request) error {
-	err := s.gather.Do(ctx, r)
-	for pause := firstBusyPause; err == errBusy; pause = min(2*pause, lastBusyPause) {
-		t := time.NewTimer(pause)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return locked(r, ctx.Err())
-		case <-t.C:
-		}
-		if err = s.gather.Do(ctx, r); err != nil && ctx.Err() != nil {
-			// It ended while sent again: still waiting for the lock.
-			return locked(r, err)
-		}
-	}
-	return err
-}
-
-// locked is the error of a call that waited for its row, locked by another
-// transaction, until its context ended with err.
-func locked(r *driver.Request, err error) error {
-	return fmt.Errorf("%w (%s, %s): %w", countlimit.ErrLocked, r.Checks[0].UseType, r.ID, err)
-}
 
 // fast reports whether r takes the fast path: an allow of one rule whose
 // window is not sliding. Every other call goes to countlimit_apply (a peek
@@ -78,8 +34,9 @@ func penaltyEnd(r *driver.Request, c *driver.Check) pgtype.Timestamptz {
 }
 
 // allowOne runs r, which takes the fast path, as one AllowOne statement.
-// With skipLocked a row another transaction holds locked is not waited
-// for: the call fails with errBusy, nothing written.
+// With skipLocked a row another transaction holds locked, or has inserted
+// and not committed, is not waited for: the call fails with errBusy,
+// nothing written.
 func (s *Store) allowOne(ctx context.Context, d DBTX, r *driver.Request, skipLocked bool) error {
 	c := &r.Checks[0]
 	p := db.AllowOneParams{
@@ -98,6 +55,9 @@ func (s *Store) allowOne(ctx context.Context, d DBTX, r *driver.Request, skipLoc
 		row, err := s.q.AllowOne(ctx, d, p)
 		if errors.Is(err, pgx.ErrNoRows) {
 			continue // the row was created concurrently: now it is there
+		}
+		if skipLocked && busy(err) {
+			return errBusy
 		}
 		if err != nil {
 			return err
@@ -251,8 +211,17 @@ func (s *Store) sendDistinct(ctx context.Context, calls []*gather.Call, order []
 }
 
 // settle ends a batch's statement: if it failed (err), every call fails with
-// it; else the calls it did not apply (done false) are sent again.
+// it, or is busy when it gave up waiting for a lock; else the calls it did
+// not apply (done false) are sent again.
 func settle(calls []*gather.Call, done []bool, err error) {
+	if busy(err) {
+		// A lock the batch could not get by key: a DBA's lock of the
+		// table, or a key inserted elsewhere twice over.
+		for _, c := range calls {
+			c.Err = errBusy
+		}
+		return
+	}
 	if err != nil {
 		err = interpretError(err)
 		for _, c := range calls {

@@ -142,6 +142,22 @@ func insertRows(t *testing.T, pool *pgxpool.Pool, ut countlimit.UseType, ids ...
 	return b
 }
 
+// patientPool is a pool of its own on the tests' schema whose statements
+// wait a minute for a lock (countlimit.lock_wait) instead of giving up at
+// once and waiting in the process: a batch that meets a row another
+// transaction inserted then stays in flight, as these tests need.
+func patientPool(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	cfg := testbackend.PoolConfig(t)
+	cfg.ConnConfig.RuntimeParams["countlimit.lock_wait"] = "1min"
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
 // stalled sends a call for id z, which has no row yet, that stops in
 // flight: admin has inserted z's row in a transaction not yet committed.
 // Release b (a rollback) to let it go on: z's row is then the call's own.
@@ -159,7 +175,7 @@ func stalled(t *testing.T, admin *pgxpool.Pool, l *countlimit.Limiter, rule coun
 func TestFailedBatchCommitsNothing(t *testing.T) {
 	admin := testbackend.Postgres(t)
 	// One batch in flight, so that the calls below queue behind the first.
-	s := pgstore.New(testbackend.PostgresPool(t), pgstore.WithMaxInFlight(1))
+	s := pgstore.New(patientPool(t), pgstore.WithMaxInFlight(1))
 	l := countlimit.New(s)
 	rule := countlimit.Rule{UseType: storetest.UseType(t, "killed"), Limit: 100, Window: countlimit.Rolling(time.Hour)}
 	ctx := context.Background()
@@ -207,7 +223,7 @@ func TestFailedBatchCommitsNothing(t *testing.T) {
 func TestCancelledWaiterLeavesNoCount(t *testing.T) {
 	admin := testbackend.Postgres(t)
 	// One batch in flight, so that the call below queues behind the first.
-	s := pgstore.New(testbackend.PostgresPool(t), pgstore.WithMaxInFlight(1))
+	s := pgstore.New(patientPool(t), pgstore.WithMaxInFlight(1))
 	l := countlimit.New(s)
 	rule := countlimit.Rule{UseType: storetest.UseType(t, "cancelled"), Limit: 100, Window: countlimit.Rolling(time.Hour)}
 	ctx := context.Background()
@@ -336,7 +352,7 @@ func TestBatchLeavesRowCreatedMeanwhile(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			pool := testbackend.PostgresPool(t) // a pool of its own: this test holds 3 connections at once
+			pool := patientPool(t) // of its own: this test holds 3 connections at once
 			s := pgstore.New(pool)
 			rule := countlimit.Rule{UseType: storetest.UseType(t, "meanwhile"), Limit: 10, Window: countlimit.Rolling(time.Hour)}
 			ctx := context.Background()
@@ -387,7 +403,7 @@ func TestBatchLeavesRowCreatedMeanwhile(t *testing.T) {
 // while a call for another row goes beside it at once.
 func TestSecondBatchNeverSharesARow(t *testing.T) {
 	admin := testbackend.Postgres(t)
-	s := pgstore.New(testbackend.PostgresPool(t))
+	s := pgstore.New(patientPool(t))
 	l := countlimit.New(s)
 	rule := countlimit.Rule{UseType: storetest.UseType(t, "beside"), Limit: 100, Window: countlimit.Rolling(time.Hour)}
 	ctx := context.Background()

@@ -78,6 +78,9 @@ func (s *Store) lease(ctx context.Context, d DBTX, r *driver.Request) error {
 // its own: d is a pool. A *pgx.Conn may be inside a transaction its owner
 // began with Exec.
 func autocommit(d DBTX) bool {
-	_, ok := d.(*pgxpool.Pool)
-	return ok
+	switch d.(type) {
+	case *pgxpool.Pool, lockTimed:
+		return true
+	}
+	return false
 }

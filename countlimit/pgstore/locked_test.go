@@ -18,80 +18,113 @@ import (
 )
 
 // TestLockedRowHoldsNoOtherIDHostage: another transaction holds one id's
-// row locked for two seconds (as a check inside a caller's pgx.Tx does
-// until it commits) while 64 callers spread over 1 000 ids, with a store
-// timeout and the circuit breaker on, as the service runs. The timeout
-// (500 ms) is generous for a loaded machine and four times shorter than
-// the lock, so a batch that waited for the lock would fail every call in it. Group commit must not
-// hold the other ids' calls behind that lock: none of them fails, the
-// breaker stays closed, and the locked id's calls, which may wait out their
-// timeout, are not store failures.
+// row for two seconds, locked (as a check inside a caller's pgx.Tx does
+// until it commits, on an id it has seen before) or inserted and not
+// committed (the same check on a brand-new id), while 64 callers spread
+// over 1 000 ids, with a store timeout and the circuit breaker on, as the
+// service runs. The timeout (500 ms) is generous for a loaded machine and
+// four times shorter than the lock, so a statement that waited for the
+// lock would fail. Group commit must not hold the other ids' calls behind
+// that lock, nor may the locked id's own calls, in a batch or in a
+// statement of their own (a sliding window's), take the pool's
+// connections or count as store failures: no call for another id fails,
+// the breaker stays closed, and the locked id's calls either wait for the
+// lock or fail with ErrLocked.
 func TestLockedRowHoldsNoOtherIDHostage(t *testing.T) {
-	admin := testbackend.Postgres(t)
-	l := countlimit.New(pgstore.New(testbackend.PostgresPool(t)),
-		countlimit.WithStoreTimeout(500*time.Millisecond),
-		countlimit.WithCircuitBreaker(countlimit.CircuitBreaker{}))
-	rule := countlimit.Rule{UseType: storetest.UseType(t, "hostage"), Limit: countlimit.MaxLimit, Window: countlimit.Fixed(time.Hour)}
-	ctx := context.Background()
-	ids := make([]string, 1000)
-	for i := range ids {
-		ids[i] = fmt.Sprint("id-", i)
-	}
-	// Every row exists, the locked one too.
-	if _, err := admin.Exec(ctx, `INSERT INTO count_limit (use_type, unique_id, already_count, begin_time, end_time, limit_value)
-		SELECT $1, id, 0, now(), now(), 0 FROM unnest($2::text[]) AS id`, string(rule.UseType), ids); err != nil {
-		t.Fatal(err)
-	}
-	locked := ids[0]
-	b := lockRows(t, admin, rule.UseType, locked)
-	held := time.AfterFunc(2*time.Second, func() { b.tx.Rollback(context.Background()) })
-	defer held.Stop()
+	for _, tc := range []struct {
+		name   string
+		window countlimit.Window
+		limit  int64
+		newID  bool // the held id's row is inserted by the holder, not locked
+	}{
+		{"fixed window, a row locked", countlimit.Fixed(time.Hour), countlimit.MaxLimit, false},
+		{"fixed window, a new id inserted", countlimit.Fixed(time.Hour), countlimit.MaxLimit, true},
+		{"sliding window, a row locked", countlimit.Sliding(time.Hour), countlimit.MaxSlidingLimit, false},
+		{"sliding window, a new id inserted", countlimit.Sliding(time.Hour), countlimit.MaxSlidingLimit, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			admin := testbackend.Postgres(t)
+			l := countlimit.New(pgstore.New(testbackend.PostgresPool(t)),
+				countlimit.WithStoreTimeout(time.Second),
+				countlimit.WithCircuitBreaker(countlimit.CircuitBreaker{}))
+			rule := countlimit.Rule{UseType: storetest.UseType(t, "hostage"), Limit: tc.limit, Window: tc.window}
+			ctx := context.Background()
+			ids := make([]string, 1000)
+			for i := range ids {
+				ids[i] = fmt.Sprint("id-", i)
+			}
+			locked := ids[0]
+			// Every row exists but, for a new id, the held one.
+			seeded := ids
+			if tc.newID {
+				seeded = ids[1:]
+			}
+			if _, err := admin.Exec(ctx, `INSERT INTO count_limit (use_type, unique_id, already_count, begin_time, end_time, limit_value)
+				SELECT $1, id, 0, now(), now(), 0 FROM unnest($2::text[]) AS id`, string(rule.UseType), seeded); err != nil {
+				t.Fatal(err)
+			}
+			var b *blocker
+			if tc.newID {
+				b = begin(t, admin)
+				if res, err := countlimit.New(pgstore.New(b.tx)).Allow(ctx, rule, locked); err != nil || !res.Allowed {
+					t.Fatalf("Allow of a new id in a transaction: %+v, %v", res, err)
+				}
+			} else {
+				b = lockRows(t, admin, rule.UseType, locked)
+			}
+			held := time.AfterFunc(2*time.Second, func() { b.tx.Rollback(context.Background()) })
+			defer held.Stop()
 
-	var (
-		others, lockedOK, lockedFailed atomic.Int64
-		mu                             sync.Mutex
-		otherErrs                      []error
-		wg                             sync.WaitGroup
-	)
-	stop := time.Now().Add(2500 * time.Millisecond)
-	for c := range 64 {
-		wg.Go(func() {
-			rng := rand.New(rand.NewPCG(uint64(c), 1))
-			for time.Now().Before(stop) {
-				id := ids[rng.IntN(len(ids))]
-				if rng.IntN(50) == 0 {
-					id = locked // often enough that many batches would hold it
-				}
-				res, err := l.Allow(ctx, rule, id)
-				switch {
-				case id == locked && err == nil:
-					lockedOK.Add(1)
-				case id == locked:
-					lockedFailed.Add(1)
-					if !errors.Is(err, countlimit.ErrLocked) || !errors.Is(err, countlimit.ErrUnavailable) {
-						t.Errorf("Allow of the locked id: %v, want ErrLocked (an ErrUnavailable)", err)
+			var (
+				others, lockedOK, lockedFailed atomic.Int64
+				mu                             sync.Mutex
+				otherErrs                      []error
+				wg                             sync.WaitGroup
+			)
+			stop := time.Now().Add(2500 * time.Millisecond)
+			for c := range 64 {
+				wg.Go(func() {
+					rng := rand.New(rand.NewPCG(uint64(c), 1))
+					for time.Now().Before(stop) {
+						id := ids[1+rng.IntN(len(ids)-1)]
+						if rng.IntN(50) == 0 {
+							id = locked // often enough that many batches would hold it
+						}
+						res, err := l.Allow(ctx, rule, id)
+						switch {
+						case id == locked && err == nil:
+							lockedOK.Add(1)
+						case id == locked:
+							lockedFailed.Add(1)
+							if !errors.Is(err, countlimit.ErrLocked) || !errors.Is(err, countlimit.ErrUnavailable) {
+								t.Errorf("Allow of the locked id: %v, want ErrLocked (an ErrUnavailable)", err)
+							}
+						case err != nil || !res.Allowed:
+							mu.Lock()
+							otherErrs = append(otherErrs, err)
+							mu.Unlock()
+						default:
+							others.Add(1)
+						}
 					}
-				case err != nil || !res.Allowed:
-					mu.Lock()
-					otherErrs = append(otherErrs, err)
-					mu.Unlock()
-				default:
-					others.Add(1)
-				}
+				})
+			}
+			wg.Wait()
+			if n := len(otherErrs); n > 0 {
+				t.Errorf("%d calls for the 999 ids nobody locked failed or were denied (%d succeeded); the first: %v", n, others.Load(), otherErrs[0])
+			}
+			st := l.Stats()
+			if st.BreakerOpenings != 0 || st.Failures != 0 || st.Timeouts != 0 || st.Locked != uint64(lockedFailed.Load()) {
+				t.Errorf("Stats = %+v; want no store failure or timeout, the breaker never opened, and %d calls Locked", st, lockedFailed.Load())
+			}
+			if lockedFailed.Load() == 0 {
+				t.Errorf("no call of the locked id failed with ErrLocked; want its calls to wait out their timeout while the lock is held")
+			}
+			t.Logf("%d calls for other ids; the locked id: %d allowed (after the lock), %d waited out their timeout", others.Load(), lockedOK.Load(), lockedFailed.Load())
+			if res, err := l.Allow(ctx, rule, locked); err != nil || !res.Allowed {
+				t.Errorf("Allow of the formerly locked id = %+v, %v; want allowed", res, err)
 			}
 		})
-	}
-	wg.Wait()
-	if n := len(otherErrs); n > 0 {
-		t.Errorf("%d calls for the 999 ids nobody locked failed or were denied (%d succeeded); the first: %v", n, others.Load(), otherErrs[0])
-	}
-	st := l.Stats()
-	if st.BreakerOpenings != 0 || st.Failures != 0 || st.Timeouts != 0 || st.Locked != uint64(lockedFailed.Load()) {
-		t.Errorf("Stats = %+v; want no store failure or timeout, the breaker never opened, and %d calls Locked", st, lockedFailed.Load())
-	}
-	t.Logf("%d calls for other ids; the locked id: %d allowed (after the lock), %d waited out their timeout", others.Load(), lockedOK.Load(), lockedFailed.Load())
-	if res, err := l.Allow(ctx, rule, locked); err != nil || !res.Allowed {
-		t.Errorf("Allow of the formerly locked id = %+v, %v; want allowed", res, err)
 	}
 }
 
@@ -143,5 +176,104 @@ func TestBatchSkipsLockedRows(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestEveryCallOfALockedIDIsLocked: with an id's rows held locked by
+// another transaction, every call on the pool that writes them (a group
+// commit, an Allow of its own with group commit off, a sliding window,
+// AllowAll, Refund, Reset, Acquire, Release) waits for the lock and, at
+// its deadline, fails with ErrLocked: not a store failure, the breaker
+// stays closed. Once the lock goes, each succeeds. Peek locks nothing.
+func TestEveryCallOfALockedIDIsLocked(t *testing.T) {
+	admin := testbackend.Postgres(t)
+	pool := testbackend.PostgresPool(t)
+	ctx := context.Background()
+	ut := storetest.UseType(t, "every")
+	fixed := countlimit.Rule{UseType: ut + ".fixed", Limit: 5, Window: countlimit.Fixed(time.Hour)}
+	sliding := countlimit.Rule{UseType: ut + ".sliding", Limit: 5, Window: countlimit.Sliding(time.Hour)}
+	slots := countlimit.Rule{UseType: ut + ".slots", Limit: 5, Window: countlimit.Concurrent(time.Hour)}
+	opts := []countlimit.Option{countlimit.WithStoreTimeout(750 * time.Millisecond), countlimit.WithCircuitBreaker(countlimit.CircuitBreaker{})}
+	batched := countlimit.New(pgstore.New(pool), opts...)
+	alone := countlimit.New(pgstore.New(pool, pgstore.WithMaxBatch(1)), opts...)
+	const id = "L"
+	var lease countlimit.Lease
+	setup := []func() error{
+		func() error { _, err := batched.Allow(ctx, fixed, id); return err },
+		func() error { _, err := batched.Allow(ctx, sliding, id); return err },
+		func() error { var err error; lease, _, err = batched.Acquire(ctx, slots, id); return err },
+	}
+	for _, f := range setup {
+		if err := f(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	calls := []struct {
+		name string
+		call func(l *countlimit.Limiter) error
+	}{
+		{"Allow, group commit", func(*countlimit.Limiter) error { _, err := batched.Allow(ctx, fixed, id); return err }},
+		{"Allow, group commit off", func(*countlimit.Limiter) error { _, err := alone.Allow(ctx, fixed, id); return err }},
+		{"Allow, sliding", func(l *countlimit.Limiter) error { _, err := l.Allow(ctx, sliding, id); return err }},
+		{"AllowAll", func(l *countlimit.Limiter) error { _, err := l.AllowAll(ctx, id, fixed, sliding); return err }},
+		{"Refund", func(l *countlimit.Limiter) error { _, err := l.Refund(ctx, fixed, id, 1); return err }},
+		{"Acquire", func(l *countlimit.Limiter) error { _, _, err := l.Acquire(ctx, slots, id); return err }},
+		{"Release", func(*countlimit.Limiter) error { return lease.Release(ctx) }},
+		{"Reset", func(l *countlimit.Limiter) error { return l.Reset(ctx, fixed, id) }},
+	}
+	b := begin(t, admin)
+	if tag, err := b.tx.Exec(ctx, `SELECT FROM count_limit WHERE unique_id = $1 AND use_type = ANY ($2) FOR UPDATE`,
+		id, []string{string(fixed.UseType), string(sliding.UseType), string(slots.UseType)}); err != nil || tag.RowsAffected() != 3 {
+		t.Fatalf("locking the rows of %s: %v, %d rows", id, err, tag.RowsAffected())
+	}
+	if _, err := b.tx.Exec(ctx, `SELECT FROM count_limit_lease WHERE unique_id = $1 FOR UPDATE`, id); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range calls {
+		if err := c.call(batched); !errors.Is(err, countlimit.ErrLocked) {
+			t.Errorf("%s of a locked id: %v; want ErrLocked", c.name, err)
+		}
+	}
+	if _, err := batched.Peek(ctx, fixed, id); err != nil {
+		t.Errorf("Peek of a locked id: %v; want nil (it locks nothing)", err)
+	}
+	for _, l := range []*countlimit.Limiter{batched, alone} {
+		if st := l.Stats(); st.Failures != 0 || st.BreakerOpenings != 0 || st.Locked == 0 {
+			t.Errorf("Stats = %+v; want calls Locked, no store failure, the breaker never opened", st)
+		}
+	}
+	b.release(t)
+	for _, c := range calls {
+		if err := c.call(batched); err != nil {
+			t.Errorf("%s once the lock is gone: %v", c.name, err)
+		}
+	}
+}
+
+// TestLockedTableIsAnOutage: another transaction holds count_limit itself
+// locked (a DBA's LOCK TABLE, an ALTER TABLE): that is no held row but an
+// outage, which fails the calls as store failures, for the circuit
+// breaker and the fallback store, not as ErrLocked.
+func TestLockedTableIsAnOutage(t *testing.T) {
+	admin := testbackend.Postgres(t)
+	l := countlimit.New(pgstore.New(testbackend.PostgresPool(t)), countlimit.WithStoreTimeout(time.Second))
+	ctx := context.Background()
+	for _, w := range []countlimit.Window{countlimit.Fixed(time.Hour), countlimit.Sliding(time.Hour)} {
+		rule := countlimit.Rule{UseType: storetest.UseType(t, "table"), Limit: 5, Window: w}
+		b := begin(t, admin)
+		if _, err := b.tx.Exec(ctx, `LOCK TABLE count_limit IN ACCESS EXCLUSIVE MODE`); err != nil {
+			t.Fatal(err)
+		}
+		_, err := l.Allow(ctx, rule, "id")
+		if !errors.Is(err, countlimit.ErrUnavailable) || errors.Is(err, countlimit.ErrLocked) {
+			t.Errorf("Allow (%v) with count_limit locked: %v; want ErrUnavailable, not ErrLocked", w, err)
+		}
+		b.release(t)
+		if _, err := l.Allow(ctx, rule, "id"); err != nil {
+			t.Errorf("Allow (%v) once the table is free: %v", w, err)
+		}
+	}
+	if st := l.Stats(); st.Failures != 2 || st.Locked != 0 {
+		t.Errorf("Stats = %+v; want 2 failures, none Locked", st)
 	}
 }

@@ -40,17 +40,29 @@
 // with its caller's context: a lone call costs no hand-off between
 // goroutines.
 //
-// A batch never waits for a row that another transaction holds locked (a
-// check inside a caller's pgx.Tx that has not committed, a DBA's UPDATE):
-// it skips that row, and its calls alone wait, without a connection or a
-// batch's slot, sent again after short pauses until the row is free. When
-// a waiting call's context ends first, it fails with countlimit.ErrLocked,
-// which the Limiter does not count as a store failure. Other ids' calls are
-// never held behind such a lock. (A batch does wait when another
-// transaction has inserted the row of a brand-new id and not yet committed:
-// PostgreSQL offers no way to skip an insert's conflict.) Other calls (sliding windows, AllowAll over several rules,
-// Peek, Refund, Reset) are not batched: each is one statement in its own
+// Other calls (sliding windows, AllowAll over several rules, Peek, Refund,
+// Reset, leases) are not batched: each is one statement in its own
 // transaction. A Store on a *pgx.Conn or a pgx.Tx never batches.
+//
+// # Rows another transaction holds
+//
+// A check inside a caller's pgx.Tx holds its id's row until that
+// transaction ends: locked, or inserted and not committed when the id is
+// new; a DBA's UPDATE holds a row too. A Store on a pool never lets such a
+// row hold other calls: a batch skips it (and inserts its other new keys
+// past an uncommitted one), and a statement of its own gives up waiting
+// for it after 2 ms (a lock_timeout, set for that statement only). The
+// calls of that id alone wait, in the process, without a connection or a
+// batch's slot: one of them at a time is sent again after short pauses,
+// until the row is free. When a waiting call's context ends first, it
+// fails with countlimit.ErrLocked, which the Limiter does not count as a
+// store failure: the circuit breaker stays closed and no fallback answers.
+// (A lock on the table itself, a DBA's LOCK TABLE, ALTER TABLE or CREATE
+// INDEX, is an outage: such a call fails at once with
+// countlimit.ErrUnavailable, for the breaker and the fallback.) A Store on
+// a *pgx.Conn or a pgx.Tx waits for the lock, as the caller's other
+// statements do. The setting countlimit.lock_wait (ALTER ROLE ... SET
+// countlimit.lock_wait = '10ms') changes the 2 ms.
 //
 // Size the pool for the batches in flight plus the calls that are not
 // batched; pgx's default (the larger of 4 and the number of CPUs) serves
@@ -107,7 +119,9 @@ type DBTX interface {
 type Store struct {
 	db     DBTX
 	q      *db.Queries
+	pool   *pgxpool.Pool   // db, when it is a pool
 	gather *gather.Batcher // nil unless db is a pool
+	turns  turns           // of the rows calls on the pool wait for
 }
 
 // Option configures a Store.
@@ -136,6 +150,7 @@ func WithMaxInFlight(n int) Option { return func(c *config) { c.maxInFlight = n 
 func New(d DBTX, opts ...Option) *Store {
 	s := &Store{db: d, q: db.New()}
 	if p, ok := d.(*pgxpool.Pool); ok {
+		s.pool = p
 		cfg := config{maxBatch: 256, maxInFlight: 2}
 		for _, o := range opts {
 			o(&cfg)
@@ -156,11 +171,34 @@ func New(d DBTX, opts ...Option) *Store {
 
 // Do implements driver.Store.
 func (s *Store) Do(ctx context.Context, r *driver.Request) error {
-	return interpretError(s.do(ctx, s.db, r, true))
+	if s.pool == nil {
+		// The caller's connection or transaction: a lock is waited for, as
+		// its other statements wait.
+		return interpretError(s.do(ctx, s.db, r))
+	}
+	return interpretError(s.waitLocks(ctx, r, func() error { return s.pooled(ctx, r) }))
 }
 
-// do runs one request on d, in a group commit when batch allows and it can.
-func (s *Store) do(ctx context.Context, d DBTX, r *driver.Request, batch bool) error {
+// pooled runs one request on the pool: the fast path in a group commit, or
+// on its own skipping a locked row, and every other statement with a short
+// lock_timeout (lockTimed). A row another transaction holds makes it
+// errBusy.
+func (s *Store) pooled(ctx context.Context, r *driver.Request) error {
+	switch {
+	case fast(r) && s.gather != nil:
+		return s.gather.Do(ctx, r)
+	case fast(r):
+		return s.allowOne(ctx, s.pool, r, true)
+	}
+	err := s.do(ctx, lockTimed{s.pool}, r)
+	if busy(err) {
+		return errBusy
+	}
+	return err
+}
+
+// do runs one request on d, a statement of its own.
+func (s *Store) do(ctx context.Context, d DBTX, r *driver.Request) error {
 	switch {
 	case r.Op == driver.OpReset:
 		return s.reset(ctx, d, r)
@@ -168,8 +206,6 @@ func (s *Store) do(ctx context.Context, d DBTX, r *driver.Request, batch bool) e
 		return s.lease(ctx, d, r)
 	case !fast(r):
 		return s.apply(ctx, d, r)
-	case batch && s.gather != nil:
-		return s.gathered(ctx, r)
 	}
 	return s.allowOne(ctx, d, r, false)
 }

@@ -33,8 +33,10 @@ func TestConformance(t *testing.T) {
 	storetest.Run(t, func(t *testing.T) driver.Store { return pgstore.New(next(t)) })
 }
 
-// counter is a pgx QueryTracer that counts statements sent and keeps the
-// last one's SQL.
+// counter is a pgx QueryTracer and BatchTracer that counts round trips
+// (a statement, or a pipeline of them) and keeps the last statement's SQL.
+// On a pool, a call that is not a group commit's is a pipeline of
+// countlimit_lock_briefly and its statement: one round trip.
 type counter struct {
 	n    atomic.Int64
 	last atomic.Value // string
@@ -46,6 +48,15 @@ func (c *counter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQ
 	return ctx
 }
 func (c *counter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (c *counter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	c.n.Add(1)
+	return ctx
+}
+func (c *counter) TraceBatchQuery(_ context.Context, _ *pgx.Conn, d pgx.TraceBatchQueryData) {
+	c.last.Store(d.SQL)
+}
+func (c *counter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
 
 func TestOneStatementPerCall(t *testing.T) {
 	cfg := testbackend.PoolConfig(t)
@@ -76,7 +87,8 @@ func TestOneStatementPerCall(t *testing.T) {
 	})
 }
 
-// oneStatementPerCall checks that each call is one statement. On a pool
+// oneStatementPerCall checks that each call is one statement (one round
+// trip; see counter). On a pool
 // (pooled), a lone Allow is AllowBatchDistinct of one call, which never
 // waits for a row another transaction holds; in a transaction it is
 // AllowOne, and nothing is sent as a group commit.
@@ -432,8 +444,8 @@ func BenchmarkAllow(b *testing.B) {
 		// Every row exists and the table has statistics before the clock
 		// starts, as in a service that has run a while: the tests' schema
 		// is new, and a plan PostgreSQL caches for a never-analyzed table
-		// can be slower until autovacuum analyzes it (here about 8%; 5×
-		// for small batches over 5 000 rows).
+		// can be slower until autovacuum analyzes it (docs/benchmarks.md
+		// has by how much).
 		for i := range 256 {
 			if _, err := l.Allow(ctx, rule, fmt.Sprint("user-", i)); err != nil {
 				b.Fatal(err)

@@ -1,0 +1,265 @@
+package pgstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/countlimit/countlimit/countlimit"
+	"github.com/countlimit/countlimit/countlimit/driver"
+)
+
+// errBusy is the outcome of a call on the pool whose row another
+// transaction holds locked, or has inserted and not committed: nothing of
+// it was applied (see AllowBatch in queries/fast.sql, and lockTimed).
+var errBusy = errors.New("pgstore: the row is locked by another transaction")
+
+// busy reports whether err says that a statement on the pool gave up
+// waiting for a lock another transaction holds: lock_not_available
+// (SQLSTATE 55P03), from the lock_timeout the fast path's functions and
+// lockTimed set. Nothing of the statement was written.
+func busy(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
+}
+
+// The pauses of a call whose row is locked, before it is sent again: from
+// the first, doubling up to the last. The lock is another transaction's, a
+// caller's business transaction say, which commits in its own time: the
+// call waits for it without a connection or a group commit's slot.
+const (
+	firstBusyPause = time.Millisecond
+	lastBusyPause  = 32 * time.Millisecond
+)
+
+// waitLocks runs send, which sends r on the pool, until it is not errBusy.
+// Of the calls of one row that found it busy, one at a time (the row's
+// turn, see turns) sends again, after a pause, until the row is free or its
+// context ends; the others wait for the turn in the process, with no
+// connection and no group commit's slot, so a row held for long costs the
+// pool one statement a pause, however many calls wait for it. A call whose
+// context ends while it waits fails with countlimit.ErrLocked, which is not
+// a store failure.
+func (s *Store) waitLocks(ctx context.Context, r *driver.Request, send func() error) error {
+	k := firstKey(r)
+	if !s.turns.waiting(k) {
+		if err := send(); err != errBusy {
+			return err
+		}
+		if s.tableLocked(ctx) {
+			return driver.Unavailable(errTableLocked)
+		}
+	}
+	done, err := s.turns.take(ctx, k)
+	if err != nil {
+		return locked(r, err)
+	}
+	defer done()
+	// The turn's first send goes at once: the call that had the turn may
+	// have left because the row is free.
+	for pause := firstBusyPause; ; pause = min(2*pause, lastBusyPause) {
+		if err := send(); err != errBusy {
+			if err != nil && ctx.Err() != nil {
+				// It ended while sent again: still waiting for the lock.
+				return locked(r, err)
+			}
+			return err
+		}
+		t := time.NewTimer(pause)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return locked(r, ctx.Err())
+		case <-t.C:
+		}
+	}
+}
+
+// errTableLocked is the outage of a call that gave up waiting for a lock
+// while another transaction held count_limit itself.
+var errTableLocked = errors.New("pgstore: another transaction holds the table count_limit locked against writes (LOCK TABLE, ALTER TABLE, CREATE INDEX, VACUUM FULL, ...)")
+
+// tableLocked reports whether another transaction holds count_limit itself
+// in a mode that stops writes. A statement that gave up waiting for a lock
+// then met an outage, which the circuit breaker and the fallback store are
+// for, not a row another transaction holds, which is the id's own matter.
+func (s *Store) tableLocked(ctx context.Context) bool {
+	var held bool
+	err := s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_locks
+		WHERE locktype = 'relation' AND relation = to_regclass('count_limit') AND granted
+		  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+		  AND mode IN ('ShareLock', 'ShareRowExclusiveLock', 'ExclusiveLock', 'AccessExclusiveLock'))`).Scan(&held)
+	return err == nil && held
+}
+
+// turns lets one call at a time, per row, send again a call that found the
+// row busy (see waitLocks).
+type turns struct {
+	mu sync.Mutex
+	m  map[key]*turn
+}
+
+// turn is one row's: a token (ch holds it while a call has the turn) and
+// how many calls hold it or wait for it.
+type turn struct {
+	ch chan struct{}
+	n  int
+}
+
+// waiting reports whether calls already wait for k's turn: a new call for
+// k then joins them at once instead of sending first.
+func (t *turns) waiting(k key) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.m[k] != nil
+}
+
+// take waits for k's turn, or for ctx to end; done gives the turn to the
+// next call.
+func (t *turns) take(ctx context.Context, k key) (done func(), err error) {
+	t.mu.Lock()
+	if t.m == nil {
+		t.m = map[key]*turn{}
+	}
+	tn := t.m[k]
+	if tn == nil {
+		tn = &turn{ch: make(chan struct{}, 1)}
+		t.m[k] = tn
+	}
+	tn.n++
+	t.mu.Unlock()
+	leave := func() {
+		t.mu.Lock()
+		if tn.n--; tn.n == 0 {
+			delete(t.m, k)
+		}
+		t.mu.Unlock()
+	}
+	select {
+	case tn.ch <- struct{}{}:
+		return func() { <-tn.ch; leave() }, nil
+	case <-ctx.Done():
+		leave()
+		return nil, ctx.Err()
+	}
+}
+
+// locked is the error of a call that waited for its row, locked by another
+// transaction, until its context ended with err.
+func locked(r *driver.Request, err error) error {
+	return fmt.Errorf("%w (%s, %s): %w", countlimit.ErrLocked, r.Checks[0].UseType, r.ID, err)
+}
+
+// lockTimed runs each statement on the pool after countlimit_lock_briefly
+// (migration 00005), in the same round trip and the same implicit
+// transaction (a pipeline of two statements, one Sync): a statement that
+// waits longer than a brief lock_timeout (2 ms, or the setting
+// countlimit.lock_wait) for a row another transaction holds, a caller's
+// business transaction or a DBA's, fails with lock_not_available, nothing
+// written, and waitLocks sends it again, instead of holding a pool's
+// connection until its context ends and failing as an outage. It serves
+// the statements that are not the fast path's, whose functions set the
+// same themselves: sliding windows, AllowAll, Peek, Refund, Reset and
+// leases.
+type lockTimed struct{ p *pgxpool.Pool }
+
+var _ DBTX = lockTimed{}
+
+func (l lockTimed) send(ctx context.Context, sql string, args []any) pgx.BatchResults {
+	b := &pgx.Batch{}
+	b.Queue(`SELECT countlimit_lock_briefly()`)
+	b.Queue(sql, args...)
+	return l.p.SendBatch(ctx, b)
+}
+
+func (l lockTimed) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	br := l.send(ctx, sql, args)
+	defer br.Close()
+	if _, err := br.Exec(); err != nil {
+		return pgconn.CommandTag{}, err
+	}
+	return br.Exec()
+}
+
+func (l lockTimed) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	br := l.send(ctx, sql, args)
+	if _, err := br.Exec(); err != nil {
+		br.Close()
+		return nil, err
+	}
+	rows, err := br.Query()
+	if err != nil {
+		br.Close()
+		return nil, err
+	}
+	return &batchRows{Rows: rows, br: br}, nil
+}
+
+func (l lockTimed) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	rows, err := l.Query(ctx, sql, args...)
+	return batchRow{rows, err}
+}
+
+// batchRows are the rows of a lockTimed statement. Once read, they end
+// the pipeline, give the connection back and report, in Err, what the end
+// of the implicit transaction reported too, as a query's rows do.
+type batchRows struct {
+	pgx.Rows
+	br       pgx.BatchResults
+	closed   bool
+	closeErr error
+}
+
+func (r *batchRows) Next() bool {
+	if r.Rows.Next() {
+		return true
+	}
+	r.Close()
+	return false
+}
+
+func (r *batchRows) Close() {
+	if !r.closed {
+		r.closed = true
+		r.Rows.Close()
+		r.closeErr = r.br.Close()
+	}
+}
+
+func (r *batchRows) Err() error {
+	if err := r.Rows.Err(); err != nil {
+		return err
+	}
+	return r.closeErr
+}
+
+// batchRow is QueryRow's row of a lockTimed statement, as pgx's is of a
+// query: the first row, or pgx.ErrNoRows.
+type batchRow struct {
+	rows pgx.Rows
+	err  error
+}
+
+func (r batchRow) Scan(dest ...any) error {
+	if r.err != nil {
+		return r.err
+	}
+	defer r.rows.Close()
+	if !r.rows.Next() {
+		if err := r.rows.Err(); err != nil {
+			return err
+		}
+		return pgx.ErrNoRows
+	}
+	if err := r.rows.Scan(dest...); err != nil {
+		return err
+	}
+	r.rows.Close()
+	return r.rows.Err()
+}
