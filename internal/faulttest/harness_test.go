@@ -73,6 +73,10 @@ type fault struct {
 	// their deadline with countlimit.ErrLocked, and are tallied apart
 	// (the table's held column). Empty for other faults.
 	held string
+	// heldNew: held's id has no row until inject has another transaction
+	// insert it (and hold it uncommitted); its caller calls it only from
+	// then on (phase.heldLive).
+	heldNew bool
 	// inject breaks the store and mends it, calling p.back each time the
 	// server is back, which waits for the first success after it.
 	inject func(t *testing.T, p *phase)
@@ -83,6 +87,9 @@ type phase struct {
 	target *target
 	hotID  string
 	heldID string // the id of fault.held, or ""
+	// heldLive is set by inject once held's row is held (fault.heldNew):
+	// until then its caller passes it by.
+	heldLive, heldNew atomic.Bool
 
 	stop    atomic.Bool
 	hot     atomic.Bool // callers hammer hotID too
@@ -174,6 +181,9 @@ func (p *phase) work(tl *tally) {
 	}()
 	for i := 0; !p.stop.Load(); i++ {
 		st := tl.ids[i%len(tl.ids)]
+		if st.id == p.heldID && p.heldNew.Load() && !p.heldLive.Load() {
+			continue
+		}
 		res, err := p.call(tl, acctRule, st.id)
 		failed := err != nil
 		switch {
@@ -263,6 +273,7 @@ func run(t *testing.T, tg *target, f fault) {
 		p := &phase{target: tg, hotID: tg.store + "-" + f.name}
 		if f.held != "" {
 			p.heldID = tg.store + "-" + f.name + "/" + f.held
+			p.heldNew.Store(f.heldNew)
 		}
 		tallies := make([]*tally, callers)
 		var wg sync.WaitGroup

@@ -74,13 +74,25 @@ func TestPostgres(t *testing.T) {
 	// One id's row held locked by another transaction for a second, under
 	// a Limiter set as the service sets one (a store timeout, the circuit
 	// breaker): only that id's calls wait, and none is a store failure.
-	guarded := *tg
-	guarded.limiter = countlimit.New(pgstore.New(pool), countlimit.WithStoreTimeout(200*time.Millisecond),
-		countlimit.WithCircuitBreaker(countlimit.CircuitBreaker{}))
-	run(t, &guarded, fault{name: "rowlock", keepsData: true, noErrors: true, held: heldName(0, 0), inject: func(t *testing.T, p *phase) {
+	guarded := func() *target {
+		g := *tg
+		g.limiter = countlimit.New(pgstore.New(pool), countlimit.WithStoreTimeout(200*time.Millisecond),
+			countlimit.WithCircuitBreaker(countlimit.CircuitBreaker{}))
+		return &g
+	}
+	run(t, guarded(), fault{name: "rowlock", keepsData: true, noErrors: true, held: heldName(0, 0), inject: func(t *testing.T, p *phase) {
 		srv.lockRow(t, acctRule.UseType, p.heldID, time.Second)
 		if st := p.target.limiter.Stats(); st.BreakerOpenings != 0 || st.Failures != 0 {
 			t.Errorf("with one row locked: %+v; want no store failure, the breaker never opened", st)
+		}
+	}})
+	// The same with a new id: another transaction checks it first, which
+	// inserts its row, and holds that uncommitted for a second (then rolls
+	// back); its caller calls it only from then on.
+	run(t, guarded(), fault{name: "rowinsert", keepsData: true, noErrors: true, held: heldName(0, 0), heldNew: true, inject: func(t *testing.T, p *phase) {
+		srv.inserting(t, p, acctRule, time.Second)
+		if st := p.target.limiter.Stats(); st.BreakerOpenings != 0 || st.Failures != 0 {
+			t.Errorf("with one new row held: %+v; want no store failure, the breaker never opened", st)
 		}
 	}})
 	pool.Close()
@@ -141,6 +153,30 @@ func (s *pgServer) lockRow(t *testing.T, ut countlimit.UseType, id string, d tim
 	if n := s.holding(t, d, `SELECT FROM count_limit WHERE use_type = $1 AND unique_id = $2 FOR UPDATE`, string(ut), id); n != 1 {
 		t.Fatalf("locking the row of (%s, %s): %d rows", ut, id, n)
 	}
+}
+
+// inserting checks p's held id, which has no row yet, with r inside a
+// transaction of its own (which inserts the row), lets p's callers call it
+// while it holds the row uncommitted for d, and rolls it back.
+func (s *pgServer) inserting(t *testing.T, p *phase, r countlimit.Rule, d time.Duration) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d+10*time.Second)
+	defer cancel()
+	c, err := s.admin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(ctx)
+	tx, err := c.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if res, err := countlimit.New(pgstore.New(tx)).Allow(ctx, r, p.heldID); err != nil || !res.Allowed || res.Used != 1 {
+		t.Fatalf("the first check of %s in a transaction: %+v, %v; want the first count, on a new row", p.heldID, res, err)
+	}
+	p.heldLive.Store(true)
+	time.Sleep(d)
 }
 
 // holding runs sql in a transaction of its own, holds the transaction open
