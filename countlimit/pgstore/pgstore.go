@@ -305,10 +305,16 @@ func (s *Store) PurgeEach(ctx context.Context, now time.Time, batchSize int, pro
 }
 
 // PurgeBatch is one batch of Purge: it deletes at most batchSize expired rows
-// that no one holds locked.
+// that no one holds locked. A now outside 1970 until 2150 (UTC), as
+// countlimit's clock readings must lie, is countlimit.ErrInvalid, nothing
+// deleted.
 func (s *Store) PurgeBatch(ctx context.Context, now time.Time, batchSize int) (int64, error) {
 	if batchSize < 1 || batchSize > MaxBatchSize {
 		return 0, fmt.Errorf("pgstore: purge: %w: batchSize must be 1 to %d, got %d", countlimit.ErrInvalid, MaxBatchSize, batchSize)
+	}
+	if !driver.InRange(now) {
+		// A clock far ahead would purge every live window.
+		return 0, fmt.Errorf("pgstore: purge: %w: now %s is outside 1970-01-01 to 2150-01-01 UTC", countlimit.ErrInvalid, now.UTC().Format(time.RFC3339))
 	}
 	n, err := s.q.PurgeExpired(ctx, s.db, db.PurgeExpiredParams{Now: timestamptz(now), BatchSize: int32(batchSize)})
 	if err != nil {

@@ -407,6 +407,13 @@ func TestPurge(t *testing.T) {
 	if _, err := l.Allow(ctx, minute, "live"); err != nil {
 		t.Fatal(err)
 	}
+	// A clock out of range would purge every live window: refused, and
+	// nothing deleted (the count below).
+	for _, bad := range []time.Time{time.Date(3000, 1, 1, 0, 0, 0, 0, time.UTC), time.Date(1969, 12, 31, 0, 0, 0, 0, time.UTC)} {
+		if n, err := store.Purge(ctx, bad, 40); !errors.Is(err, countlimit.ErrInvalid) || n != 0 {
+			t.Errorf("Purge at %v = %d, %v; want 0, ErrInvalid", bad, n, err)
+		}
+	}
 	n, err := store.Purge(ctx, clock.Now(), 40)
 	if err != nil {
 		t.Fatal(err)
