@@ -59,9 +59,9 @@ func (s *Store) CombinedForTest(ctx context.Context, reqs []*driver.Request) err
 // reset) whatever its rule, as a script of its own: what an Allow of one
 // rule would meet if fast.lua did not take it.
 func (s *Store) ApplyForTest(ctx context.Context, r *driver.Request) error {
-	cmd := applyCommand(ctx, r)
-	s.execLoading(ctx, []redis.Cmder{cmd})
-	_, err := finish(r, cmd, 0, 1)
+	cmds := []redis.Cmder{applyCommand(ctx, r)}
+	s.execLoading(ctx, cmds) // cmds[0] is then the EVAL if the server had no script
+	_, err := finish(r, cmds[0], 0, 1)
 	return wrap(err)
 }
 
