@@ -57,9 +57,10 @@ const (
 	DefaultMaxBytes = 256 << 20
 	// SweepSlice is how many counters the janitor looks at, or moves into
 	// a fresh map, per hold of a shard's lock (finishing the id it is at,
-	// whose counters go together): a few hundred microseconds at most (each
-	// costs a cache miss or two), so that no check waits long behind a
-	// sweep. A call that finds its shard full looks at no more.
+	// whose counters go together): few enough that a hold stays short (each
+	// counter costs a cache miss or two), so that no check waits long behind
+	// a sweep; docs/benchmarks.md has the measured holds. A call that finds
+	// its shard full looks at no more.
 	SweepSlice = 512
 )
 
@@ -499,16 +500,16 @@ const inline = 2
 // once: the shard's lock is held for the lookups and the counter updates,
 // and the States are built after it is let go.
 //
-// Twins: countlimit_apply (migrations/00002_apply_locking.sql) and
-// redisstore's apply.lua make the same decision, each atomic in its own
-// store, and queries/fast.sql and redisstore's fast.lua again for one
-// rule that is not sliding: change one, change them all. The contract is driver.Store's;
-// storetest.Run, in each store's TestConformance, holds them to it, the
-// corners in RollingStartsAtFirstCountedEvent and LateClockReadJoinsWindow
-// (fresh or current window), Sliding, AllowNSliding and SlidingOutOfOrder
-// (the log), Refund and RefundSliding, AllowAllHourAndDay, AllowAllBlock and
-// ConcurrentAllowAllNoDeadlock (all or nothing), PenaltyOutlivesWindow,
-// LimitChangedMidWindow and WindowKindChanged.
+// Twins: this is a copy, kept for speed, of driver.Apply, the reference
+// model of the driver.Store contract; countlimit_apply
+// (migrations/00002_apply_locking.sql), countlimit_allow_one and its
+// batches (00005_plans.sql), and redisstore's apply.lua and fast.lua make
+// the same decision, each atomic in its own store (docs/ARCHITECTURE.md
+// lists every copy and why it stays). A rule changes in driver.Apply
+// first, then here and in each copy. TestModel (internal/modeltest) holds
+// memstore and every other store's paths to driver.Apply, comparing
+// Results and stored state after each of its seeded steps; it names the
+// copy that was forgotten.
 func (s *Store) apply(r *driver.Request) error {
 	h := s.hash(r.ID)
 	sh := s.shard(h)
