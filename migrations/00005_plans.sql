@@ -483,7 +483,7 @@ CREATE FUNCTION countlimit_allow_batch(
     o_blocked_until timestamptz
 ) LANGUAGE plpgsql SET enable_seqscan = off AS $fn$
 DECLARE
-    v_held int[] := '{}'; -- the keys another transaction is inserting
+    v_held int[] := '{}'; -- the keys another transaction is inserting, left out
 BEGIN
     PERFORM countlimit_lock_briefly();
     FOR v_try IN 1 .. 2 LOOP
@@ -507,14 +507,11 @@ BEGIN
                     ORDER BY k.k
                     FOR NO KEY UPDATE OF c SKIP LOCKED
                 ), busy AS MATERIALIZED (
-                    -- Rows the statement's snapshot shows that phase 1 did not
-                    -- lock, and keys another transaction is inserting.
+                    -- Rows the statement's snapshot shows that phase 1 did not lock.
                     SELECT k.k
                     FROM keys k
                     JOIN count_limit c ON c.use_type = k.use_type AND c.unique_id = k.unique_id
                     WHERE NOT EXISTS (SELECT FROM locked l WHERE l.k = k.k)
-                    UNION ALL
-                    SELECT h FROM unnest(v_held) AS h
                 ), fold (k, seq, existed, ex, cnt, wb, we, bu, den, counted, lim, allowed, used, ob, oe, obu) AS (
                     -- Step 0 is each key's state as locked (or absent); step i applies
                     -- call i to the state after step i-1.
@@ -523,7 +520,7 @@ BEGIN
                         false, 0::bigint, NULL::timestamptz, NULL::timestamptz, NULL::timestamptz
                     FROM keys k
                     LEFT JOIN locked l ON l.k = k.k
-                    WHERE NOT EXISTS (SELECT FROM busy y WHERE y.k = k.k)
+                    WHERE NOT EXISTS (SELECT FROM busy y WHERE y.k = k.k) AND k.k <> ALL (v_held)
                     UNION ALL
                     SELECT f.k, c.seq, f.existed, true,
                         CASE WHEN d.fits THEN d.used + c.n ELSE f.cnt END,
@@ -590,7 +587,7 @@ BEGIN
                 UNION ALL
                 SELECT c.k, c.seq, true, false, 0, NULL, NULL, NULL
                 FROM calls c
-                JOIN busy y ON y.k = c.k
+                WHERE EXISTS (SELECT FROM busy y WHERE y.k = c.k) OR c.k = ANY (v_held)
                 ORDER BY 1, 2;
             RETURN;
         EXCEPTION WHEN lock_not_available THEN
@@ -640,7 +637,7 @@ CREATE FUNCTION countlimit_allow_distinct(
     o_blocked_until timestamptz
 ) LANGUAGE plpgsql SET enable_seqscan = off AS $fn$
 DECLARE
-    v_held int[] := '{}'; -- the keys another transaction is inserting
+    v_held int[] := '{}'; -- the keys another transaction is inserting, left out
 BEGIN
     PERFORM countlimit_lock_briefly();
     FOR v_try IN 1 .. 2 LOOP
@@ -660,14 +657,11 @@ BEGIN
                     ORDER BY c.k
                     FOR NO KEY UPDATE OF r SKIP LOCKED
                 ), busy AS MATERIALIZED (
-                    -- Rows the statement's snapshot shows that phase 1 did not
-                    -- lock, and keys another transaction is inserting.
+                    -- Rows the statement's snapshot shows that phase 1 did not lock.
                     SELECT c.k
                     FROM calls c
                     JOIN count_limit r ON r.use_type = c.use_type AND r.unique_id = c.unique_id
                     WHERE NOT EXISTS (SELECT FROM locked l WHERE l.k = c.k)
-                    UNION ALL
-                    SELECT h FROM unnest(v_held) AS h
                 ), decided AS MATERIALIZED (
                     -- Each call applied to its row as locked (or absent):
                     -- countlimit_allow_batch's fold step 1, from its step 0.
@@ -688,7 +682,7 @@ BEGIN
                             coalesce(l.begin_time < coalesce(l.end_time, 'infinity') AND coalesce(l.end_time > c.now, true), false) AS cur,
                             coalesce(l.blocked_until > c.now, false) AS blocked) s
                         CROSS JOIN LATERAL (SELECT CASE WHEN s.cur THEN l.already_count ELSE 0 END AS used) u) d
-                    WHERE NOT EXISTS (SELECT FROM busy y WHERE y.k = c.k)
+                    WHERE NOT EXISTS (SELECT FROM busy y WHERE y.k = c.k) AND c.k <> ALL (v_held)
                 ), inserted AS (
                     -- Phase 2: the count(*) makes every lock of phase 1 be taken first.
                     INSERT INTO count_limit (use_type, unique_id, already_count, begin_time, end_time, limit_value, denied_count, blocked_until, window_kind)
@@ -726,6 +720,9 @@ BEGIN
                 UNION ALL
                 SELECT y.k, true, false, 0, NULL, NULL, NULL
                 FROM busy y
+                UNION ALL
+                SELECT h, true, false, 0, NULL, NULL, NULL
+                FROM unnest(v_held) AS h
                 ORDER BY 1;
             RETURN;
         EXCEPTION WHEN lock_not_available THEN
