@@ -53,7 +53,13 @@ func (s *Store) waitLocks(ctx context.Context, r *driver.Request, send func() er
 			return err
 		}
 		if s.tableLocked(ctx) {
-			return driver.Unavailable(errTableLocked)
+			// Not a held row: the statement waits for the table, as any
+			// statement would, and fails as an outage if its context ends
+			// first.
+			if err := s.do(ctx, s.pool, r); err != nil {
+				return fmt.Errorf("%w: %w", errTableLocked, err)
+			}
+			return nil
 		}
 	}
 	done, err := s.turns.take(ctx, k)
@@ -81,14 +87,16 @@ func (s *Store) waitLocks(ctx context.Context, r *driver.Request, send func() er
 	}
 }
 
-// errTableLocked is the outage of a call that gave up waiting for a lock
-// while another transaction held count_limit itself.
+// errTableLocked wraps the error of a call that waited for count_limit,
+// held by another transaction, and did not get it.
 var errTableLocked = errors.New("pgstore: another transaction holds the table count_limit locked against writes (LOCK TABLE, ALTER TABLE, CREATE INDEX, VACUUM FULL, ...)")
 
 // tableLocked reports whether another transaction holds count_limit itself
 // in a mode that stops writes. A statement that gave up waiting for a lock
-// then met an outage, which the circuit breaker and the fallback store are
-// for, not a row another transaction holds, which is the id's own matter.
+// then met a stall of the whole store, not a row another transaction
+// holds: it waits for the table as any statement would, and a call whose
+// context ends first is a store failure, which the circuit breaker and the
+// fallback store are for.
 func (s *Store) tableLocked(ctx context.Context) bool {
 	var held bool
 	err := s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_locks

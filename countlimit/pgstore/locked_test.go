@@ -72,8 +72,9 @@ func TestLockedRowHoldsNoOtherIDHostage(t *testing.T) {
 			} else {
 				b = lockRows(t, admin, rule.UseType, locked)
 			}
-			held := time.AfterFunc(2*time.Second, func() { b.tx.Rollback(context.Background()) })
-			defer held.Stop()
+			released := make(chan struct{})
+			time.AfterFunc(2*time.Second, func() { b.tx.Rollback(context.Background()); close(released) })
+			defer func() { <-released }()
 
 			var (
 				others, lockedOK, lockedFailed atomic.Int64
@@ -251,25 +252,38 @@ func TestEveryCallOfALockedIDIsLocked(t *testing.T) {
 }
 
 // TestLockedTableIsAnOutage: another transaction holds count_limit itself
-// locked (a DBA's LOCK TABLE, an ALTER TABLE): that is no held row but an
-// outage, which fails the calls as store failures, for the circuit
-// breaker and the fallback store, not as ErrLocked.
+// locked (a DBA's LOCK TABLE, an ALTER TABLE): that is no held row but a
+// stall of the whole store. Calls wait for the table as any statement
+// would: a brief lock delays them, and one that outlasts their timeout
+// fails them as store failures, for the circuit breaker and the fallback
+// store, not as ErrLocked.
 func TestLockedTableIsAnOutage(t *testing.T) {
 	admin := testbackend.Postgres(t)
 	l := countlimit.New(pgstore.New(testbackend.PostgresPool(t)), countlimit.WithStoreTimeout(time.Second))
 	ctx := context.Background()
-	for _, w := range []countlimit.Window{countlimit.Fixed(time.Hour), countlimit.Sliding(time.Hour)} {
-		rule := countlimit.Rule{UseType: storetest.UseType(t, "table"), Limit: 5, Window: w}
+	lockTable := func() *blocker {
 		b := begin(t, admin)
 		if _, err := b.tx.Exec(ctx, `LOCK TABLE count_limit IN ACCESS EXCLUSIVE MODE`); err != nil {
 			t.Fatal(err)
 		}
-		_, err := l.Allow(ctx, rule, "id")
+		return b
+	}
+	for _, w := range []countlimit.Window{countlimit.Fixed(time.Hour), countlimit.Sliding(time.Hour)} {
+		rule := countlimit.Rule{UseType: storetest.UseType(t, "table"), Limit: 5, Window: w}
+		b := lockTable()
+		released := make(chan struct{})
+		time.AfterFunc(200*time.Millisecond, func() { b.tx.Rollback(context.Background()); close(released) })
+		if res, err := l.Allow(ctx, rule, "brief"); err != nil || !res.Allowed {
+			t.Errorf("Allow (%v) with count_limit locked for 200 ms: %+v, %v; want it to wait, and count", w, res, err)
+		}
+		<-released
+		b = lockTable()
+		_, err := l.Allow(ctx, rule, "long")
 		if !errors.Is(err, countlimit.ErrUnavailable) || errors.Is(err, countlimit.ErrLocked) {
-			t.Errorf("Allow (%v) with count_limit locked: %v; want ErrUnavailable, not ErrLocked", w, err)
+			t.Errorf("Allow (%v) with count_limit locked past the timeout: %v; want ErrUnavailable, not ErrLocked", w, err)
 		}
 		b.release(t)
-		if _, err := l.Allow(ctx, rule, "id"); err != nil {
+		if _, err := l.Allow(ctx, rule, "long"); err != nil {
 			t.Errorf("Allow (%v) once the table is free: %v", w, err)
 		}
 	}

@@ -58,8 +58,10 @@
 // fails with countlimit.ErrLocked, which the Limiter does not count as a
 // store failure: the circuit breaker stays closed and no fallback answers.
 // (A lock on the table itself, a DBA's LOCK TABLE, ALTER TABLE or CREATE
-// INDEX, is an outage: such a call fails at once with
-// countlimit.ErrUnavailable, for the breaker and the fallback.) A Store on
+// INDEX, stalls the whole store: calls wait for the table as any statement
+// would, and one whose context ends first fails with
+// countlimit.ErrUnavailable, a store failure, for the breaker and the
+// fallback.) A Store on
 // a *pgx.Conn or a pgx.Tx waits for the lock, as the caller's other
 // statements do. The setting countlimit.lock_wait (ALTER ROLE ... SET
 // countlimit.lock_wait = '10ms') changes the 2 ms.
