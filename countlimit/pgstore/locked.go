@@ -24,9 +24,23 @@ var errBusy = errors.New("pgstore: the row is locked by another transaction")
 // waiting for a lock another transaction holds: lock_not_available
 // (SQLSTATE 55P03), from the lock_timeout the fast path's functions and
 // lockTimed set. Nothing of the statement was written.
+//
+// A lock_timeout can also end a statement as query_canceled (57014)
+// "due to user request": when the timer fires just as one lock wait ends
+// and another begins, PostgreSQL finds the cancel pending without the
+// timeout's mark (seen here under load, "while locking tuple" in
+// countlimit_apply, which locks rows one after another). pgx never cancels a
+// statement whose context is live (it closes the connection of one whose
+// context ended), so that error, in English, is taken as busy too; a
+// DBA's pg_cancel_backend then sends the call again, as a held row would,
+// which is safe: nothing of a cancelled statement was written. A
+// statement_timeout is not busy.
 func busy(err error) bool {
 	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
+	if !errors.As(err, &pgErr) {
+		return false
+	}
+	return pgErr.Code == "55P03" || pgErr.Code == "57014" && pgErr.Message == "canceling statement due to user request"
 }
 
 // The pauses of a call whose row is locked, before it is sent again: from
