@@ -216,7 +216,7 @@ func (s *Store) sendDistinct(ctx context.Context, calls []*gather.Call, order []
 func settle(calls []*gather.Call, done []bool, err error) {
 	if busy(err) {
 		// A lock the batch could not get by key: a DBA's lock of the
-		// table, or a key inserted elsewhere twice over.
+		// table, or a second held key met on the run past the first.
 		for _, c := range calls {
 			c.Err = errBusy
 		}

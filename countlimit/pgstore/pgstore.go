@@ -57,14 +57,13 @@
 // until the row is free. When a waiting call's context ends first, it
 // fails with countlimit.ErrLocked, which the Limiter does not count as a
 // store failure: the circuit breaker stays closed and no fallback answers.
-// (A lock on the table itself, a DBA's LOCK TABLE, ALTER TABLE or CREATE
-// INDEX, stalls the whole store: calls wait for the table as any statement
-// would, and one whose context ends first fails with
-// countlimit.ErrUnavailable, a store failure, for the breaker and the
-// fallback.) A Store on
-// a *pgx.Conn or a pgx.Tx waits for the lock, as the caller's other
-// statements do. The setting countlimit.lock_wait (ALTER ROLE ... SET
-// countlimit.lock_wait = '10ms') changes the 2 ms.
+// The setting countlimit.lock_wait (ALTER ROLE ... SET countlimit.lock_wait
+// = '10ms') changes the 2 ms. A lock on the table itself (a DBA's LOCK
+// TABLE, ALTER TABLE or CREATE INDEX) stalls the whole store instead: calls
+// wait for the table as any statement would, and one whose context ends
+// first fails with countlimit.ErrUnavailable, a store failure, for the
+// breaker and the fallback. A Store on a *pgx.Conn or a pgx.Tx waits for
+// any lock, as the caller's other statements do.
 //
 // Size the pool for the batches in flight plus the calls that are not
 // batched; pgx's default (the larger of 4 and the number of CPUs) serves
