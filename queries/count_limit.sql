@@ -48,9 +48,13 @@ LIMIT @max_rows::int;
 -- name: SchemaReady :one
 -- SchemaReady reports whether countlimit's schema, at its latest migration,
 -- is on the search path: its tables and the newest migration's function
--- (an older schema lacks it; update this with every migration).
+-- (an older schema lacks it; update this with every migration), and the
+-- functions 00005 gained after it was first written (a database migrated
+-- from an untagged main before them lacks them).
 SELECT (to_regclass('count_limit') IS NOT NULL AND to_regclass('count_limit_lease') IS NOT NULL
     AND to_regprocedure('countlimit_adjust_count(text, text, bigint)') IS NOT NULL
+    AND to_regprocedure('countlimit_lock_briefly()') IS NOT NULL
+    AND to_regprocedure('countlimit_claim_keys(text[], text[], timestamptz[], text[])') IS NOT NULL
 )::boolean AS ready;
 
 -- name: StoreTime :one

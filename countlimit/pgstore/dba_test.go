@@ -908,4 +908,12 @@ func TestPingWantsDBAFunctions(t *testing.T) {
 	if err := pgstore.New(pool).Ping(ctx); err != nil {
 		t.Errorf("Ping at the latest migration: %v", err)
 	}
+	// A database migrated from an untagged main whose 00005 lacked the
+	// functions that give up held rows.
+	if _, err := pool.Exec(ctx, `DROP FUNCTION countlimit_lock_briefly()`); err != nil {
+		t.Fatal(err)
+	}
+	if err := pgstore.New(pool).Ping(ctx); !errors.Is(err, countlimit.ErrUnavailable) || !strings.Contains(err.Error(), "latest migration") {
+		t.Errorf("Ping without countlimit_lock_briefly = %v, want ErrUnavailable saying the schema is not at its latest migration", err)
+	}
 }
