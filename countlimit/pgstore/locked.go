@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -61,8 +62,7 @@ const (
 // context ends while it waits fails with countlimit.ErrLocked, which is not
 // a store failure.
 func (s *Store) waitLocks(ctx context.Context, r *driver.Request, send func() error) error {
-	k := firstKey(r)
-	if !s.turns.waiting(k) {
+	if !s.turns.waiting(r) {
 		if err := send(); err != errBusy {
 			return err
 		}
@@ -76,7 +76,7 @@ func (s *Store) waitLocks(ctx context.Context, r *driver.Request, send func() er
 			return nil
 		}
 	}
-	done, err := s.turns.take(ctx, k)
+	done, err := s.turns.take(ctx, firstKey(r))
 	if err != nil {
 		return locked(r, err)
 	}
@@ -125,6 +125,9 @@ func (s *Store) tableLocked(ctx context.Context) bool {
 type turns struct {
 	mu sync.Mutex
 	m  map[key]*turn
+	// rows is len(m), read without mu: while no row is held, which is
+	// nearly always, a call asks nothing more of turns.
+	rows atomic.Int64
 }
 
 // turn is one row's: a token (ch holds it while a call has the turn) and
@@ -134,9 +137,13 @@ type turn struct {
 	n  int
 }
 
-// waiting reports whether calls already wait for k's turn: a new call for
-// k then joins them at once instead of sending first.
-func (t *turns) waiting(k key) bool {
+// waiting reports whether calls already wait for the turn of r's row: a
+// new call then joins them at once instead of sending first.
+func (t *turns) waiting(r *driver.Request) bool {
+	if t.rows.Load() == 0 {
+		return false
+	}
+	k := firstKey(r)
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.m[k] != nil
@@ -153,6 +160,7 @@ func (t *turns) take(ctx context.Context, k key) (done func(), err error) {
 	if tn == nil {
 		tn = &turn{ch: make(chan struct{}, 1)}
 		t.m[k] = tn
+		t.rows.Add(1)
 	}
 	tn.n++
 	t.mu.Unlock()
@@ -160,6 +168,7 @@ func (t *turns) take(ctx context.Context, k key) (done func(), err error) {
 		t.mu.Lock()
 		if tn.n--; tn.n == 0 {
 			delete(t.m, k)
+			t.rows.Add(-1)
 		}
 		t.mu.Unlock()
 	}

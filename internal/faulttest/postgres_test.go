@@ -160,28 +160,33 @@ func (s *pgServer) lockRow(t *testing.T, ut countlimit.UseType, id string, d tim
 // while it holds the row uncommitted for d, and rolls it back.
 func (s *pgServer) inserting(t *testing.T, p *phase, r countlimit.Rule, d time.Duration) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), d+10*time.Second)
-	defer cancel()
-	c, err := s.admin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close(ctx)
-	tx, err := c.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	if res, err := countlimit.New(pgstore.New(tx)).Allow(ctx, r, p.heldID); err != nil || !res.Allowed || res.Used != 1 {
-		t.Fatalf("the first check of %s in a transaction: %+v, %v; want the first count, on a new row", p.heldID, res, err)
-	}
-	p.heldLive.Store(true)
-	time.Sleep(d)
+	s.inTx(t, d, false, func(ctx context.Context, tx pgx.Tx) {
+		if res, err := countlimit.New(pgstore.New(tx)).Allow(ctx, r, p.heldID); err != nil || !res.Allowed || res.Used != 1 {
+			t.Fatalf("the first check of %s in a transaction: %+v, %v; want the first count, on a new row", p.heldID, res, err)
+		}
+		p.heldLive.Store(true)
+	})
 }
 
 // holding runs sql in a transaction of its own, holds the transaction open
 // for d, and returns the rows sql affected.
 func (s *pgServer) holding(t *testing.T, d time.Duration, sql string, args ...any) int64 {
+	t.Helper()
+	var n int64
+	s.inTx(t, d, true, func(ctx context.Context, tx pgx.Tx) {
+		tag, err := tx.Exec(ctx, sql, args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n = tag.RowsAffected()
+	})
+	return n
+}
+
+// inTx runs do in a transaction of its own, on a connection outside the
+// pool under test, holds the transaction open for d, and then commits it,
+// or rolls it back when commit is false.
+func (s *pgServer) inTx(t *testing.T, d time.Duration, commit bool, do func(ctx context.Context, tx pgx.Tx)) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), d+10*time.Second)
 	defer cancel()
@@ -195,15 +200,13 @@ func (s *pgServer) holding(t *testing.T, d time.Duration, sql string, args ...an
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx)
-	tag, err := tx.Exec(ctx, sql, args...)
-	if err != nil {
-		t.Fatal(err)
-	}
+	do(ctx, tx)
 	time.Sleep(d)
-	if err := tx.Commit(ctx); err != nil {
-		t.Fatal(err)
+	if commit {
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
 	}
-	return tag.RowsAffected()
 }
 
 // counts reads already_count of every given id that has a row.
