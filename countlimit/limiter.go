@@ -185,11 +185,14 @@ func (l *Limiter) one(ctx context.Context, res *Result, op driver.Op, r Rule, id
 // for every rule, or, if any rule denies, for none. It returns one Result per
 // rule, in order; each Allowed is the overall verdict and each RetryAfter the
 // wait until the whole call can succeed. Only the rules that deny count a
-// denial and set their penalty. No rules, or two with the same UseType, is
-// ErrInvalid.
+// denial and set their penalty. No rules, more than [MaxRules], or two with
+// the same UseType, is ErrInvalid.
 func (l *Limiter) AllowAll(ctx context.Context, id string, rules ...Rule) ([]Result, error) {
-	if len(rules) == 0 {
+	switch {
+	case len(rules) == 0:
 		return nil, wrap(driver.OpAllow, "", invalidf("rules", "none given"))
+	case len(rules) > MaxRules:
+		return nil, wrap(driver.OpAllow, "", invalidf("rules", "%d given, at most %d (MaxRules)", len(rules), MaxRules))
 	}
 	for i, r := range rules {
 		if err := validate(&r, id, 1); err != nil {

@@ -27,6 +27,10 @@ const (
 	MaxConcurrentLimit = 10000
 	// MaxDuration is the longest window, penalty or CheckLimit duration.
 	MaxDuration = 100 * 365 * 24 * time.Hour
+	// MaxRules is the most rules one AllowAll call takes: every store
+	// decides them in one atomic step (one statement, one script), and
+	// every one of them is tested at this size.
+	MaxRules = 64
 )
 
 // Rule is a limit: at most Limit events of UseType per Window for each id.

@@ -67,6 +67,8 @@ func Run(t *testing.T, newStore func(t *testing.T) driver.Store) {
 		{"ConcurrentExactlyLimit", testConcurrentExactlyLimit},
 		{"ConcurrentSliding", testConcurrentSliding},
 		{"ConcurrentAllowAllNoDeadlock", testConcurrentAllowAll},
+		{"AllowAllOfEverySize", testAllowAllOfEverySize},
+		{"ConcurrentAllowAllMany", testConcurrentAllowAllMany},
 		{"LateClockReadJoinsWindow", testLateClockRead},
 		{"SlidingOutOfOrder", testSlidingOutOfOrder},
 		{"WindowKindChanged", testWindowKindChanged},
