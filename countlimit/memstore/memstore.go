@@ -530,9 +530,11 @@ func (s *Store) apply(r *driver.Request) error {
 		n = 1
 	}
 	var buf [inline]slot
-	slots := buf[:len(r.Checks):len(r.Checks)]
-	if len(r.Checks) > inline {
-		slots = make([]slot, len(r.Checks))
+	var slots []slot
+	if len(r.Checks) <= inline {
+		slots = buf[:len(r.Checks)]
+	} else {
+		slots = make([]slot, len(r.Checks)) // AllowAll of more rules
 	}
 
 	sh.mu.Lock()
