@@ -63,7 +63,10 @@ func Fixed(d time.Duration) Window { return Window{kind: kindFixed, d: d} }
 
 // Calendar returns natural calendar windows in loc: a Day runs from midnight
 // to midnight (23 or 25 hours on daylight-saving days), a Week from Monday
-// midnight, a Month from the first, a Year from January 1st.
+// midnight, a Month from the first, a Year from January 1st. A period
+// begins at the first instant whose date in loc is its first day: where
+// midnight happens twice (clocks back from 01:00 to 00:00) at the first,
+// where it does not happen (forward from 00:00 to 01:00) at the change.
 func Calendar(u Unit, loc *time.Location) Window {
 	return Window{kind: kindCalendar, unit: u, loc: loc}
 }
@@ -186,30 +189,65 @@ func calendarBounds(now time.Time, u Unit, loc *time.Location) (begin, end time.
 	y, m, d := t.Date()
 	switch u {
 	case Day:
-		return midnight(y, m, d, loc), midnight(y, m, d+1, loc)
+		return dayStart(y, m, d, loc), dayStart(y, m, d+1, loc)
 	case Week:
 		d -= (int(t.Weekday()) + 6) % 7 // days since Monday
-		return midnight(y, m, d, loc), midnight(y, m, d+7, loc)
+		return dayStart(y, m, d, loc), dayStart(y, m, d+7, loc)
 	case Month:
-		return midnight(y, m, 1, loc), midnight(y, m+1, 1, loc)
+		return dayStart(y, m, 1, loc), dayStart(y, m+1, 1, loc)
 	}
-	return midnight(y, 1, 1, loc), midnight(y+1, 1, 1, loc)
+	return dayStart(y, 1, 1, loc), dayStart(y+1, 1, 1, loc)
 }
 
-// midnight returns when the day y-m-d (normalised, so d may overflow) begins
-// in loc. Where a DST change skips midnight (America/Santiago, for one), the
-// day begins at the change; time.Date alone would answer an hour early.
-func midnight(y int, m time.Month, d int, loc *time.Location) time.Time {
-	y, m, d = time.Date(y, m, d, 12, 0, 0, 0, loc).Date()
-	t := time.Date(y, m, d, 0, 0, 0, 0, loc)
-	if h, mi, s := t.Clock(); h == 0 && mi == 0 && s == 0 {
-		return t
+// maxOffset bounds how far any zone's clock has been from UTC: the widest
+// offsets in the tz database are local mean times of the 19th century
+// (America/Sitka +14:58, Asia/Manila -15:56).
+const maxOffset = 16 * 60 * 60
+
+// dayStart returns when the day y-m-d (normalised, so d may overflow)
+// begins in loc: the first instant whose local date is that day or later.
+// Where midnight happens twice (clocks back from 01:00 to 00:00, Asia/Amman
+// in 2021) that is the first midnight, where it does not happen (forward
+// from 00:00 to 01:00, America/Santiago) the change, and where the whole
+// day is skipped (Pacific/Apia, 2011-12-30) the next day's start. time.Date
+// alone may answer the second midnight in the first case and an hour early
+// in the second.
+//
+// It walks loc's zone periods forward from maxOffset before the day's
+// midnight in UTC, which no clock reads as that day, to the first period
+// whose clock reaches midnight before the period ends: usually the first.
+func dayStart(y int, m time.Month, d int, loc *time.Location) time.Time {
+	wall := time.Date(y, m, d, 0, 0, 0, 0, time.UTC).Unix() // the midnight, read as UTC
+	t := time.Unix(wall-maxOffset, 0).In(loc)
+	for {
+		_, offset := t.Zone()
+		end := periodEnd(t, loc)
+		at := max(t.Unix(), wall-int64(offset)) // the period may begin past midnight: the day began with it
+		if end.IsZero() || at < end.Unix() {
+			return time.Unix(at, 0).In(loc)
+		}
+		t = end
 	}
-	start, end := t.ZoneBounds()
-	if ty, tm, td := t.Date(); ty == y && tm == m && td == d {
-		return start // normalised forward, into the day: it began at the change
+}
+
+// periodEnd returns when the zone period that holds t ends in loc (t's
+// location), or the zero Time if it never does. Some periods are cut in
+// two, at a year's end, which is no change of the clock's offset.
+func periodEnd(t time.Time, loc *time.Location) time.Time {
+	_, end := t.ZoneBounds()
+	if end.IsZero() || end.After(t) {
+		return end
 	}
-	return end // normalised back into the day before: the day begins when that zone ends
+	// On the last UTC day of a leap year, past a zone's last listed change
+	// (the years its rule string covers), ZoneBounds answers an end before
+	// t (golang/go#81583): the period runs on into the next year, where
+	// ZoneBounds answers it right. Failing that, the next second, so a
+	// walk over periods always moves on.
+	_, end = time.Date(t.UTC().Year()+1, 1, 1, 0, 0, 0, 0, time.UTC).In(loc).ZoneBounds()
+	if end.IsZero() || end.After(t) {
+		return end
+	}
+	return t.Add(time.Second)
 }
 
 func floorMod(a, b int64) int64 {

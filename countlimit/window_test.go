@@ -6,7 +6,11 @@ import (
 	"time"
 )
 
-var fuzzZones = []string{"UTC", "Asia/Shanghai", "America/New_York", "Europe/Berlin", "Australia/Lord_Howe", "America/Santiago", "Asia/Kathmandu", "Pacific/Chatham"}
+// fuzzZones are the zones FuzzBounds draws from: DST in both hemispheres,
+// half-hour and 45-minute offsets, a skipped midnight (Santiago), a
+// midnight that happens twice (Amman) and a skipped day (Apia). New zones
+// go at the end, so the corpus's zone numbers keep their zones.
+var fuzzZones = []string{"UTC", "Asia/Shanghai", "America/New_York", "Europe/Berlin", "Australia/Lord_Howe", "America/Santiago", "Asia/Kathmandu", "Pacific/Chatham", "Asia/Amman", "Pacific/Apia"}
 
 func fuzzWindow(t *testing.T, kind, zone uint8, d int64) Window {
 	switch kind % 6 {
@@ -23,7 +27,7 @@ func fuzzWindow(t *testing.T, kind, zone uint8, d int64) Window {
 	}
 	loc, err := time.LoadLocation(fuzzZones[int(zone)%len(fuzzZones)])
 	if err != nil {
-		t.Skip(err)
+		t.Fatal(err) // time/tzdata is imported: every machine has every zone
 	}
 	return Calendar(Unit(1+int(d&3)), loc)
 }
@@ -38,6 +42,10 @@ func FuzzBounds(f *testing.F) {
 	// Santiago skips its midnight on 2026-09-06: the day begins at 01:00.
 	f.Add(time.Date(2026, 9, 6, 4, 30, 0, 0, time.UTC).UnixMicro(), uint8(4), uint8(5), int64(0))
 	f.Add(time.Date(2026, 9, 6, 2, 59, 0, 0, time.UTC).UnixMicro(), uint8(4), uint8(5), int64(0))
+	// Amman's midnight of 2021-10-29 happened twice: the day begins at the first.
+	f.Add(time.Date(2021, 10, 28, 21, 30, 0, 0, time.UTC).UnixMicro(), uint8(4), uint8(8), int64(0))
+	// Apia skipped 2011-12-30: the 29th ends when the 31st begins.
+	f.Add(time.Date(2011, 12, 30, 9, 0, 0, 0, time.UTC).UnixMicro(), uint8(4), uint8(9), int64(0))
 	f.Add(int64(-1), uint8(1), uint8(0), int64(7*24*time.Hour))
 	f.Add(int64(0), uint8(1), uint8(0), int64(time.Hour))
 	f.Add(int64(1700000000123456), uint8(0), uint8(0), int64(1500))
@@ -187,5 +195,19 @@ func TestWallClockIsTimeNow(t *testing.T) {
 		if m := micro(got); m != got {
 			t.Fatalf("micro(wallClock()) = %v, want it unchanged: %v", m, got)
 		}
+	}
+}
+
+// BenchmarkCalendarBounds is the window math of a Calendar(Day) call, in
+// a zone with daylight saving time.
+func BenchmarkCalendarBounds(b *testing.B) {
+	ny, err := time.LoadLocation("America/New_York")
+	if err != nil {
+		b.Fatal(err)
+	}
+	w := Calendar(Day, ny)
+	now := time.Date(2026, 11, 27, 15, 4, 5, 0, time.UTC)
+	for b.Loop() {
+		bounds(now, w)
 	}
 }
