@@ -96,8 +96,10 @@ func firstInstant(b time.Time, loc *time.Location, day date) string {
 // third for each zone, so that the zones together cover every year) its
 // January 1st, the first of one month and the Monday of one week. Away
 // from a change a zone's offset is one number for days, and the boundary
-// follows from it: the sample guards the arithmetic of dates. It takes a
-// few seconds under -race.
+// follows from it: the sample guards the arithmetic of dates. And the last
+// day of every leap year from 2036 on, with the next day, where the time
+// package's ZoneBounds errs (see periodEnd). It takes a few seconds under
+// -race.
 func TestCalendarPeriodsBeginAtTheirFirstInstant(t *testing.T) {
 	from := time.Date(1970, 1, 1, 0, 0, 0, 0, time.UTC)
 	to := time.Date(2061, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -118,6 +120,12 @@ func TestCalendarPeriodsBeginAtTheirFirstInstant(t *testing.T) {
 				days[date{y, m, d}] = true
 			}
 			u = end
+		}
+		// The last day of a leap year, past the zones' listed changes,
+		// where ZoneBounds ends a period early (see periodEnd).
+		for y := 2036; y < to.Year(); y += 4 {
+			days[date{y, time.December, 31}] = true
+			days[date{y + 1, time.January, 1}] = true
 		}
 		for y := from.Year() + zi%3; y < to.Year(); y += 3 {
 			days[date{y, time.January, 1}] = true
