@@ -553,3 +553,49 @@ func TestLockedIsNoStoreFailure(t *testing.T) {
 		t.Errorf("the fallback store holds %d counters, want none", fallback.Len())
 	}
 }
+
+// TestStoreClockOutOfRangeIsAStoreFailure: a store whose clock reads a time
+// no store keeps exactly (before 1970, from 2150 on) has failed: its first
+// reading is ErrUnavailable, not the caller's ErrInvalid, so the fallback
+// answers; and a later reading out of range keeps the offset before it.
+func TestStoreClockOutOfRangeIsAStoreFailure(t *testing.T) {
+	t.Parallel()
+	for _, skew := range []time.Duration{200 * 365 * 24 * time.Hour, -60 * 365 * 24 * time.Hour} {
+		local := newStubClock()
+		cs := &clockStore{Store: memstore.New(memstore.WithJanitorInterval(0)), local: local}
+		defer cs.Close()
+		cs.skew.Store(int64(skew))
+		l := countlimit.New(cs, countlimit.WithClock(local.now), countlimit.WithStoreClock(0))
+		_, err := l.Allow(context.Background(), perMinute, "u1")
+		if !errors.Is(err, countlimit.ErrUnavailable) || errors.Is(err, countlimit.ErrInvalid) || !strings.Contains(err.Error(), "clock") {
+			t.Fatalf("Allow when the store's clock reads %v = %v; want ErrUnavailable naming the store's clock", local.now().Add(skew).Year(), err)
+		}
+		fallback := memstore.New(memstore.WithJanitorInterval(0))
+		defer fallback.Close()
+		l = countlimit.New(cs, countlimit.WithClock(local.now), countlimit.WithStoreClock(0), countlimit.WithFallback(fallback))
+		if res, err := l.Allow(context.Background(), perMinute, "u1"); err != nil || !res.Allowed {
+			t.Fatalf("Allow with a fallback when the store's clock reads %v = %+v, %v; want the fallback's answer", local.now().Add(skew).Year(), res, err)
+		}
+		if cs.Len() != 0 || fallback.Len() != 1 {
+			t.Errorf("store holds %d counters, fallback %d; want the fallback alone to count", cs.Len(), fallback.Len())
+		}
+	}
+
+	// A good first reading, then one out of range: the old offset stays.
+	local := newStubClock()
+	cs := &clockStore{Store: memstore.New(memstore.WithJanitorInterval(0)), local: local}
+	defer cs.Close()
+	cs.skew.Store(int64(time.Second))
+	l := countlimit.New(cs, countlimit.WithClock(local.now), countlimit.WithStoreClock(time.Minute))
+	if _, err := l.Allow(context.Background(), perMinute, "u1"); err != nil {
+		t.Fatal(err)
+	}
+	cs.skew.Store(int64(200 * 365 * 24 * time.Hour))
+	local.advance(time.Minute)
+	if res, err := l.Allow(context.Background(), perMinute, "u2"); err != nil || !res.Allowed {
+		t.Fatalf("Allow after a refresh read 2226 = %+v, %v; want the old offset used", res, err)
+	}
+	if got := l.Now().Sub(local.now()); got != time.Second {
+		t.Errorf("after a refresh out of range Now() is %v off, want 1s kept", got)
+	}
+}
