@@ -21,14 +21,16 @@ import (
 // resync <= 0), and adds the offset it measured to its own clock
 // ([WithClock], default the system clock). The offset is measured to
 // within half that read's round trip; between reads, the local clock's
-// drift adds to the error (NTP-disciplined clocks drift far less than a millisecond a
-// minute). The read that refreshes the offset is made by the one call that
-// finds it stale, adding one round trip to that call; the others meanwhile
-// use the previous offset. If the very first read fails, the call fails
-// with ErrUnavailable, as do the calls of the next second without another
-// read (with [WithFallback], Allow and Peek are decided by the fallback
-// store on the local clock: the store itself is never written on a clock it
-// has not confirmed); a failed refresh keeps the previous offset.
+// drift adds to the error (NTP-disciplined clocks drift far less than a
+// millisecond a minute). The read that refreshes the offset is made by the
+// one call that finds it stale, adding one round trip to that call; the
+// others meanwhile use the previous offset. A reading outside 1970-2150
+// UTC is a failed read: the store has failed, not the caller. If the very
+// first read fails, the call fails with ErrUnavailable, as do the calls of
+// the next second without another read (with [WithFallback], Allow and
+// Peek are decided by the fallback store on the local clock: the store
+// itself is never written on a clock it has not confirmed); a failed
+// refresh keeps the previous offset.
 //
 // Skew without this option: each process decides with its own clock. A
 // process whose clock runs ahead sees windows end early (a Fixed window
@@ -146,6 +148,15 @@ func (l *Limiter) readStoreClock(ctx context.Context) error {
 			sc.next.Store(t1.Add(min(sc.resync, time.Second)).UnixNano())
 		}
 		return fmt.Errorf("reading the store's clock: %w", driver.Unavailable(err))
+	}
+	if !driver.InRange(st) {
+		// A store that tells an impossible time has failed; its time is
+		// not the caller's bad input.
+		err := fmt.Errorf("%w: the store's clock reads %s, outside 1970-01-01 to 2150-01-01 UTC", ErrUnavailable, st.UTC().Format(time.RFC3339))
+		if sc.next.Load() != 0 {
+			sc.next.Store(t1.Add(min(sc.resync, time.Second)).UnixNano())
+		}
+		return fmt.Errorf("reading the store's clock: %w", err)
 	}
 	mid := t0.Add(t1.Sub(t0) / 2)
 	sc.offset.Store(int64(truncMicro(st.Sub(mid))))
