@@ -36,7 +36,13 @@ const (
 // Rule is a limit: at most Limit events of UseType per Window for each id.
 // Rules are plain values; the Limiter and its store keep no configuration, so
 // a changed Limit applies at once to the current window. A changed Window
-// applies from the next window (a Lifetime window has none: Reset the id).
+// applies from the next window: the window an id is counting in stays
+// current until it ends (a Lifetime window never does: Reset the id), and
+// a Sliding log until its last event leaves its span, so a rule changed
+// from Sliding counts on from the log's events until then. A rule changed
+// to Sliding is the exception: it counts only events of its log, so it
+// starts from none at once, and its first event replaces the window the
+// other kind counted in.
 type Rule struct {
 	UseType UseType
 	// Limit is how many events a window allows; 0 allows none.

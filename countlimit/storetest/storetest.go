@@ -918,8 +918,10 @@ func testSlidingOutOfOrder(t *testing.T, newStore func(*testing.T) driver.Store)
 	})
 }
 
-// testWindowKindChanged: counting with a sliding and then a fixed window on
-// one UseType (a changed rule) is the same on every store.
+// testWindowKindChanged pins what a rule whose Window changes kind sees
+// (Rule's doc says it): a window another kind counted in is current until
+// it ends, a sliding log's until its last event leaves; a Sliding rule
+// sees only a log.
 func testWindowKindChanged(t *testing.T, newStore func(*testing.T) driver.Store) {
 	e := newEnv(t, newStore)
 	sliding := countlimit.Rule{UseType: UseType(t, "kind"), Limit: 5, Window: countlimit.Sliding(time.Minute)}
@@ -937,6 +939,15 @@ func testWindowKindChanged(t *testing.T, newStore func(*testing.T) driver.Store)
 		{at: at(sec(1)), want: ok(5, 2, at(time.Minute))},
 		{at: at(sec(2)), op: refund, n: 1, want: ok(5, 1, at(time.Minute))},
 		{at: at(sec(3)), rule: &fixed, op: peek, want: ok(5, 1, at(time.Minute))},
+	})
+	// Counts made under another kind are no events of a log: a rule
+	// changed to Sliding starts from none at once, and its first event
+	// replaces the window the other kind counted in.
+	e.run(fixed, "c", []step{
+		{at: at(0), n: 3, want: ok(5, 3, at(time.Hour))},
+		{at: at(sec(1)), rule: &sliding, op: peek, want: ok(5, 0, at(sec(1)))},
+		{at: at(sec(2)), rule: &sliding, n: 5, want: ok(5, 5, at(sec(2)+time.Minute))},
+		{at: at(sec(3)), op: peek, want: no(5, 5, at(sec(2)+time.Minute), time.Minute-sec(1))},
 	})
 }
 
