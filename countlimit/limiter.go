@@ -246,6 +246,10 @@ func (l *Limiter) AllowAll(ctx context.Context, id string, rules ...Rule) ([]Res
 // allows nothing (some implementations of the model treat it as no limit).
 // beginTime must lie from 1970 until 2150 (UTC), as the Limiter's clock
 // must: outside that range it is ErrInvalid and nothing is written.
+//
+// A window that has already ended (beginTime+duration at or before now)
+// allows every call: each finds the stored window stale and restarts it,
+// as the model does. Pass a beginTime whose window holds now.
 func (l *Limiter) CheckLimit(ctx context.Context, useType UseType, id string, limit int64, duration time.Duration, beginTime time.Time) (bool, error) {
 	if err := validateKey(useType, id); err != nil {
 		return false, wrap(driver.OpAllow, useType, err)

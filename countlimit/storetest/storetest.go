@@ -329,6 +329,16 @@ func testCheckLimit(t *testing.T, newStore func(*testing.T) driver.Store) {
 	if d := diff(r, ok(2, 1, at(sec(180)))); d != "" {
 		t.Errorf("Peek after CheckLimit:\n%s", d)
 	}
+	// A beginTime whose window has already ended: every call finds the
+	// stored window stale and restarts it, so every call is allowed (the
+	// seed's own logic; CheckLimit's doc says so).
+	past := at(-time.Hour)
+	for i := range 5 {
+		got, err := e.l.CheckLimit(e.ctx, ut, "ended", 2, time.Minute, past)
+		if err != nil || !got {
+			t.Errorf("call %d: CheckLimit(limit 2, 1m, beginTime an hour ago) = %v, %v; want true", i+1, got, err)
+		}
+	}
 }
 
 func testCheckLimitNaturalDay(t *testing.T, newStore func(*testing.T) driver.Store) {
