@@ -37,3 +37,25 @@ func TestContract(t *testing.T) {
 		},
 	})
 }
+
+// FuzzAllowAll holds memstore to the reference model over fuzzed runs:
+// AllowAll of any number of rules of every kind, limit and penalty,
+// beside weighted AllowN, Peek, Refund and Reset (modeltest.Fuzz).
+func FuzzAllowAll(f *testing.F) {
+	// Three rules (the panic of issue 32), then 12 of every kind.
+	f.Add([]byte{0, 1, 2, 0, 3, 2, 4, 2, 2, 1, 0, 3, 2})
+	f.Add([]byte{1, 10, 11, 5, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3, 4, 4, 4, 5, 5, 5, 6, 6, 6, 7, 7, 7, 8, 1, 8, 10, 2, 9, 11, 3, 4, 12, 4, 0, 0, 0})
+	// A weighted allow, then the clock past Amman's second midnight.
+	f.Add([]byte{4, 0, 3, 2, 5, 1, 3, 0, 200, 1, 0, 4, 3, 4})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		s := memstore.New(memstore.WithJanitorInterval(0))
+		defer s.Close()
+		modeltest.Fuzz(t, modeltest.Path{
+			Name: "memstore",
+			Do:   modeltest.Each(s.Do),
+			Read: func(_ context.Context, ut, id string) (driver.Key, error) {
+				return memstore.KeyForTest(s, ut, id), nil
+			},
+		}, data)
+	})
+}

@@ -34,6 +34,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	_ "time/tzdata" // the zones a run draws, on every machine
 
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/driver"
@@ -79,30 +80,83 @@ func Each(do func(context.Context, *driver.Request) error) func(context.Context,
 	}
 }
 
-// rules are the harness's rules: every kind of window, penalties, a use
-// type whose rule changes kind (sliding and fixed), and slots.
-func rules() []countlimit.Rule {
-	ny, err := time.LoadLocation("America/New_York")
-	if err != nil {
-		panic(err)
-	}
+// rules are the harness's rules, with calendar windows in loc: every kind
+// of window, penalties, a use type whose rule changes kind (sliding and
+// fixed), three sliding logs of different spans, and slots. AllowAll
+// draws from the nine use types that count events.
+func rules(loc *time.Location) []countlimit.Rule {
 	return []countlimit.Rule{
 		{UseType: "rolling", Limit: 3, Window: countlimit.Rolling(10 * time.Second)},
 		{UseType: "fixed", Limit: 2, Window: countlimit.Fixed(7 * time.Second), Block: 5 * time.Second},
-		{UseType: "day", Limit: 4, Window: countlimit.Calendar(countlimit.Day, ny), Block: 2 * time.Second},
+		{UseType: "day", Limit: 4, Window: countlimit.Calendar(countlimit.Day, loc), Block: 2 * time.Second},
 		{UseType: "sliding", Limit: 3, Window: countlimit.Sliding(9 * time.Second)},
 		{UseType: "sliding", Limit: 3, Window: countlimit.Fixed(20 * time.Second)}, // the same use type, another kind
 		{UseType: "slidingblock", Limit: 2, Window: countlimit.Sliding(4 * time.Second), Block: 3 * time.Second},
 		{UseType: "lifetime", Limit: 5, Window: countlimit.Lifetime()},
 		{UseType: "slots", Limit: 2, Window: countlimit.Concurrent(6 * time.Second), Block: 4 * time.Second},
+		{UseType: "week:{w}", Limit: 6, Window: countlimit.Calendar(countlimit.Week, loc)},
+		{UseType: "slidingwide", Limit: 5, Window: countlimit.Sliding(13 * time.Second), Block: time.Second},
+		{UseType: "fixedfast", Limit: 4, Window: countlimit.Fixed(3 * time.Second)},
 	}
 }
 
+// useTypes are the rules' use types, each once.
+var useTypes = func() []string {
+	var out []string
+	for _, r := range rules(time.UTC) {
+		if !slices.Contains(out, string(r.UseType)) {
+			out = append(out, string(r.UseType))
+		}
+	}
+	return out
+}()
+
 // spans gives each use type the span of its sliding rule, for the live
 // part of a log.
-var spans = map[string]int64{"sliding": 9e6, "slidingblock": 4e6}
+var spans = map[string]int64{"sliding": 9e6, "slidingblock": 4e6, "slidingwide": 13e6}
 
-var ids = []string{"a", "b", "c"}
+// idPool is what a run's three ids are drawn from: short and long ids,
+// the characters the stores' keys escape or split on (':', '{', '}',
+// '%'), and other scripts.
+var idPool = []string{"a", "b", "c", "用户:42", "a{b}c", "}{", "x%3Ay", "x:y", strings.Repeat("長", countlimit.MaxIDLen/3)}
+
+// zones are what a run's calendar windows are drawn from: daylight saving
+// time in both hemispheres, midnight skipped (Santiago) or twice (Amman,
+// until 2021), a skipped day (Apia), 30- and 45-minute offsets and
+// changes (Lord Howe, Chatham), and none (UTC, Kathmandu).
+var zones = []string{"America/New_York", "Asia/Amman", "America/Santiago", "Pacific/Apia", "Australia/Lord_Howe", "Pacific/Chatham", "Asia/Kathmandu", "UTC", "Europe/Berlin"}
+
+// setting draws a run's zone, start and ids from its seed: the clock
+// starts a minute before the local midnight of the day of one of the
+// zone's clock changes in 1970-2060 (the first after a drawn instant; for
+// a zone that changes no more, that instant's day), so the run's first
+// steps cross a calendar day's end, often one a change moves.
+func setting(seed uint64) (loc *time.Location, start time.Time, ids []string) {
+	rng := rand.New(rand.NewPCG(seed, 0x7a6f6e65))
+	loc, err := time.LoadLocation(zones[rng.IntN(len(zones))])
+	if err != nil {
+		panic(err) // time/tzdata is imported
+	}
+	from := time.Date(1970+rng.IntN(91), time.Month(1+rng.IntN(12)), 1, 0, 0, 0, 0, time.UTC).In(loc)
+	change := from
+	for at := from; at.Year() < 2061; {
+		_, end := at.ZoneBounds()
+		if end.IsZero() || !end.After(at) {
+			break
+		}
+		if _, o1 := at.Zone(); func() bool { _, o2 := end.Zone(); return o1 != o2 }() {
+			change = end
+			break
+		}
+		at = end
+	}
+	y, m, d := change.In(loc).Date()
+	start = time.Date(y, m, d, 0, 0, 0, 0, loc).Add(-time.Minute)
+	for _, i := range rng.Perm(len(idPool))[:3] {
+		ids = append(ids, idPool[i])
+	}
+	return loc, start, ids
+}
 
 // Step is one step of a run: the clock's reading and the requests, built
 // by the Limiter as a caller's call would be.
@@ -216,9 +270,8 @@ func (w world) expiries() []instant {
 func gen(seed uint64, n int) []Step {
 	rng := rand.New(rand.NewPCG(seed, 0x636c))
 	rec := newRecorder(seed)
-	rs := rules()
-	ny, _ := time.LoadLocation("America/New_York")
-	now := time.Date(2026, 3, 7, 23, 59, 0, 0, ny) // runs into the DST night
+	loc, now, ids := setting(seed)
+	rs := rules(loc)
 	w := world{}
 	var leases []countlimit.Lease
 	// The rule and id the step before was on, for a late read that
@@ -247,7 +300,7 @@ func gen(seed uint64, n int) []Step {
 			}
 			if len(soon) > 0 {
 				focus = &soon[rng.IntN(len(soon))]
-				now = time.UnixMicro(focus.at).In(ny)
+				now = time.UnixMicro(focus.at).In(loc)
 				if rng.IntN(3) == 0 {
 					now = now.Add(-time.Microsecond)
 				}
@@ -377,12 +430,27 @@ func gen(seed uint64, n int) []Step {
 			desc = fmt.Sprintf("Reset(%s, %s)", r.UseType, id)
 			l.Reset(ctx, r, id)
 		case op < 12:
-			other := rs[rng.IntN(len(rs))]
-			for other.UseType == r.UseType || other.Window.IsConcurrent() {
-				other = rs[rng.IntN(len(rs))]
+			// 1 to 9 rules, every use type that counts events at most
+			// once, in any order, some limits moved.
+			k := 1 + rng.IntN(9)
+			all := []countlimit.Rule{r}
+			parts := []string{fmt.Sprintf("%s %v limit %d", r.UseType, r.Window, r.Limit)}
+			for _, j := range rng.Perm(len(rs)) {
+				o := rs[j]
+				if len(all) == k {
+					break
+				}
+				if o.Window.IsConcurrent() || slices.ContainsFunc(all, func(a countlimit.Rule) bool { return a.UseType == o.UseType }) {
+					continue
+				}
+				if rng.IntN(6) == 0 {
+					o.Limit += int64(rng.IntN(3)) - 1
+				}
+				all = append(all, o)
+				parts = append(parts, fmt.Sprintf("%s %v limit %d", o.UseType, o.Window, o.Limit))
 			}
-			desc = fmt.Sprintf("AllowAll(%s, %s %v, %s %v)", id, r.UseType, r.Window, other.UseType, other.Window)
-			l.AllowAll(ctx, id, r, other)
+			desc = fmt.Sprintf("AllowAll(%s, %s)", id, strings.Join(parts, ", "))
+			l.AllowAll(ctx, id, all...)
 		default:
 			begin := at.Add(-time.Duration(rng.IntN(20)) * time.Second)
 			d := time.Duration(1+rng.IntN(15)) * time.Second
@@ -394,7 +462,12 @@ func gen(seed uint64, n int) []Step {
 		}
 		w.apply(clones(rec.reqs))
 		lastRule, lastID = &r, id
-		steps = append(steps, Step{Desc: at.UTC().Format("15:04:05.000000 ") + desc, Reqs: rec.reqs})
+		for _, id := range ids {
+			if len(id) > 40 {
+				desc = strings.ReplaceAll(desc, id, fmt.Sprintf("%.12s…(%d bytes)", id, len(id)))
+			}
+		}
+		steps = append(steps, Step{Desc: at.UTC().Format("2006-01-02 15:04:05.000000 ") + desc, Reqs: rec.reqs})
 	}
 	return steps
 }
@@ -421,8 +494,8 @@ func clones(reqs []*driver.Request) []*driver.Request { return clonesFor(reqs, "
 // a janitor) or kept, and counts as empty, but for its denial tally when
 // tally is set (a Path that does not expire keys); a log and the leases
 // count by what is live.
-func canon(k driver.Key, ut string, now int64, tally bool) string {
-	k = k.Live(spans[ut], now)
+func canon(k driver.Key, span, now int64, tally bool) string {
+	k = k.Live(span, now)
 	log, leases := k.Log, k.Leases
 	window := k.Begin < k.End
 	if !window && k.Blocked <= now && len(log) == 0 && len(leases) == 0 ||
@@ -480,10 +553,18 @@ func Seed() uint64 {
 // prefixes make each run's keys its own.
 var runs = 0
 
+// keyspace is every key a run may write, read back after each step: its
+// use types and ids, and the span of each use type's sliding rule (0 for
+// none), for the live part of a log.
+type keyspace struct {
+	uts, ids []string
+	spans    map[string]int64
+}
+
 // replay carries out steps on p and the model, on fresh keys, and returns
 // the index of the first step whose Results or stored states differ, with
 // what differs; -1 when none does.
-func replay(ctx context.Context, p Path, steps []Step, prefix string) (int, string) {
+func replay(ctx context.Context, p Path, steps []Step, ks keyspace, prefix string) (int, string) {
 	w := world{}
 	for i, st := range steps {
 		want := clones(st.Reqs)
@@ -493,7 +574,7 @@ func replay(ctx context.Context, p Path, steps []Step, prefix string) (int, stri
 		if p.Skip != nil && p.Skip(got) {
 			do = p.Fallback
 		}
-		if err := do(ctx, got); err != nil {
+		if err := protect(func() error { return do(ctx, got) }); err != nil {
 			return i, fmt.Sprintf("%s: %v", p.Name, err)
 		}
 		for j := range want {
@@ -504,15 +585,14 @@ func replay(ctx context.Context, p Path, steps []Step, prefix string) (int, stri
 			}
 		}
 		now := st.Reqs[0].Now.UnixMicro()
-		for _, r := range rules() {
-			for _, id := range ids {
-				k, err := p.Read(ctx, prefix+string(r.UseType), id)
+		for _, ut := range ks.uts {
+			for _, id := range ks.ids {
+				k, err := p.Read(ctx, prefix+ut, id)
 				if err != nil {
-					return i, fmt.Sprintf("reading (%s, %s): %v", r.UseType, id, err)
+					return i, fmt.Sprintf("reading (%s, %.12s): %v", ut, id, err)
 				}
-				ut := string(r.UseType)
-				if g, m := canon(k, ut, now, !p.Expires), canon(*w.key(ut, id), ut, now, !p.Expires); g != m {
-					return i, fmt.Sprintf("stored (%s, %s): %s keeps %s, the model %s", r.UseType, id, p.Name, g, m)
+				if g, m := canon(k, ks.spans[ut], now, !p.Expires), canon(*w.key(ut, id), ks.spans[ut], now, !p.Expires); g != m {
+					return i, fmt.Sprintf("stored (%s, %.12s): %s keeps %s, the model %s", ut, id, p.Name, g, m)
 				}
 			}
 		}
@@ -520,48 +600,93 @@ func replay(ctx context.Context, p Path, steps []Step, prefix string) (int, stri
 	return -1, ""
 }
 
+// protect runs f and turns a panic into an error, so that a path that
+// panics is a failing step, with its seed and steps, like any other.
+func protect(f func() error) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = fmt.Errorf("panicked: %v", v)
+		}
+	}()
+	return f()
+}
+
 // Run drives every path of paths and the model through one seeded run and
 // fails t at the first difference, with the seed and the shortest list of
-// steps that still shows it.
+// steps that still shows it. The seed, the first step that differs and
+// why are printed at once (on standard error, so that they survive a
+// timeout), before the steps are shrunk; shrinking stops when its budget
+// is spent (ShrinkBudget) and prints what it has so far.
 func Run(t *testing.T, paths []Path) {
 	t.Helper()
 	seed, n := Seed(), Steps(300)
 	steps := gen(seed, n)
+	_, _, ids := setting(seed)
+	ks := keyspace{uts: useTypes, ids: ids, spans: spans}
 	ctx := context.Background()
 	for _, p := range paths {
 		t.Run(p.Name, func(t *testing.T) {
 			runs++
 			prefix := fmt.Sprintf("m%d.%d.", seed%1e6, runs)
-			at, why := replay(ctx, p, steps, prefix)
+			at, why := replay(ctx, p, steps, ks, prefix)
 			if at < 0 {
 				return
 			}
-			short := shrink(ctx, p, steps[:at+1], prefix+"s")
+			replayText := fmt.Sprintf("COUNTLIMIT_MODEL_SEED=%d COUNTLIMIT_MODEL_STEPS=%d to replay", seed, n)
+			fmt.Fprintf(os.Stderr, "modeltest: %s: seed %d (%s), step %d of %d (%s): %s; shrinking\n",
+				t.Name(), seed, replayText, at+1, n, steps[at].Desc, why)
+			budget := ShrinkBudget()
+			if d, ok := t.Deadline(); ok {
+				budget = min(budget, time.Until(d)/2)
+			}
+			short, done := shrink(ctx, p, steps[:at+1], ks, prefix+"s", time.Now().Add(budget))
 			var b strings.Builder
 			for i, st := range short {
 				fmt.Fprintf(&b, "\n  %d. %s", i+1, st.Desc)
 			}
-			t.Fatalf("seed %d (COUNTLIMIT_MODEL_SEED=%d COUNTLIMIT_MODEL_STEPS=%d to replay), step %d of %d: %s\nthe shortest steps that still differ (%d):%s",
-				seed, seed, n, at+1, n, why, len(short), b.String())
+			what := "the shortest steps that still differ"
+			if !done {
+				what = fmt.Sprintf("shrinking stopped after %v (COUNTLIMIT_MODEL_SHRINK); steps that still differ", budget.Round(time.Second))
+			}
+			t.Fatalf("seed %d (%s), step %d of %d: %s\n%s (%d):%s",
+				seed, replayText, at+1, n, why, what, len(short), b.String())
 		})
 	}
 }
 
-// shrink drops steps from failing, one at a time, while the path still
-// differs from the model, and returns what is left.
-func shrink(ctx context.Context, p Path, failing []Step, prefix string) []Step {
-	tries := 0
-	for i := 0; i < len(failing); {
-		candidate := append(slices.Clone(failing[:i]), failing[i+1:]...)
-		tries++
-		at, _ := replay(ctx, p, candidate, fmt.Sprintf("%s%d.", prefix, tries))
-		if at >= 0 {
-			failing = candidate[:at+1]
-			continue
-		}
-		i++
+// ShrinkBudget is how long a failing run may spend shrinking its steps:
+// COUNTLIMIT_MODEL_SHRINK (a duration, "2m"), else one minute. Run takes
+// at most half of what is left of the test's -timeout besides.
+func ShrinkBudget() time.Duration {
+	if d, err := time.ParseDuration(os.Getenv("COUNTLIMIT_MODEL_SHRINK")); err == nil && d > 0 {
+		return d
 	}
-	return failing
+	return time.Minute
+}
+
+// shrink drops steps from failing while the path still differs from the
+// model: runs of half the steps, then of a quarter, down to one step at a
+// time. It returns what is left, and whether it got to the end before
+// deadline.
+func shrink(ctx context.Context, p Path, failing []Step, ks keyspace, prefix string, deadline time.Time) ([]Step, bool) {
+	tries := 0
+	for chunk := max(1, len(failing)/2); ; chunk /= 2 {
+		for i := 0; i < len(failing); {
+			if time.Now().After(deadline) {
+				return failing, false
+			}
+			candidate := append(slices.Clone(failing[:i]), failing[min(i+chunk, len(failing)):]...)
+			tries++
+			if at, _ := replay(ctx, p, candidate, ks, fmt.Sprintf("%s%d.", prefix, tries)); at >= 0 {
+				failing = candidate[:at+1]
+				continue
+			}
+			i += chunk
+		}
+		if chunk == 1 {
+			return failing, true
+		}
+	}
 }
 
 // leaseText lists leases as "token@expiry", sorted, tokens cut to 6
