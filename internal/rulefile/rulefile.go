@@ -409,6 +409,9 @@ func (p *parser) group(name string, n *yaml.Node) (*Group, error) {
 	if len(g.Rules) == 0 {
 		return nil, p.errf(n, at+".rules", "missing")
 	}
+	if len(g.Rules) > countlimit.MaxRules {
+		return nil, p.errf(n, at+".rules", "%d rules, at most %d (one AllowAll call takes countlimit.MaxRules)", len(g.Rules), countlimit.MaxRules)
+	}
 	return g, nil
 }
 

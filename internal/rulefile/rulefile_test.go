@@ -114,6 +114,7 @@ func TestParseErrorsNameFileLineAndField(t *testing.T) {
 		{"group sharing a use type", "rules:\n  a: {window: fixed 1m, limit: 1}\n  b: {window: fixed 1h, limit: 1, use_type: a}\ngroups:\n  g: {rules: [a, b]}\n", `share use type "a"`},
 		{"group named like a rule", "rules:\n  a: {window: fixed 1m, limit: 1}\ngroups:\n  a: {rules: [a]}\n", "groups.a: a rule has the same name"},
 		{"empty group", "rules:\n  a: {window: fixed 1m, limit: 1}\ngroups:\n  g: {rules: []}\n", "r.yaml:4: groups.g.rules: want a list"},
+		{"group over MaxRules", "rules:\n  a: {window: fixed 1m, limit: 1}\ngroups:\n  g: {rules: [" + strings.TrimSuffix(strings.Repeat("a, ", countlimit.MaxRules+1), ", ") + "]}\n", "r.yaml:4: groups.g.rules: 65 rules, at most 64"},
 		{"no rules", "groups: {}\n", "r.yaml: no rules"},
 		{"not YAML", "rules: [\n", "r.yaml: yaml:"},
 		{"empty", "", "r.yaml: no rules"},
