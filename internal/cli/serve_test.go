@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -328,5 +329,87 @@ func TestServeLeaseKey(t *testing.T) {
 	}
 	if code, out := post(t, s.base+"/v1/release", `{"lease": "`+lease+`"}`); code != 200 || out["released"] != true {
 		t.Errorf("release: %d %v; want released", code, out)
+	}
+}
+
+// TestServeSilentConnsYield is issue 32's lock-out: with --max-conns 20,
+// 25 connections that send nothing, or a request line and headers a byte
+// at a time, or headers and then a body a byte at a time, must not keep a
+// new client from its answer. Before the cap yielded to new clients, it
+// got 503 until the server's header or read timeout (5 s, 10 s) closed
+// some of them.
+func TestServeSilentConnsYield(t *testing.T) {
+	t.Parallel()
+	s := launch(t, "--max-conns", "20")
+	addr := strings.TrimPrefix(s.base, "http://")
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var held []net.Conn
+	var once sync.Once
+	letGo := func() {
+		once.Do(func() {
+			close(stop)
+			wg.Wait()
+			for _, c := range held {
+				c.Close()
+			}
+		})
+	}
+	defer letGo()
+	for i := range 25 {
+		c, err := net.DialTimeout("tcp", addr, 10*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, c)
+		var slowly string
+		switch i % 3 {
+		case 0: // silent
+			continue
+		case 1:
+			slowly = "GET /healthz HTTP/1.1\r\nHost: countlimit\r\nX-Pad: " + strings.Repeat("a", 10000)
+		case 2:
+			if _, err := io.WriteString(c, "POST /v1/allow HTTP/1.1\r\nHost: countlimit\r\nContent-Length: 60000\r\n\r\n"); err != nil {
+				t.Fatal(err)
+			}
+			slowly = `{"rule": "sms.code", "id": "` + strings.Repeat("a", 10000)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range len(slowly) {
+				select {
+				case <-stop:
+					return
+				case <-time.After(10 * time.Millisecond):
+				}
+				if _, err := c.Write([]byte{slowly[i]}); err != nil {
+					return
+				}
+			}
+		}()
+	}
+
+	client := &http.Client{
+		Timeout:   30 * time.Second, // against a hang, not a timing assertion
+		Transport: &http.Transport{DisableKeepAlives: true},
+	}
+	for i := range 3 {
+		start := time.Now()
+		resp, err := client.Get(s.base + "/healthz")
+		if err != nil {
+			t.Errorf("client %d with 25 connections held without a request: %v", i, err)
+			continue
+		}
+		raw, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		// Well before the 5 s header timeout that would otherwise free a slot.
+		if took := time.Since(start); resp.StatusCode != 200 || took > 2500*time.Millisecond {
+			t.Errorf("client %d with 25 connections held without a request: %d %s after %v; want 200 at once", i, resp.StatusCode, raw, took)
+		}
+	}
+	letGo() // a handler reading a body would hold the shutdown
+	if code := s.stop(); code != cli.ExitOK {
+		t.Errorf("exit %d", code)
 	}
 }

@@ -2,11 +2,13 @@ package server_test
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"io"
 	"net"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -14,6 +16,7 @@ import (
 	"time"
 
 	"github.com/countlimit/countlimit/countlimit"
+	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/countlimit/memstore"
 	"github.com/countlimit/countlimit/internal/rulefile"
 	"github.com/countlimit/countlimit/internal/server"
@@ -271,6 +274,156 @@ func TestDefaultMaxConns(t *testing.T) {
 	} {
 		if got := server.DefaultMaxConns(tc.files, tc.store); got != tc.want {
 			t.Errorf("DefaultMaxConns(%d, %d) = %d, want %d", tc.files, tc.store, got, tc.want)
+		}
+	}
+}
+
+// gated is a store whose calls each wait, after a word on entered, until
+// open is closed.
+type gated struct {
+	driver.Store
+	entered chan struct{}
+	open    chan struct{}
+}
+
+func (g gated) Do(ctx context.Context, req *driver.Request) error {
+	g.entered <- struct{}{}
+	select {
+	case <-g.open:
+	case <-ctx.Done():
+		return driver.Unavailable(ctx.Err())
+	}
+	return g.Store.Do(ctx, req)
+}
+
+// trickle writes head to c a byte at a time, then 'a' after 'a', pausing
+// before each, until a write fails or stop is closed; it then reports on
+// cut whether a write failed.
+func trickle(c net.Conn, head string, stop <-chan struct{}, cut chan<- bool) {
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for i := 0; ; i++ {
+		select {
+		case <-stop:
+			cut <- false
+			return
+		case <-tick.C:
+		}
+		b := byte('a')
+		if i < len(head) {
+			b = head[i]
+		}
+		if _, err := c.Write([]byte{b}); err != nil {
+			cut <- true
+			return
+		}
+	}
+}
+
+// TestConnLimitYieldsToNewClients: at the cap, connections that hold a
+// slot without a request in progress (silent, trickling a request line
+// and headers, or trickling a body their handler waits for) give way to
+// new clients, who are served at once; connections whose handler is at
+// work keep their slot and get their answer.
+func TestConnLimitYieldsToNewClients(t *testing.T) {
+	t.Parallel()
+	const max = 4
+	store := memstore.New()
+	t.Cleanup(func() { store.Close() })
+	g := gated{Store: store, entered: make(chan struct{}, 1), open: make(chan struct{})}
+	cl := server.NewConnLimit(max, quiet)
+	api := server.New(server.Config{Limiter: countlimit.New(g), Rules: rulefile.Default(), Logger: quiet, Conns: cl, StoreTimeout: guard})
+	slowEntered, slowRelease := make(chan struct{}, 1), make(chan struct{})
+	mux := http.NewServeMux()
+	mux.Handle("/", api)
+	mux.HandleFunc("GET /slow", func(w http.ResponseWriter, r *http.Request) {
+		slowEntered <- struct{}{}
+		<-slowRelease
+		_, _ = io.WriteString(w, "done")
+	})
+	addr, idle := capped(t, cl, mux, nil)
+	stop := make(chan struct{})
+	t.Cleanup(func() { close(stop) })
+	// Released before the cleanups close the connections, should the test
+	// stop early: handlers must not outlive it.
+	defer func() {
+		select {
+		case <-slowRelease:
+		default:
+			close(slowRelease)
+			close(g.open)
+		}
+	}()
+
+	// Two connections at work: a handler that takes its time, and an allow
+	// whose body the server has read whole, waiting on its store.
+	slow := dial(t, addr)
+	if _, err := io.WriteString(slow, "GET /slow HTTP/1.1\r\nHost: countlimit\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	<-slowEntered
+	allow := dial(t, addr)
+	body := `{"rule": "sms.code", "id": "busy"}`
+	if _, err := io.WriteString(allow, "POST /v1/allow HTTP/1.1\r\nHost: countlimit\r\nContent-Length: "+strconv.Itoa(len(body))+"\r\n\r\n"+body); err != nil {
+		t.Fatal(err)
+	}
+	<-g.entered
+
+	// More connections than the cap of each kind that holds a slot without
+	// a request in progress: a body trickler (its handler reading the
+	// body), a silent one, a header trickler, and again.
+	const each = max + 2
+	cuts := make(chan bool, 2*each)
+	for i := range each {
+		b := dial(t, addr)
+		head := "POST /v1/allow HTTP/1.1\r\nHost: countlimit\r\nContent-Length: 60000\r\nExpect: 100-continue\r\n\r\n"
+		if _, err := io.WriteString(b, head); err != nil {
+			t.Fatal(err)
+		}
+		// 100 Continue: the handler is reading the body.
+		if code, _, err := readResponse(b); code != http.StatusContinue {
+			t.Errorf("body trickler %d: %d %v, want 100 Continue", i, code, err)
+			cuts <- true
+		} else {
+			go trickle(b, `{"rule": "sms.code", "id": "`, stop, cuts)
+		}
+		_ = dial(t, addr) // silent
+		go trickle(dial(t, addr), "GET /healthz HTTP/1.1\r\nHost: countlimit\r\nX-Pad: ", stop, cuts)
+	}
+
+	for i := range 3 {
+		start := time.Now()
+		code, body, err := get(dial(t, addr), "/healthz")
+		if took := time.Since(start); code != 200 || took > guard/3 {
+			t.Errorf("client %d over the cap: %d %q %v after %v; want 200 well before the header timeout (%v)", i, code, body, err, took, guard)
+			continue
+		}
+		waitIdle(t, idle)
+	}
+
+	close(slowRelease)
+	close(g.open)
+	if code, body, err := readResponse(slow); code != 200 || body != "done" {
+		t.Errorf("the slow handler's connection: %d %q %v; want its answer", code, body, err)
+	}
+	if code, body, err := readResponse(allow); code != 200 || !strings.Contains(body, `"allowed":true`) {
+		t.Errorf("the allow waiting on its store: %d %q %v; want its answer", code, body, err)
+	}
+	if st := cl.Stats(); st.Refused != 0 || st.Open != max {
+		t.Errorf("stats %+v, want none refused, %d open", st, max)
+	}
+	if t.Failed() {
+		return
+	}
+	// Oldest first, the newcomers left none of the tricklers open.
+	for range 2 * each {
+		select {
+		case cut := <-cuts:
+			if !cut {
+				t.Fatal("a trickler's connection is still open")
+			}
+		case <-time.After(guard):
+			t.Fatal("a trickler's connection is still open")
 		}
 	}
 }
