@@ -164,12 +164,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	base, cancelBase := context.WithCancel(context.Background())
 	defer cancelBase()
 	newServer := func(h http.Handler) *http.Server {
-		var connState func(net.Conn, http.ConnState)
-		if conns != nil {
-			connState = conns.ConnState
-		}
-		return &http.Server{
-			ConnState:         connState,
+		srv := &http.Server{
 			BaseContext:       func(net.Listener) context.Context { return base },
 			Handler:           h,
 			ReadHeaderTimeout: 5 * time.Second,
@@ -179,6 +174,10 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			MaxHeaderBytes:    64 << 10,
 			ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 		}
+		if conns != nil {
+			conns.Install(srv)
+		}
+		return srv
 	}
 	type listening struct {
 		srv *http.Server

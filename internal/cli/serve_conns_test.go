@@ -87,7 +87,7 @@ func TestServeIdleConnsAtFileLimit(t *testing.T) {
 				t.Errorf("the serving child: %v\n%s", err, stderr.String())
 			}
 			// The cap made the room, not something else.
-			if !t.Failed() && !strings.Contains(stderr.String(), "closing the longest idle keep-alive connection") {
+			if !t.Failed() && !strings.Contains(stderr.String(), "closing the connection longest without a request in progress") {
 				t.Errorf("the serving child never closed an idle connection:\n%s", stderr.String())
 			}
 		case <-time.After(60 * time.Second): // against a hang, not a timing assertion

@@ -21,8 +21,18 @@ import (
 // it too slowly for the server's ReadTimeout, 400 otherwise. The read
 // error's own text names socket addresses ("read tcp 10.0.0.1:8080->..."),
 // so it goes to the debug log, never to the client.
+//
+// Until the body is whole the request is not in progress: under a
+// ConnLimit at its cap, a new connection may take this one's slot (see
+// awaitBody). readBody then answers nothing, and the request is dropped
+// unanswered and not acted on.
 func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
+	received := awaitBody(r)
 	raw, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
+	if !received() {
+		s.log.Debug("a connection sending its request body was closed for a new one", "path", r.URL.Path)
+		return nil, false
+	}
 	if err == nil {
 		return raw, true
 	}

@@ -2,6 +2,7 @@ package server
 
 import (
 	"container/list"
+	"context"
 	"errors"
 	"io"
 	"log/slog"
@@ -20,45 +21,73 @@ import (
 // nothing, so every new request waits until some connection closes, which
 // for idle keep-alive connections is the server's IdleTimeout.
 //
-// At the cap, a new connection is let in by closing the connection that
-// has been idle longest (waiting for its next request, in
-// http.StateIdle): its client loses nothing but a connection it was not
-// using and reconnects when it needs one. When no connection is idle (all
-// are reading or answering a request), the new connection is refused at
-// once: it is answered 503 with "Connection: close" and closed, without
-// reading its request, so a client may see the connection reset instead.
-// Refusing keeps the files below the limit for the store's connections
-// and the requests in flight, and a client learns at once that it should
-// retry rather than waiting in the listen queue. Connections that have not
-// yet sent a request (http.StateNew) are not closed for others: they are
-// bounded by the server's ReadHeaderTimeout.
+// The cap yields to new clients. At the cap, a new connection is let in by
+// closing the open connection that has gone longest without a request in
+// progress, that is without a handler at work on a whole request. That is
+// a connection idle between requests (http.StateIdle), or one whose
+// request is incomplete: new and silent, sending its request line or
+// headers (however slowly), or sending a body its handler waits for (see
+// below). Each such connection queues from the instant it began to wait:
+// when it was accepted, turned idle, or its handler began to read its
+// body. Whatever the server has not begun to act on is lost with it, and
+// nothing else: an idle client reconnects when it needs to, and a request
+// closed before it was whole was never answered or counted, so it may be
+// sent again.
 //
-// A request that arrives on an idle connection as it is closed fails as it
-// would at the server's IdleTimeout; HTTP clients retry idempotent
-// requests on a new connection.
+// A handler at work keeps its connection: from the moment the server has
+// read a request's headers and called its handler, until the response is
+// written, the connection is never closed for another. When every open
+// connection is at work, the new connection is refused at once: it is
+// answered 503 with "Connection: close" and closed, without reading its
+// request, so a client may see the connection reset instead. Refusing
+// keeps the files below the limit for the store's connections and the
+// requests in flight, and a client learns at once that it should retry
+// rather than waiting in the listen queue.
 //
-// Install it on each server with both its Listener and its ConnState; the
-// servers then share the cap. Hijacked connections count until closed.
-// Its methods are safe for concurrent use.
+// A body is part of the request: a handler that is waiting for the rest of
+// its body has acted on nothing yet. A handler that reads its body with
+// awaitBody (the service's handlers do, through readBody) gives its
+// connection back to the queue while it reads, and acts on the request
+// only if the connection was not given to a new client meanwhile.
+// Otherwise a client that sends headers and then trickles a body within
+// the server's ReadTimeout would hold its slot against every newcomer as a
+// silent one did, and a cap's worth of such clients would lock everyone
+// else out; a shorter ReadTimeout would only shorten each hold, not stop
+// them being renewed. A handler that does not read its body that way is
+// at work from its start.
+//
+// A request that arrives on a connection as it is closed fails as it would
+// at the server's IdleTimeout; HTTP clients retry idempotent requests on a
+// new connection.
+//
+// Serve each server on l.Listener and Install l on it; the servers then
+// share the cap. A connection that no installed server serves is never
+// closed for another: a listener without Install only refuses at the cap.
+// Hijacked connections count until closed, at work. Its methods are safe
+// for concurrent use.
 type ConnLimit struct {
 	max int
 	log *slog.Logger
 
 	mu   sync.Mutex
-	open int       // admitted and not closed: each holds a file
-	idle list.List // of *limitedConn, longest idle first
+	open int // admitted and not closed: each holds a file
+	// The connections without a request in progress, the longest waiting
+	// first: what may be closed for a new connection.
+	waiting list.List // of *limitedConn
+	idle    int       // how many in waiting are idle between requests
 	// What was logged since open connections were last well below the cap.
-	warnedIdle, warnedRefused, warnedFiles bool
+	warnedYield, warnedRefused, warnedFiles bool
 
-	idleClosed atomic.Uint64
-	refused    atomic.Uint64
+	idleClosed       atomic.Uint64
+	incompleteClosed atomic.Uint64
+	refused          atomic.Uint64
 }
 
 // NewConnLimit returns a ConnLimit of n connections (at least 1). log
-// (default slog.Default()) hears the first idle connection closed and the
-// first connection refused, and hears them again once open connections
-// have fallen to three quarters of the cap: one line per flood, not one
-// per connection.
+// (default slog.Default()) hears the first connection closed for a new one
+// and the first connection refused, and hears them again once open
+// connections have fallen to three quarters of the cap: one line per
+// flood, not one per connection.
 func NewConnLimit(n int, log *slog.Logger) *ConnLimit {
 	if log == nil {
 		log = slog.Default()
@@ -71,40 +100,168 @@ func (l *ConnLimit) Max() int { return l.max }
 
 // ConnStats is a ConnLimit's state.
 type ConnStats struct {
-	Open, Idle int    // connections open now, and how many of them are idle
-	IdleClosed uint64 // idle connections closed to make room for new ones
-	Refused    uint64 // new connections refused because none was idle
+	// Connections open now; how many of them are idle between requests;
+	// how many hold an incomplete request (new, silent, or sending its
+	// request line, headers or a body that its handler waits for). The
+	// rest are at work on a request.
+	Open, Idle, Incomplete int
+	// Connections closed to make room for new ones: idle ones, and ones
+	// whose request was incomplete.
+	IdleClosed, IncompleteClosed uint64
+	// New connections refused because every open one was at work.
+	Refused uint64
 }
 
 // Stats returns l's state.
 func (l *ConnLimit) Stats() ConnStats {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return ConnStats{Open: l.open, Idle: l.idle.Len(), IdleClosed: l.idleClosed.Load(), Refused: l.refused.Load()}
+	return ConnStats{
+		Open: l.open, Idle: l.idle, Incomplete: l.waiting.Len() - l.idle,
+		IdleClosed: l.idleClosed.Load(), IncompleteClosed: l.incompleteClosed.Load(), Refused: l.refused.Load(),
+	}
 }
 
 // Listener returns ln with its connections counted against l: hand it to
-// the http.Server whose ConnState is l.ConnState.
+// an http.Server that l is installed on.
 func (l *ConnLimit) Listener(ln net.Listener) net.Listener {
 	return &limitedListener{Listener: ln, l: l}
 }
 
-// ConnState tracks which connections are idle; set it as the
-// http.Server's ConnState (calling it from a hook of one's own is fine).
-func (l *ConnLimit) ConnState(nc net.Conn, state http.ConnState) {
+// Install makes srv tell l which of its connections have a request in
+// progress: it sets srv's ConnContext, ConnState and Handler, each calling
+// the one srv had (a nil Handler is http.DefaultServeMux). Call it before
+// srv serves, and serve srv on l.Listener.
+func (l *ConnLimit) Install(srv *http.Server) {
+	connContext, connState, h := srv.ConnContext, srv.ConnState, srv.Handler
+	if h == nil {
+		h = http.DefaultServeMux
+	}
+	srv.ConnContext = func(ctx context.Context, nc net.Conn) context.Context {
+		if connContext != nil {
+			ctx = connContext(ctx, nc)
+		}
+		c, ok := nc.(*limitedConn)
+		if !ok || c.l != l {
+			return ctx
+		}
+		// The server is about to serve c, and it has sent nothing yet.
+		l.mu.Lock()
+		l.wait(c, false)
+		l.mu.Unlock()
+		return context.WithValue(ctx, connKey{}, c)
+	}
+	srv.ConnState = func(nc net.Conn, state http.ConnState) {
+		l.connState(nc, state)
+		if connState != nil {
+			connState(nc, state)
+		}
+	}
+	srv.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if c := requestConn(r); c != nil && c.l == l && !l.work(c) {
+			// Given to a new connection as its headers became whole: the
+			// client sees its connection closed, and nothing is done.
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// connKey is the context key of a request's *limitedConn.
+type connKey struct{}
+
+// requestConn returns the counted connection r came on, or nil. Only
+// HTTP/1 requests have one: HTTP/2 streams share a connection.
+func requestConn(r *http.Request) *limitedConn {
+	if r.ProtoMajor != 1 {
+		return nil
+	}
+	c, _ := r.Context().Value(connKey{}).(*limitedConn)
+	return c
+}
+
+// connState follows the server's states of l's connections.
+func (l *ConnLimit) connState(nc net.Conn, state http.ConnState) {
 	c, ok := nc.(*limitedConn)
 	if !ok || c.l != l {
 		return
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	switch {
-	case state == http.StateIdle && c.elem == nil && !c.gone:
-		c.elem = l.idle.PushBack(c)
-	case state != http.StateIdle && c.elem != nil:
-		l.idle.Remove(c.elem)
-		c.elem = nil
+	switch state {
+	case http.StateIdle:
+		l.wait(c, true)
+	case http.StateActive:
+		// Bytes of the next request came. Not at work until its handler
+		// starts: it keeps its place, no longer idle.
+		if c.elem != nil && c.idle {
+			c.idle = false
+			l.idle--
+		}
+	case http.StateHijacked:
+		l.unwait(c)
 	}
+}
+
+// wait queues c, last, as holding its slot without a request in
+// progress: idle between requests, or else with an incomplete request.
+// l.mu must be held.
+func (l *ConnLimit) wait(c *limitedConn, idle bool) {
+	if c.gone {
+		return
+	}
+	l.unwait(c)
+	c.elem = l.waiting.PushBack(c)
+	c.idle = idle
+	if idle {
+		l.idle++
+	}
+}
+
+// unwait takes c out of the queue, if it is there. l.mu must be held.
+func (l *ConnLimit) unwait(c *limitedConn) {
+	if c.elem == nil {
+		return
+	}
+	l.waiting.Remove(c.elem)
+	c.elem = nil
+	if c.idle {
+		l.idle--
+	}
+}
+
+// work marks c at work on a request, never to be closed for another until
+// it waits again, and reports whether c is still open and counted. False
+// means that c was closed, or given to a new connection that will close it
+// at once: work closes it first, so that nothing the server writes on it
+// can reach the client, and its request must not be acted on.
+func (l *ConnLimit) work(c *limitedConn) bool {
+	l.mu.Lock()
+	l.unwait(c)
+	gone := c.gone
+	l.mu.Unlock()
+	if gone {
+		_ = c.Close()
+	}
+	return !gone
+}
+
+// awaitBody gives r's connection back to the queue of connections without
+// a request in progress while r's handler reads its body; received marks
+// it at work again once the body is read (or reading failed) and reports
+// whether it may still be answered. When received reports false the
+// connection went to a new client, and the handler must act on nothing;
+// its answer would go nowhere. A request with no body, or on a connection
+// no ConnLimit counts, is at work throughout.
+func awaitBody(r *http.Request) (received func() bool) {
+	c := requestConn(r)
+	if c == nil || r.Body == nil || r.Body == http.NoBody {
+		return func() bool { return true }
+	}
+	c.l.mu.Lock()
+	c.l.wait(c, false)
+	c.l.mu.Unlock()
+	return func() bool { return c.l.work(c) }
 }
 
 type limitedListener struct {
@@ -114,14 +271,14 @@ type limitedListener struct {
 
 // Accept returns the next connection admitted. A listener out of files
 // while below the cap (the files went to something else: the store's
-// connections, a log) closes the longest idle connection and accepts
-// again, rather than leave the server to back off and retry while the
-// connection waits in the listen queue.
+// connections, a log) closes the connection longest without a request in
+// progress and accepts again, rather than leave the server to back off and
+// retry while the connection waits in the listen queue.
 func (ln *limitedListener) Accept() (net.Conn, error) {
 	for {
 		nc, err := ln.Listener.Accept()
 		if err != nil {
-			if outOfFiles(err) && ln.l.closeIdle() {
+			if outOfFiles(err) && ln.l.closeWaiting() {
 				continue
 			}
 			return nil, err
@@ -136,69 +293,76 @@ func outOfFiles(err error) bool {
 	return errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE)
 }
 
-// admit counts nc in, closing the longest idle connection when at the cap
-// to make room; with none idle it refuses nc and returns nil.
+// admit counts nc in, closing the connection longest without a request in
+// progress when at the cap to make room; with every connection at work it
+// refuses nc and returns nil.
 func (l *ConnLimit) admit(nc net.Conn) *limitedConn {
 	l.mu.Lock()
 	var victim *limitedConn
 	if l.open >= l.max {
-		victim = l.takeIdle()
+		victim = l.takeWaiting()
 		if victim == nil {
 			warn := !l.warnedRefused
 			l.warnedRefused = true
 			l.mu.Unlock()
 			l.refused.Add(1)
 			if warn {
-				l.log.Warn("open connections at the cap and none idle: refusing new connections with 503 until one closes", "max_conns", l.max)
+				l.log.Warn("open connections at the cap and every one at work on a request: refusing new connections with 503 until one closes or waits", "max_conns", l.max)
 			}
 			refuse(nc)
 			return nil
 		}
-		victim.gone = true // its slot is the newcomer's
 	} else {
 		l.open++
 	}
 	c := &limitedConn{Conn: nc, l: l}
-	warn := victim != nil && !l.warnedIdle
-	l.warnedIdle = l.warnedIdle || victim != nil
+	warn := victim != nil && !l.warnedYield
+	l.warnedYield = l.warnedYield || victim != nil
 	l.mu.Unlock()
 	if victim != nil {
-		l.idleClosed.Add(1)
 		if warn {
-			l.log.Warn("open connections at the cap: closing the longest idle keep-alive connection for each new one", "max_conns", l.max)
+			l.log.Warn("open connections at the cap: closing the connection longest without a request in progress (idle, or its request incomplete) for each new one", "max_conns", l.max)
 		}
 		_ = victim.Close()
 	}
 	return c
 }
 
-// takeIdle takes the longest idle connection off the idle list and
-// returns it, or nil when none is idle. l.mu must be held.
-func (l *ConnLimit) takeIdle() *limitedConn {
-	e := l.idle.Front()
+// takeWaiting takes the connection longest without a request in progress
+// out of the queue and out of the count (its slot is the caller's), and
+// returns it for the caller to close; nil when every connection is at
+// work. l.mu must be held.
+func (l *ConnLimit) takeWaiting() *limitedConn {
+	e := l.waiting.Front()
 	if e == nil {
 		return nil
 	}
-	c := l.idle.Remove(e).(*limitedConn)
-	c.elem = nil
+	c := e.Value.(*limitedConn)
+	if c.idle {
+		l.idleClosed.Add(1)
+	} else {
+		l.incompleteClosed.Add(1)
+	}
+	l.unwait(c)
+	c.gone = true
 	return c
 }
 
-// closeIdle closes the longest idle connection to free its file, and
-// reports whether there was one.
-func (l *ConnLimit) closeIdle() bool {
+// closeWaiting closes the connection longest without a request in
+// progress to free its file, and reports whether there was one.
+func (l *ConnLimit) closeWaiting() bool {
 	l.mu.Lock()
-	victim := l.takeIdle()
+	victim := l.takeWaiting()
 	if victim == nil {
 		l.mu.Unlock()
 		return false
 	}
+	l.open-- // its file is freed, not passed on
 	warn := !l.warnedFiles
 	l.warnedFiles = true
 	l.mu.Unlock()
-	l.idleClosed.Add(1)
 	if warn {
-		l.log.Warn("out of files below the connection cap: closing idle connections to accept new ones; lower the cap or raise the file limit", "max_conns", l.max)
+		l.log.Warn("out of files below the connection cap: closing connections without a request in progress to accept new ones; lower the cap or raise the file limit", "max_conns", l.max)
 	}
 	_ = victim.Close()
 	return true
@@ -208,17 +372,14 @@ func (l *ConnLimit) closeIdle() bool {
 func (l *ConnLimit) release(c *limitedConn) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if c.elem != nil {
-		l.idle.Remove(c.elem)
-		c.elem = nil
-	}
+	l.unwait(c)
 	if c.gone {
 		return
 	}
 	c.gone = true
 	l.open--
 	if l.open <= l.max-l.max/4 {
-		l.warnedIdle, l.warnedRefused, l.warnedFiles = false, false, false
+		l.warnedYield, l.warnedRefused, l.warnedFiles = false, false, false
 	}
 }
 
@@ -246,8 +407,12 @@ type limitedConn struct {
 	net.Conn
 	l      *ConnLimit
 	closed atomic.Bool
-	elem   *list.Element // in l.idle while idle; guarded by l.mu
-	gone   bool          // no longer counted in l.open; guarded by l.mu
+	// Guarded by l.mu: its place in l.waiting while it has no request in
+	// progress, whether it is idle there, and whether it no longer counts
+	// in l.open (closed, or its slot given to a new connection).
+	elem *list.Element
+	idle bool
+	gone bool
 }
 
 func (c *limitedConn) Close() error {

@@ -43,12 +43,12 @@ func capped(t *testing.T, cl *server.ConnLimit, h http.Handler, wrap func(net.Li
 		Handler:           h,
 		ReadHeaderTimeout: guard,
 		ConnState: func(c net.Conn, s http.ConnState) {
-			cl.ConnState(c, s)
 			if s == http.StateIdle {
 				idle <- c
 			}
 		},
 	}
+	cl.Install(srv)
 	go srv.Serve(cl.Listener(ln))
 	t.Cleanup(func() { srv.Close() })
 	return ln.Addr().String(), idle
@@ -140,7 +140,7 @@ func TestConnLimitClosesLongestIdle(t *testing.T) {
 		t.Fatalf("the new connection's second request: %d %v", code, err)
 	}
 	waitIdle(t, idle)
-	if st := cl.Stats(); st.Open != 2 || st.Idle != 2 || st.IdleClosed != 1 || st.Refused != 0 {
+	if st := cl.Stats(); st.Open != 2 || st.Idle != 2 || st.Incomplete != 0 || st.IdleClosed != 1 || st.IncompleteClosed != 0 || st.Refused != 0 {
 		t.Errorf("stats %+v, want 2 open, 2 idle, 1 idle closed", st)
 	}
 	_, body, _ := get(c, "/metrics")
@@ -148,6 +148,7 @@ func TestConnLimitClosesLongestIdle(t *testing.T) {
 		"countlimit_http_connections_max 2\n",
 		"countlimit_http_connections_open 2\n",
 		"countlimit_http_connections_idle_closed_total 1\n",
+		"countlimit_http_connections_incomplete_closed_total 0\n",
 		"countlimit_http_connections_refused_total 0\n",
 	} {
 		if !strings.Contains(body, want) {
@@ -409,13 +410,14 @@ func TestConnLimitYieldsToNewClients(t *testing.T) {
 	if code, body, err := readResponse(allow); code != 200 || !strings.Contains(body, `"allowed":true`) {
 		t.Errorf("the allow waiting on its store: %d %q %v; want its answer", code, body, err)
 	}
-	if st := cl.Stats(); st.Refused != 0 || st.Open != max {
-		t.Errorf("stats %+v, want none refused, %d open", st, max)
+	// Oldest first: every trickler and silent connection made room, and the
+	// first client's idle connection for the third.
+	if st := cl.Stats(); st.Refused != 0 || st.Open != max || st.IncompleteClosed != 3*each || st.IdleClosed != 1 {
+		t.Errorf("stats %+v, want none refused, %d open, %d incomplete and 1 idle closed", st, max, 3*each)
 	}
 	if t.Failed() {
 		return
 	}
-	// Oldest first, the newcomers left none of the tricklers open.
 	for range 2 * each {
 		select {
 		case cut := <-cuts:

@@ -130,9 +130,13 @@ func connCollectors(l *ConnLimit) []prometheus.Collector {
 			func(s ConnStats) int { return s.Open }),
 		gauge("countlimit_http_connections_idle", "Open HTTP connections idle between requests.",
 			func(s ConnStats) int { return s.Idle }),
+		gauge("countlimit_http_connections_incomplete", "Open HTTP connections whose request is incomplete: new, silent, or sending its request line, headers or body.",
+			func(s ConnStats) int { return s.Incomplete }),
 		counter("countlimit_http_connections_idle_closed_total", "Idle HTTP connections closed to make room for new ones.",
 			func(s ConnStats) uint64 { return s.IdleClosed }),
-		counter("countlimit_http_connections_refused_total", "New HTTP connections refused (503) at the cap with none idle.",
+		counter("countlimit_http_connections_incomplete_closed_total", "HTTP connections whose request was incomplete closed to make room for new ones.",
+			func(s ConnStats) uint64 { return s.IncompleteClosed }),
+		counter("countlimit_http_connections_refused_total", "New HTTP connections refused (503) at the cap with every one at work on a request.",
 			func(s ConnStats) uint64 { return s.Refused }),
 	}
 }
