@@ -60,8 +60,10 @@ it; a second one stops it at once.
 
 --max-conns caps the open HTTP connections: each holds a file, and a
 process out of files accepts nothing. At the cap a new connection closes
-the keep-alive connection idle longest; when none is idle it is refused at
-once (503, Connection: close). 0, the default, is the file limit
+the connection longest without a request in progress: idle, silent, or
+still sending its request line, headers or body. A request whose handler
+is at work is never closed; when every connection is at work a new one is
+refused at once (503, Connection: close). 0, the default, is the file limit
 (RLIMIT_NOFILE) less the store's pool and an eighth of the limit (at least
 64) for the rest of the process, never below a quarter of the limit; no cap
 where the system sets no file limit. The "serving" log line says the cap.
