@@ -135,3 +135,73 @@ func TestClientWaitsForAFreeDatabase(t *testing.T) {
 		t.Error("the holder leased no database")
 	}
 }
+
+// TestOthersKeysAreLeftAlone: a database that holds a key no test wrote
+// (a developer's own, in their local Redis) is never handed out, so never
+// flushed; the key is there after the tests, however many databases they
+// take.
+func TestOthersKeysAreLeftAlone(t *testing.T) {
+	ctx := context.Background()
+	server := testenv.RedisURL(t)
+	opts, err := redisurl.Options(server)
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin := redisurl.OnDB(opts, 0)
+	defer admin.Close()
+
+	// A database of someone else's: leased while the key is written, so no
+	// test takes it meanwhile, then let go without a flush or a claim.
+	l, err := redisdb.Acquire(ctx, server)
+	if err != nil {
+		t.Fatal(err)
+	}
+	theirs, err := redisurl.Options(l.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	own := redisurl.OnDB(opts, theirs.DB)
+	defer own.Close()
+	if err := admin.Del(ctx, redisdb.ClaimPrefix+strconv.Itoa(theirs.DB)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := own.Set(ctx, "someone:else", "keep me", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { own.Del(context.Background(), "someone:else") })
+	if err := admin.Del(ctx, redisdb.LeasePrefix+strconv.Itoa(theirs.DB)).Err(); err != nil {
+		t.Fatal(err)
+	}
+
+	t.Run("every database the tests can take", func(h *testing.T) {
+		for range 64 {
+			c := redisstoretest.Client(h)
+			if c.Options().DB == theirs.DB {
+				h.Fatalf("database %d, which holds a key no test wrote, was handed out", theirs.DB)
+			}
+			if admin.Exists(ctx, redisdb.LeasePrefix+strconv.Itoa(theirs.DB)).Val() == 0 && freeLeft(ctx, admin, opts, theirs.DB) == 0 {
+				break
+			}
+		}
+	})
+	if v, err := own.Get(ctx, "someone:else").Result(); err != nil || v != "keep me" {
+		t.Errorf("the key in database %d after the tests: %q, %v; want it kept", theirs.DB, v, err)
+	}
+	_ = l // its lease was let go above; Release would flush their database
+}
+
+// freeLeft counts the databases no lease holds, but skip (and 0 and the
+// URL's).
+func freeLeft(ctx context.Context, admin *redis.Client, opts *redis.Options, skip int) int {
+	n, err := strconv.Atoi(admin.ConfigGet(ctx, "databases").Val()["databases"])
+	if err != nil {
+		return 0
+	}
+	k := 0
+	for db := 1; db < n; db++ {
+		if db != opts.DB && db != skip && admin.Exists(ctx, redisdb.LeasePrefix+strconv.Itoa(db)).Val() == 0 {
+			k++
+		}
+	}
+	return k
+}
