@@ -1,0 +1,9 @@
+package redisserver
+
+import "syscall"
+
+// procAttr has the kernel kill the server when the test process dies, so
+// that a test binary killed by its timeout leaves no server behind.
+func procAttr() *syscall.SysProcAttr {
+	return &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+}

@@ -1,0 +1,9 @@
+//go:build unix && !linux
+
+package redisserver
+
+import "syscall"
+
+// procAttr is nil where the kernel has no parent-death signal: a server
+// outlives a test binary killed by its timeout.
+func procAttr() *syscall.SysProcAttr { return nil }
