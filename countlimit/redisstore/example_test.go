@@ -76,3 +76,22 @@ func ExampleStore_CheckEviction() {
 		log.Printf("Redis did not answer: %v", err)
 	}
 }
+
+// At start, and in a health check, ask whether Redis keeps counts across a
+// restart: one that persists nothing comes back empty and admits every id
+// anew. Whether that is acceptable is yours to decide, so warn rather than
+// fail. (Compiled, not run: it needs Redis at that address.)
+func ExampleStore_CheckPersistence() {
+	client := redis.NewClient(&redis.Options{Addr: "localhost:6379", ContextTimeoutEnabled: true})
+	defer client.Close()
+	store := redisstore.New(client)
+
+	switch err := store.CheckPersistence(context.Background()); {
+	case errors.Is(err, redisstore.ErrNoPersistence):
+		log.Printf("warning: %v", err) // a restart forgets every count
+	case errors.Is(err, redisstore.ErrPolicyUnknown):
+		log.Printf("make sure Redis persists (AOF or snapshots) if counts must outlive a restart: %v", err) // CONFIG refused
+	case err != nil:
+		log.Printf("Redis did not answer: %v", err)
+	}
+}

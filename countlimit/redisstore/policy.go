@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -14,7 +15,8 @@ import (
 	"github.com/countlimit/countlimit/countlimit/driver"
 )
 
-// PolicyCheckInterval is how long CheckEviction keeps the server's answer.
+// PolicyCheckInterval is how long CheckEviction and CheckPersistence keep
+// the server's answer.
 const PolicyCheckInterval = time.Minute
 
 // ErrEvictionPolicy is in the error of CheckEviction, with
@@ -22,11 +24,21 @@ const PolicyCheckInterval = time.Minute
 // noeviction.
 var ErrEvictionPolicy = errors.New("redisstore: maxmemory-policy evicts keys")
 
-// ErrPolicyUnknown is in the error of CheckEviction when a server answers
-// but will not say its maxmemory-policy: an ACL user without +config, a
-// managed service or a proxy that hides or renames CONFIG. The store works;
-// make sure of the policy where the service is set up.
-var ErrPolicyUnknown = errors.New("redisstore: could not check maxmemory-policy")
+// ErrNoPersistence is what CheckPersistence returns when a server keeps its
+// data in memory only: neither AOF (appendonly yes) nor RDB snapshots (a
+// save schedule) are on. It is not countlimit.ErrUnavailable: the store
+// works, and forgets every count when that server restarts. Its text names
+// no address or user, so that a health endpoint may show it.
+var ErrNoPersistence = errors.New(`redisstore: Redis persists nothing (appendonly no, save ""): ` +
+	"a restart forgets every count, penalty, sliding log and lease, and every id is allowed anew; " +
+	"turn on AOF (appendonly yes) or RDB snapshots (save) if counts must outlive a restart")
+
+// ErrPolicyUnknown is in the error of CheckEviction and CheckPersistence
+// when a server answers but will not say the setting asked for: an ACL
+// user without +config, a managed service or a proxy that hides or renames
+// CONFIG. The store works; make sure of the setting where the service is
+// set up.
+var ErrPolicyUnknown = errors.New("redisstore: could not read the server's configuration")
 
 // evictionError is the error for a server whose policy evicts. Its text
 // names the policy and no address or user, so that a health endpoint may
@@ -40,7 +52,7 @@ func (e *evictionError) Error() string {
 
 func (e *evictionError) Is(target error) bool { return target == ErrEvictionPolicy }
 
-// policyAnswer is CheckEviction's kept answer and when it was asked.
+// policyAnswer is a check's kept answer and when it was asked.
 type policyAnswer struct {
 	err error
 	at  time.Time
@@ -72,29 +84,68 @@ type policyAnswer struct {
 // again at the next call. Checks never call it: the policy is reported, not
 // enforced. It is safe for concurrent use.
 func (s *Store) CheckEviction(ctx context.Context) error {
+	return s.checkKept(ctx, &s.policy, policyOf, ErrEvictionPolicy, "maxmemory-policy")
+}
+
+// CheckPersistence reports whether the server keeps its data across a
+// restart. A Redis with neither AOF nor RDB snapshots comes back from a
+// restart empty: every count, penalty, sliding log and lease is gone, and
+// every id is allowed again as if it had never been seen, with no error.
+// Many caches run so on purpose; whether rate limits may is the
+// operator's choice, so this is a warning to show, not a failure. What
+// snapshots, AOF and a failover to a replica can lose is in the package
+// doc, under Persistence.
+//
+// It asks the server with CONFIG GET appendonly and, when AOF is off,
+// CONFIG GET save (on a Cluster every master, on a Ring every shard) and
+// returns:
+//
+//   - nil when appendonly is yes or save holds a schedule;
+//   - ErrNoPersistence when appendonly is no and save is empty (on a
+//     Cluster or a Ring, on any of its servers); it is not
+//     countlimit.ErrUnavailable;
+//   - when the server refuses CONFIG GET or does not say, an error wrapping
+//     ErrPolicyUnknown and the server's reply;
+//   - when the server does not answer, or is loading, an error wrapping
+//     countlimit.ErrUnavailable.
+//
+// It sees the servers the client talks to, not their replicas: a master
+// without persistence whose replicas persist is reported, since a restart
+// of that master empties it, and its replicas follow it. Answers are kept
+// as CheckEviction keeps them, for PolicyCheckInterval, each check its
+// own. Checks never call it. It is safe for concurrent use.
+func (s *Store) CheckPersistence(ctx context.Context) error {
+	return s.checkKept(ctx, &s.persistence, persistenceOf, ErrNoPersistence, "appendonly")
+}
+
+// checkKept returns kept's answer while it is younger than
+// PolicyCheckInterval, else asks each server with of (see askEach) and
+// keeps what they answered. bad is the finding of of, and what names the
+// setting for an error that reaches no server.
+func (s *Store) checkKept(ctx context.Context, kept *atomic.Pointer[policyAnswer], of func(context.Context, redis.Cmdable) error, bad error, what string) error {
 	now := s.now()
-	if a := s.policy.Load(); a != nil {
+	if a := kept.Load(); a != nil {
 		if age := now.Sub(a.at); age >= 0 && age < PolicyCheckInterval {
 			return a.err
 		}
 	}
-	err := s.askPolicy(ctx)
-	if !errors.Is(err, countlimit.ErrUnavailable) || errors.Is(err, ErrEvictionPolicy) {
-		s.policy.Store(&policyAnswer{err: err, at: now})
+	err := s.askEach(ctx, of, bad, what)
+	if !errors.Is(err, countlimit.ErrUnavailable) || errors.Is(err, bad) {
+		kept.Store(&policyAnswer{err: err, at: now})
 	}
 	return err
 }
 
-// askPolicy asks each server that holds counters for its policy. Of their
-// answers, an evicting policy wins over a server that did not answer, which
-// wins over one that would not say.
-func (s *Store) askPolicy(ctx context.Context) error {
+// askEach asks each server that holds counters with of. Of their answers,
+// bad wins over a server that did not answer, which wins over one that
+// would not say.
+func (s *Store) askEach(ctx context.Context, of func(context.Context, redis.Cmdable) error, bad error, what string) error {
 	var (
 		mu   sync.Mutex
 		errs []error
 	)
 	ask := func(ctx context.Context, c redis.Cmdable) error {
-		err := policyOf(ctx, c)
+		err := of(ctx, c)
 		mu.Lock()
 		errs = append(errs, err)
 		mu.Unlock()
@@ -110,10 +161,10 @@ func (s *Store) askPolicy(ctx context.Context) error {
 		err = ask(ctx, c)
 	}
 	if err != nil {
-		errs = append(errs, driver.Unavailable(fmt.Errorf("redisstore: CONFIG GET maxmemory-policy: %w", err)))
+		errs = append(errs, driver.Unavailable(fmt.Errorf("redisstore: CONFIG GET %s: %w", what, err)))
 	}
 	for _, is := range []func(error) bool{
-		func(err error) bool { return errors.Is(err, ErrEvictionPolicy) },
+		func(err error) bool { return errors.Is(err, bad) },
 		func(err error) bool { return errors.Is(err, countlimit.ErrUnavailable) },
 		func(err error) bool { return err != nil },
 	} {
@@ -132,23 +183,55 @@ var transient = [...]string{"LOADING ", "MASTERDOWN ", "BUSY ", "TRYAGAIN ", "CL
 
 // policyOf asks one server for its policy.
 func policyOf(ctx context.Context, c redis.Cmdable) error {
-	m, err := c.ConfigGet(ctx, "maxmemory-policy").Result()
-	var rerr redis.Error
+	p, err := configGet(ctx, c, "maxmemory-policy")
 	switch {
-	case err == nil:
-	case errors.As(err, &rerr) && !hasPrefix(rerr.Error(), transient[:]):
-		return fmt.Errorf("%w: %w", ErrPolicyUnknown, err)
-	default:
-		return driver.Unavailable(fmt.Errorf("redisstore: CONFIG GET maxmemory-policy: %w", err))
-	}
-	p, ok := m["maxmemory-policy"]
-	switch {
-	case !ok:
-		return fmt.Errorf("%w: CONFIG GET maxmemory-policy answered no policy", ErrPolicyUnknown)
+	case err != nil:
+		return err
 	case p != "noeviction":
 		return driver.Unavailable(&evictionError{policy: p})
 	}
 	return nil
+}
+
+// persistenceOf asks one server whether it writes an AOF or takes RDB
+// snapshots.
+func persistenceOf(ctx context.Context, c redis.Cmdable) error {
+	aof, err := configGet(ctx, c, "appendonly")
+	switch {
+	case err != nil:
+		return err
+	case aof == "yes":
+		return nil
+	case aof != "no":
+		return fmt.Errorf("%w: CONFIG GET appendonly answered %q", ErrPolicyUnknown, aof)
+	}
+	save, err := configGet(ctx, c, "save")
+	switch {
+	case err != nil:
+		return err
+	case strings.TrimSpace(save) != "":
+		return nil
+	}
+	return ErrNoPersistence
+}
+
+// configGet asks one server for the setting name: a refusal is
+// ErrPolicyUnknown, no answer countlimit.ErrUnavailable.
+func configGet(ctx context.Context, c redis.Cmdable, name string) (string, error) {
+	m, err := c.ConfigGet(ctx, name).Result()
+	var rerr redis.Error
+	switch {
+	case err == nil:
+	case errors.As(err, &rerr) && !hasPrefix(rerr.Error(), transient[:]):
+		return "", fmt.Errorf("%w: CONFIG GET %s: %w", ErrPolicyUnknown, name, err)
+	default:
+		return "", driver.Unavailable(fmt.Errorf("redisstore: CONFIG GET %s: %w", name, err))
+	}
+	v, ok := m[name]
+	if !ok {
+		return "", fmt.Errorf("%w: CONFIG GET %s answered nothing", ErrPolicyUnknown, name)
+	}
+	return v, nil
 }
 
 func hasPrefix(s string, prefixes []string) bool {

@@ -36,6 +36,34 @@
 // allows CONFIG GET; the countlimit service logs what it finds at start and
 // answers /healthz with 503 while the policy evicts.
 //
+// # Persistence
+//
+// Counts live as long as Redis keeps them. A Redis with neither AOF nor
+// RDB snapshots (appendonly no, save "") comes back from a restart empty:
+// every count, penalty, sliding log and lease is gone, every id is allowed
+// its full limit again, and no call returns an error. With RDB snapshots
+// alone a restart loses what was written since the last snapshot (a clean
+// shutdown, SHUTDOWN or SIGTERM, saves first; a crash or a kill -9 does
+// not). With AOF and appendfsync everysec, Redis's default for AOF, a crash
+// of the machine loses about the last second of writes. A failover to a
+// replica loses the writes the replica had not received yet: replication
+// is asynchronous, the master answers a script before its replicas have
+// it, and the store does not wait for them (no WAIT). A master without
+// persistence that a supervisor restarts comes back empty, and its
+// replicas copy it.
+//
+// What is lost is mostly counting, so a loss admits more: ids are allowed
+// beyond their limits, penalties end early, and leases are handed out
+// while the holders of forgotten ones still run (their Extend fails with
+// countlimit.ErrLeaseExpired). The exception is a lost Refund, Reset or
+// Release, which comes back undone: its id has less room than it should
+// until its window, penalty or lease ends. Snapshots and the AOF keep each
+// key's expiry as an instant, so restored keys end with their windows.
+// CheckPersistence reports a server that persists nothing; the countlimit
+// service logs it at start and lists it under "warnings" in /healthz,
+// which stays 200 unless the service runs with
+// --require-redis-persistence.
+//
 // # Pipelining
 //
 // A Store gathers concurrent calls into pipelines, with no timers: a call
@@ -283,10 +311,11 @@ type Store struct {
 	// A pipeline's fast-path calls go in one script: on one server, until
 	// it answers that the keys of one script must share a slot.
 	combine atomic.Bool
-	// policy is CheckEviction's last answer, kept for PolicyCheckInterval
-	// of now (time.Now; tests set another).
-	policy atomic.Pointer[policyAnswer]
-	now    func() time.Time
+	// policy and persistence are CheckEviction's and CheckPersistence's
+	// last answers, kept for PolicyCheckInterval of now (time.Now; tests
+	// set another).
+	policy, persistence atomic.Pointer[policyAnswer]
+	now                 func() time.Time
 	// A combined script's bounds (WithMaxScript).
 	scriptCalls, scriptBytes int
 }
