@@ -91,6 +91,24 @@ func TestCluster(t *testing.T) {
 	if err := redisstore.New(clients[0]).CheckEviction(ctx); !errors.Is(err, redisstore.ErrEvictionPolicy) || !strings.Contains(err.Error(), "volatile-lru") {
 		t.Errorf("CheckEviction with one master on volatile-lru = %v, want ErrEvictionPolicy naming it", err)
 	}
+
+	// CheckPersistence asks every master too: the nodes start persisting
+	// nothing, and one that still does not is found.
+	for i, addr := range addrs {
+		if i == len(addrs)-1 {
+			if err := redisstore.New(clients[0]).CheckPersistence(ctx); err != redisstore.ErrNoPersistence {
+				t.Errorf("CheckPersistence with one master persisting nothing = %v, want ErrNoPersistence", err)
+			}
+		}
+		node := redis.NewClient(&redis.Options{Addr: addr})
+		defer node.Close()
+		if err := node.ConfigSet(ctx, "save", "3600 1").Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := redisstore.New(clients[0]).CheckPersistence(ctx); err != nil {
+		t.Errorf("CheckPersistence on a cluster of masters with snapshots = %v, want nil", err)
+	}
 }
 
 // startCluster starts n cluster-enabled redis-server processes on free
