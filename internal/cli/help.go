@@ -52,9 +52,12 @@ of at least 16 characters: every endpoint but /healthz then needs
 serve starts even when the store does not answer (except with --migrate);
 /healthz says 503 until it does. On Redis, /healthz also says 503 while its
 maxmemory-policy is not noeviction: a Redis that evicts keys can drop
-counters and over-admit (serve logs it at start). A store call that takes over
---store-timeout fails (503); after --breaker-failures failures in a row
-(0: never) checks answer 503 without calling the store for
+counters and over-admit (serve logs it at start). A Redis that persists
+nothing (neither AOF nor RDB snapshots) forgets every count when it
+restarts: serve logs it at start and /healthz lists it under "warnings",
+staying 200; --require-redis-persistence makes it a 503. A store call that
+takes over --store-timeout fails (503); after --breaker-failures failures
+in a row (0: never) checks answer 503 without calling the store for
 --breaker-cooldown, then one probes it. SIGINT or SIGTERM drains and stops
 it; a second one stops it at once.
 

@@ -58,6 +58,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	breakerCoolDown := fs.Duration("breaker-cooldown", time.Second, "how long the open breaker answers 503 without calling the store before one probe")
 	maxConns := fs.Int("max-conns", 0, "keep at most `N` HTTP connections open (--addr's and --metrics-addr's together); 0: the file limit less headroom")
 	purgeInterval := fs.Duration("purge-interval", DefaultPurgeInterval, "on PostgreSQL, purge expired rows and leases in the background about every `duration`; 0: never")
+	requirePersistence := fs.Bool("require-redis-persistence", false, "on Redis, answer /healthz 503 while the server persists nothing (neither AOF nor RDB snapshots), not only warn")
 	purgeBatch := fs.Int("purge-batch", pgstore.DefaultPurgeBatchSize, fmt.Sprintf("delete at most `N` rows per purge statement (1 to %d)", pgstore.MaxBatchSize))
 	if err := parse(fs, args); err != nil {
 		return err
@@ -120,7 +121,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if storeDown != nil && *migrate {
 		return fmt.Errorf("serve --migrate: the store must answer at start to be migrated (start without --migrate, and run \"countlimit migrate up\" when it answers): %w", storeDown)
 	}
-	settings := storeSettings(ctx, st, log, storeDown == nil)
+	settings, warnings := storeChecks(ctx, st, log, storeDown == nil, *requirePersistence)
 
 	conns := connLimit(*maxConns, st.conns(), log)
 	ln, err := net.Listen("tcp", *addr)
@@ -152,6 +153,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		Rules:       rf,
 		Ping:        st.ping,
 		Settings:    settings,
+		Warnings:    warnings,
 		Logger:      log,
 		Token:       token,
 		OmitMetrics: metricsLn != nil,
@@ -222,6 +224,13 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		defer stopPurge() // before st.close: the pool waits for the purge's connection
 	} else if st.pg == nil {
 		ignoredPurgeFlags(fs, st, log)
+	}
+	if *requirePersistence && st.redis == nil {
+		why := "PostgreSQL keeps its rows"
+		if st.pg == nil {
+			why = "memory counters live as long as the process, whatever the flag"
+		}
+		log.Info("--require-redis-persistence is ignored: the store is not Redis; " + why)
 	}
 
 	errc := make(chan error, len(servers))

@@ -32,9 +32,10 @@ type opened struct {
 	ping  func(context.Context) error
 	close func()
 	desc  string // the URL, password hidden
-	// settings reports a setting that breaks the limits' guarantees
-	// though the store answers; nil for none (see storeSettings).
-	settings func(context.Context) error
+	// eviction and persistence report a Redis store's maxmemory-policy
+	// and persistence (redisstore's CheckEviction and CheckPersistence);
+	// nil for other stores (see storeChecks).
+	eviction, persistence func(context.Context) error
 }
 
 // openStore opens the store a --store URL names and, for PostgreSQL with
@@ -106,7 +107,7 @@ func openStoreMaybeDown(ctx context.Context, url string, migrate bool, log *slog
 		}
 		ping := func(ctx context.Context) error { return c.Ping(ctx).Err() }
 		s := redisstore.New(c, opts...)
-		return &opened{store: s, redis: c, ping: ping, settings: s.CheckEviction, close: func() { c.Close() }, desc: desc}, nil
+		return &opened{store: s, redis: c, ping: ping, eviction: s.CheckEviction, persistence: s.CheckPersistence, close: func() { c.Close() }, desc: desc}, nil
 	}
 	return nil, usageErrorf("--store: want memory, postgres://... or redis://..., got %q", desc)
 }

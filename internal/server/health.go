@@ -111,13 +111,14 @@ func (t *storeState) outage() (time.Time, int64) {
 	return t.since, t.errs
 }
 
-// pinger runs Config.Ping, then Config.Settings, for /healthz, one ping at
-// a time: concurrent probes share the ping in flight, so a store that hangs
-// (or a ping that ignores its context) costs one goroutine, not one per
-// probe.
+// pinger runs Config.Ping, then Config.Settings and Config.Warnings, for
+// /healthz, one ping at a time: concurrent probes share the ping in
+// flight, so a store that hangs (or a ping that ignores its context) costs
+// one goroutine, not one per probe.
 type pinger struct {
-	ping     func(context.Context) error // nil: none
-	settings func(context.Context) error // nil: none
+	ping     func(context.Context) error    // nil: none
+	settings func(context.Context) error    // nil: none
+	warnings func(context.Context) []string // nil: none
 	timeout  time.Duration
 
 	mu   sync.Mutex
@@ -125,16 +126,17 @@ type pinger struct {
 }
 
 type pingCall struct {
-	done chan struct{}
-	err  error
+	done     chan struct{}
+	warnings []string
+	err      error
 }
 
 // errPingTimeout is what a ping that did not answer in time fails with.
 var errPingTimeout = fmt.Errorf("store ping: %w", context.DeadlineExceeded)
 
 // do pings the store, or waits for the ping in flight, for at most the
-// timeout.
-func (p *pinger) do(ctx context.Context) error {
+// timeout, and returns its warnings and error.
+func (p *pinger) do(ctx context.Context) ([]string, error) {
 	p.mu.Lock()
 	c := p.call
 	if c == nil {
@@ -143,7 +145,7 @@ func (p *pinger) do(ctx context.Context) error {
 		go func() {
 			pctx, cancel := context.WithTimeout(context.Background(), p.timeout)
 			defer cancel()
-			c.err = p.check(pctx)
+			c.warnings, c.err = p.check(pctx)
 			p.mu.Lock()
 			p.call = nil
 			p.mu.Unlock()
@@ -155,27 +157,31 @@ func (p *pinger) do(ctx context.Context) error {
 	defer timer.Stop()
 	select {
 	case <-c.done:
-		return c.err
+		return c.warnings, c.err
 	case <-timer.C:
-		return errPingTimeout
+		return nil, errPingTimeout
 	case <-ctx.Done():
-		return ctx.Err()
+		return nil, ctx.Err()
 	}
 }
 
-// check pings the store, then asks its settings.
-func (p *pinger) check(ctx context.Context) error {
+// check pings the store, then asks its settings and its warnings: a store
+// that fails the ping has neither.
+func (p *pinger) check(ctx context.Context) (warnings []string, err error) {
 	if p.ping != nil {
 		if err := p.ping(ctx); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	if p.settings != nil {
-		if err := p.settings(ctx); err != nil {
-			return &settingsError{err}
+		if serr := p.settings(ctx); serr != nil {
+			err = &settingsError{serr}
 		}
 	}
-	return nil
+	if p.warnings != nil {
+		warnings = p.warnings(ctx)
+	}
+	return warnings, err
 }
 
 // settingsError is Config.Settings' error: the store answers, but a
@@ -194,11 +200,16 @@ type healthResponse struct {
 	Reason string `json:"reason,omitempty"`
 	// Since is when the outage began.
 	Since *time.Time `json:"since,omitempty"`
+	// Warnings name settings of the store that put the limits at risk in
+	// some event (a Redis that persists nothing loses every count when it
+	// restarts) but break nothing now.
+	Warnings []string `json:"warnings,omitempty"`
 }
 
 func (s *Server) health(w http.ResponseWriter, r *http.Request) {
+	var warnings []string
 	unhealthy := func(reason string) {
-		resp := healthResponse{Status: "unavailable", Error: "store unavailable", Reason: reason}
+		resp := healthResponse{Status: "unavailable", Error: "store unavailable", Reason: reason, Warnings: warnings}
 		if since, _ := s.state.outage(); !since.IsZero() {
 			since = since.UTC()
 			resp.Since = &since
@@ -206,13 +217,14 @@ func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusServiceUnavailable, resp)
 	}
 	if s.pinger != nil {
-		if err := s.pinger.do(r.Context()); err != nil {
+		var err error
+		if warnings, err = s.pinger.do(r.Context()); err != nil {
 			if r.Context().Err() != nil {
 				return // the prober went away; the store did not fail
 			}
 			var bad *settingsError
 			if errors.As(err, &bad) {
-				writeJSON(w, http.StatusServiceUnavailable, healthResponse{Status: "unavailable", Error: "store misconfigured", Reason: bad.Error()})
+				writeJSON(w, http.StatusServiceUnavailable, healthResponse{Status: "unavailable", Error: "store misconfigured", Reason: bad.Error(), Warnings: warnings})
 				return
 			}
 			s.state.fail("healthz", err)
@@ -229,5 +241,5 @@ func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 		unhealthy(fmt.Sprintf("checks are failing: %d store errors in this outage", errs))
 		return
 	}
-	writeJSON(w, http.StatusOK, healthResponse{Status: "ok"})
+	writeJSON(w, http.StatusOK, healthResponse{Status: "ok", Warnings: warnings})
 }

@@ -51,6 +51,13 @@ type Config struct {
 	// 503 with its error's text as the reason, which must so name no
 	// address or user. It is no outage: checks go on, and nothing is logged.
 	Settings func(context.Context) error
+	// Warnings, when set, reports settings of the store that put the
+	// limits at risk in some event without breaking them now: a Redis that
+	// persists nothing forgets every count when it restarts (redisstore's
+	// CheckPersistence). /healthz calls it after Settings, lists what it
+	// returns under "warnings" and stays 200; the texts, like Settings',
+	// must name no address or user.
+	Warnings func(context.Context) []string
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 	// StoreTimeout bounds each request's calls to the store (default
@@ -177,8 +184,8 @@ func New(cfg Config) *Server {
 		sum := sha256.Sum256([]byte(cfg.Token))
 		s.token = &sum
 	}
-	if cfg.Ping != nil || cfg.Settings != nil {
-		s.pinger = &pinger{ping: cfg.Ping, settings: cfg.Settings, timeout: s.cfg.HealthTimeout}
+	if cfg.Ping != nil || cfg.Settings != nil || cfg.Warnings != nil {
+		s.pinger = &pinger{ping: cfg.Ping, settings: cfg.Settings, warnings: cfg.Warnings, timeout: s.cfg.HealthTimeout}
 	}
 	s.decided = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "countlimit_decisions_total",

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"net/http/httptest"
+	"slices"
 	"sync/atomic"
 	"testing"
 
@@ -71,6 +72,83 @@ func TestHealthzStoreSettings(t *testing.T) {
 			if code, out := a.do("POST", "/v1/allow", `{"rule": "sms.code", "id": "settings"}`); code != 200 {
 				t.Errorf("step %d: allow = %d %v, want 200: checks go on", i, code, out)
 			}
+		}
+	}
+	if n := logs.count("store unavailable"); n != 1 {
+		t.Errorf("logged %d outage lines, want 1 (the failed ping alone):\n%s", n, logs.b.String())
+	}
+}
+
+// TestHealthzStoreWarnings: Config.Warnings are listed under "warnings"
+// and keep /healthz at 200; beside a failing Settings they go with the
+// 503; a ping that fails asks for none; none, and the field is left out.
+// It is not an outage: nothing is logged.
+func TestHealthzStoreWarnings(t *testing.T) {
+	t.Parallel()
+	store := memstore.New(memstore.WithJanitorInterval(0))
+	t.Cleanup(func() { store.Close() })
+	var logs logBuf
+	var pingErr, settingsErr atomic.Pointer[error]
+	var warnings atomic.Pointer[[]string]
+	var warningsCalls atomic.Int32
+	load := func(p *atomic.Pointer[error]) error {
+		if e := p.Load(); e != nil {
+			return *e
+		}
+		return nil
+	}
+	set := func(p *atomic.Pointer[error], err error) { p.Store(&err) }
+	const forgets = `redisstore: Redis persists nothing (appendonly no, save ""): ...`
+	evicts := errors.New(`redisstore: maxmemory-policy is "allkeys-lru", ...`)
+	srv := server.New(server.Config{
+		Limiter:  countlimit.New(store),
+		Rules:    rulesFor(t),
+		Logger:   slog.New(slog.NewJSONHandler(&logs, nil)),
+		Ping:     func(context.Context) error { return load(&pingErr) },
+		Settings: func(context.Context) error { return load(&settingsErr) },
+		Warnings: func(context.Context) []string {
+			warningsCalls.Add(1)
+			return *warnings.Load()
+		},
+	})
+	ts := httptest.NewServer(srv)
+	defer ts.Close()
+	a := api{t, ts.URL}
+	steps := []struct {
+		ping, settings error
+		warnings       []string
+		code           int
+		calls          int32 // Warnings calls so far
+	}{
+		{nil, nil, nil, 200, 1},
+		{nil, nil, []string{forgets}, 200, 2},
+		{nil, nil, []string{forgets, "another"}, 200, 3},
+		{nil, evicts, []string{forgets}, 503, 4},
+		{errors.New("connection refused"), nil, []string{forgets}, 503, 4},
+		{nil, nil, []string{forgets}, 200, 5},
+		{nil, nil, nil, 200, 6},
+	}
+	for i, st := range steps {
+		set(&pingErr, st.ping)
+		set(&settingsErr, st.settings)
+		warnings.Store(&st.warnings)
+		code, out := a.do("GET", "/healthz", "")
+		want := st.warnings
+		if st.ping != nil {
+			want = nil
+		}
+		var got []string
+		if list, ok := out["warnings"].([]any); ok {
+			for _, w := range list {
+				s, _ := w.(string)
+				got = append(got, s)
+			}
+		}
+		if _, present := out["warnings"]; code != st.code || !slices.Equal(got, want) || present != (len(want) > 0) {
+			t.Errorf("step %d: healthz = %d %v, want %d with warnings %q", i, code, out, st.code, want)
+		}
+		if n := warningsCalls.Load(); n != st.calls {
+			t.Errorf("step %d: Warnings called %d times, want %d", i, n, st.calls)
 		}
 	}
 	if n := logs.count("store unavailable"); n != 1 {
