@@ -73,7 +73,16 @@ func TestRestart(t *testing.T) {
 
 			now = now.Add(2 * time.Minute)
 			// A new client: the old one's connections died with the server.
-			l := countlimit.New(redisstore.New(srv.Client(t)), countlimit.WithClock(clock))
+			c := srv.Client(t)
+			if tc.keeps {
+				// A restored key keeps its expiry: it still ends with its
+				// window, an hour on.
+				ttl, err := c.PTTL(ctx, redisstore.Key(restartCount.UseType, "user-1")).Result()
+				if err != nil || ttl <= 0 || ttl > time.Hour {
+					t.Errorf("PTTL of the counter after the restart = %v, %v; want (0, 1h]", ttl, err)
+				}
+			}
+			l := countlimit.New(redisstore.New(c), countlimit.WithClock(clock))
 			for _, f := range full {
 				res, err := f.next(ctx, l)
 				if err != nil {

@@ -45,7 +45,7 @@
 // alone a restart loses what was written since the last snapshot (a clean
 // shutdown, SHUTDOWN or SIGTERM, saves first; a crash or a kill -9 does
 // not). With AOF and appendfsync everysec, Redis's default for AOF, a crash
-// of the machine loses about the last second of writes. A failover to a
+// loses at most about the last second of writes. A failover to a
 // replica loses the writes the replica had not received yet: replication
 // is asynchronous, the master answers a script before its replicas have
 // it, and the store does not wait for them (no WAIT). A master without
