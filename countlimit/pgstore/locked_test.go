@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/countlimit/countlimit/countlimit"
+	"github.com/countlimit/countlimit/countlimit/memstore"
 	"github.com/countlimit/countlimit/countlimit/pgstore"
 	"github.com/countlimit/countlimit/countlimit/storetest"
 	"github.com/countlimit/countlimit/internal/testbackend"
@@ -289,5 +290,107 @@ func TestLockedTableIsAnOutage(t *testing.T) {
 	}
 	if st := l.Stats(); st.Failures != 2 || st.Locked != 0 {
 		t.Errorf("Stats = %+v; want 2 failures, none Locked", st)
+	}
+}
+
+// TestQueuedTableLockIsAnOutage: a lock on the whole table that is waited
+// for, not yet granted, stalls the store as a granted one does. A report's
+// SELECT holds count_limit in an open transaction; a DBA's LOCK TABLE (or
+// ALTER TABLE) then queues behind it, and every statement that needs the
+// table queues behind the DBA, whatever its id. So do a CREATE INDEX's
+// SHARE lock queued behind a writer that has not committed, and locks on
+// count_limit_lease, for the calls that write leases, queued or granted.
+// Those calls are store failures (the breaker opens and the fallback
+// answers), never ErrLocked, which is for a row another transaction holds.
+// A lock on count_limit_lease leaves the counts alone.
+func TestQueuedTableLockIsAnOutage(t *testing.T) {
+	admin := testbackend.Postgres(t)
+	pool := testbackend.PostgresPool(t)
+	ctx := context.Background()
+	const report = `SELECT count(*) FROM %s` // ACCESS SHARE, kept until the report's transaction ends
+	for _, tc := range []struct {
+		name         string
+		table, mode  string
+		behind       string // the transaction the lock queues behind; "" for a lock granted at once
+		countsLocked bool   // Allow needs the table: count_limit, not count_limit_lease
+	}{
+		{"LOCK TABLE count_limit queued behind a report", "count_limit", "ACCESS EXCLUSIVE", fmt.Sprintf(report, "count_limit"), true},
+		{"a SHARE lock of count_limit queued behind a writer", "count_limit", "SHARE", "LOCK TABLE count_limit IN ROW EXCLUSIVE MODE", true},
+		{"LOCK TABLE count_limit_lease queued behind a report", "count_limit_lease", "ACCESS EXCLUSIVE", fmt.Sprintf(report, "count_limit_lease"), false},
+		{"an EXCLUSIVE lock of count_limit_lease granted", "count_limit_lease", "EXCLUSIVE", "", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ut := storetest.UseType(t, "queued")
+			fixed := countlimit.Rule{UseType: ut + ".fixed", Limit: 5, Window: countlimit.Fixed(time.Hour)}
+			sliding := countlimit.Rule{UseType: ut + ".sliding", Limit: 5, Window: countlimit.Sliding(time.Hour)}
+			slots := countlimit.Rule{UseType: ut + ".slots", Limit: 5, Window: countlimit.Concurrent(time.Hour)}
+			const timeout = 750 * time.Millisecond
+			l := countlimit.New(pgstore.New(pool), countlimit.WithStoreTimeout(timeout),
+				countlimit.WithCircuitBreaker(countlimit.CircuitBreaker{Failures: 3, CoolDown: time.Hour}),
+				countlimit.WithFallback(memstore.New(memstore.WithJanitorInterval(0))))
+			release := testbackend.LockTable(t, admin, tc.table, tc.mode, tc.behind)
+
+			// Checks of many ids at once, as a service makes them: group
+			// commits and sliding windows.
+			const calls = 16
+			var (
+				wg   sync.WaitGroup
+				errs = make([]error, calls)
+			)
+			for i := range calls {
+				wg.Go(func() {
+					rule := fixed
+					if i%2 == 1 {
+						rule = sliding
+					}
+					res, err := l.Allow(ctx, rule, fmt.Sprint("id-", i))
+					if err == nil && !res.Allowed {
+						err = fmt.Errorf("denied: %+v", res)
+					}
+					errs[i] = err
+				})
+			}
+			wg.Wait()
+			var failed []error
+			for _, err := range errs {
+				if err != nil {
+					failed = append(failed, err)
+				}
+			}
+			if len(failed) > 0 {
+				t.Errorf("%d of %d Allows of distinct ids with %s %s failed, want each allowed (by the fallback, when the store stalls); the first: %v",
+					len(failed), calls, tc.table, tc.mode, failed[0])
+			}
+			st := l.Stats()
+			if tc.countsLocked {
+				if st.Locked != 0 || st.Fallbacks != calls || st.Failures < 3 || st.Failures+st.Rejected != calls || st.BreakerOpenings != 1 {
+					t.Errorf("Stats after %d Allows = %+v; want none Locked, %d answered by the fallback, each a store failure or rejected by the breaker, which opened", calls, st, calls)
+				}
+			} else if st != (countlimit.Stats{}) {
+				t.Errorf("Stats after %d Allows = %+v; want none failed (count_limit is free)", calls, st)
+			}
+
+			t.Logf("Stats after the Allows: %+v", st)
+
+			// A lease is the store's alone: no fallback. (A Limiter of its
+			// own: l's breaker may be open.)
+			leases := countlimit.New(pgstore.New(pool), countlimit.WithStoreTimeout(timeout))
+			_, _, err := leases.Acquire(ctx, slots, "lease")
+			if !errors.Is(err, countlimit.ErrUnavailable) || errors.Is(err, countlimit.ErrLocked) {
+				t.Errorf("Acquire with %s %s: %v; want ErrUnavailable, not ErrLocked", tc.table, tc.mode, err)
+			}
+			if st := leases.Stats(); st.Locked != 0 || st.Failures != 1 {
+				t.Errorf("Stats after Acquire = %+v; want a store failure, none Locked", st)
+			}
+
+			release()
+			free := countlimit.New(pgstore.New(pool), countlimit.WithStoreTimeout(10*time.Second))
+			if _, _, err := free.Acquire(ctx, slots, "lease"); err != nil {
+				t.Errorf("Acquire once the table is free: %v", err)
+			}
+			if res, err := free.Allow(ctx, fixed, "id-0"); err != nil || !res.Allowed {
+				t.Errorf("Allow once the table is free: %+v, %v", res, err)
+			}
+		})
 	}
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/driver"
+	"github.com/countlimit/countlimit/countlimit/pgstore"
 	"github.com/countlimit/countlimit/countlimit/storetest"
 	"github.com/countlimit/countlimit/internal/rulefile"
 	"github.com/countlimit/countlimit/internal/server"
@@ -319,6 +320,45 @@ func TestLockedIDIsNoOutage(t *testing.T) {
 	}
 	if strings.Contains(logs.String(), "store unavailable") {
 		t.Errorf("a locked id was logged as an outage: %s", logs.String())
+	}
+}
+
+// TestQueuedTableLockIsAnOutage: on PostgreSQL, a DBA's LOCK TABLE
+// count_limit queued behind a report's open transaction stalls every
+// check, whatever its id. That is an outage, not a locked id: checks fail
+// as the store failing, and /healthz says so until the table is free.
+func TestQueuedTableLockIsAnOutage(t *testing.T) {
+	admin := testbackend.Postgres(t)
+	var logs bytes.Buffer
+	srv := server.New(server.Config{
+		Limiter: countlimit.New(pgstore.New(testbackend.PostgresPool(t)), countlimit.WithStoreTimeout(500*time.Millisecond)),
+		Rules:   rulesFor(t),
+		Ping:    pgstore.New(admin).Ping,
+		Logger:  slog.New(slog.NewTextHandler(&logs, nil)),
+	})
+	ts := httptest.NewServer(srv)
+	defer ts.Close()
+	a := api{t, ts.URL}
+	a.expect("/v1/allow", `{"rule": "sms.code", "id": "before"}`, true, 0, "1/2")
+
+	release := testbackend.LockTable(t, admin, "count_limit", "ACCESS EXCLUSIVE", "SELECT count(*) FROM count_limit")
+	for _, id := range []string{"a", "b", "c"} {
+		code, out := a.do("POST", "/v1/allow", `{"rule": "sms.code", "id": "`+id+`"}`)
+		if code != 503 || out["error"] != "store unavailable" {
+			t.Errorf("allow of %s with LOCK TABLE count_limit queued: %d %v, want 503 store unavailable", id, code, out)
+		}
+	}
+	if code, out := a.do("GET", "/healthz", ""); code != 503 || out["status"] != "unavailable" {
+		t.Errorf("healthz with LOCK TABLE count_limit queued and checks failing: %d %v, want 503", code, out)
+	}
+	if !strings.Contains(logs.String(), `msg="store unavailable"`) {
+		t.Errorf("the outage was not logged: %s", logs.String())
+	}
+
+	release()
+	a.expect("/v1/allow", `{"rule": "sms.code", "id": "after"}`, true, 0, "1/2")
+	if code, out := a.do("GET", "/healthz", ""); code != 200 {
+		t.Errorf("healthz once the table is free and a check succeeded: %d %v, want 200", code, out)
 	}
 }
 
