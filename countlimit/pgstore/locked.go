@@ -66,7 +66,14 @@ func (s *Store) waitLocks(ctx context.Context, r *driver.Request, send func() er
 		if err := send(); err != errBusy {
 			return err
 		}
-		if s.tableLocked(ctx) {
+		table, err := s.tableLocked(ctx, r)
+		if err != nil {
+			// pg_locks did not answer in time: the pool's connections
+			// may all be waiting for a locked table. Nothing shows a row
+			// another transaction holds, so the store failed.
+			return fmt.Errorf("pgstore: a statement gave up waiting for a lock, and asking pg_locks why failed: %w", err)
+		}
+		if table {
 			// Not a held row: the statement waits for the table, as any
 			// statement would, and fails as an outage if its context ends
 			// first.
@@ -101,23 +108,37 @@ func (s *Store) waitLocks(ctx context.Context, r *driver.Request, send func() er
 	}
 }
 
-// errTableLocked wraps the error of a call that waited for count_limit,
-// held by another transaction, and did not get it.
-var errTableLocked = errors.New("pgstore: another transaction holds the table count_limit locked against writes (LOCK TABLE, ALTER TABLE, CREATE INDEX, VACUUM FULL, ...)")
+// errTableLocked wraps the error of a call that waited for count_limit or
+// count_limit_lease, which another transaction holds locked or waits to
+// lock, and did not get it.
+var errTableLocked = errors.New("pgstore: another transaction holds or waits for a lock on the table count_limit or count_limit_lease that stops writes (LOCK TABLE, ALTER TABLE, CREATE INDEX, VACUUM FULL, ...)")
 
-// tableLocked reports whether another transaction holds count_limit itself
-// in a mode that stops writes. A statement that gave up waiting for a lock
+// tableLocked reports whether another transaction holds, or waits for, a
+// lock that stops writes (SHARE and stronger) on a table r writes:
+// count_limit, and count_limit_lease for a call on leases or a Reset (its
+// rows' leases go with them). A statement that gave up waiting for a lock
 // then met a stall of the whole store, not a row another transaction
 // holds: it waits for the table as any statement would, and a call whose
 // context ends first is a store failure, which the circuit breaker and the
 // fallback store are for.
-func (s *Store) tableLocked(ctx context.Context) bool {
-	var held bool
+//
+// A lock waited for stalls the store as surely as one granted: PostgreSQL
+// queues every later lock on the table that conflicts with it behind it,
+// so a LOCK TABLE or ALTER TABLE waiting for a long report's transaction
+// (which holds the table only to read it) stops every write until both
+// are done.
+//
+// It runs only when a statement gave up a lock: pg_locks copies the
+// server's whole lock table (about a millisecond with 2 000 locks held).
+func (s *Store) tableLocked(ctx context.Context, r *driver.Request) (bool, error) {
+	leases := r.OnLeases() || r.Op == driver.OpReset
+	var locked bool
 	err := s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_locks
-		WHERE locktype = 'relation' AND relation = to_regclass('count_limit') AND granted
+		WHERE locktype = 'relation'
 		  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-		  AND mode IN ('ShareLock', 'ShareRowExclusiveLock', 'ExclusiveLock', 'AccessExclusiveLock'))`).Scan(&held)
-	return err == nil && held
+		  AND mode IN ('ShareLock', 'ShareRowExclusiveLock', 'ExclusiveLock', 'AccessExclusiveLock')
+		  AND (relation = to_regclass('count_limit') OR $1 AND relation = to_regclass('count_limit_lease')))`, leases).Scan(&locked)
+	return locked, err
 }
 
 // turns lets one call at a time, per row, send again a call that found the

@@ -59,11 +59,15 @@
 // store failure: the circuit breaker stays closed and no fallback answers.
 // The setting countlimit.lock_wait (ALTER ROLE ... SET countlimit.lock_wait
 // = '10ms') changes the 2 ms. A lock on the table itself (a DBA's LOCK
-// TABLE, ALTER TABLE or CREATE INDEX) stalls the whole store instead: calls
-// wait for the table as any statement would, and one whose context ends
-// first fails with countlimit.ErrUnavailable, a store failure, for the
-// breaker and the fallback. A Store on a *pgx.Conn or a pgx.Tx waits for
-// any lock, as the caller's other statements do.
+// TABLE, ALTER TABLE or CREATE INDEX), granted or still waited for, stalls
+// the whole store instead: PostgreSQL queues every write behind a lock
+// that waits, so an ALTER TABLE waiting for a long report's transaction
+// stops every check as surely as one that runs. Calls wait for the table
+// as any statement would, and one whose context ends first fails with
+// countlimit.ErrUnavailable, a store failure, for the breaker and the
+// fallback. So does a lease's call (Acquire, Release, Extend) or a Reset
+// when count_limit_lease is locked. A Store on a *pgx.Conn or a pgx.Tx
+// waits for any lock, as the caller's other statements do.
 //
 // Size the pool for the batches in flight plus the calls that are not
 // batched; pgx's default (the larger of 4 and the number of CPUs) serves
