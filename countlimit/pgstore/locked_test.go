@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/memstore"
 	"github.com/countlimit/countlimit/countlimit/pgstore"
@@ -23,110 +25,153 @@ import (
 // until it commits, on an id it has seen before) or inserted and not
 // committed (the same check on a brand-new id), while 64 callers spread
 // over 1 000 ids, with a store timeout and the circuit breaker on, as the
-// service runs. The timeout (500 ms) is generous for a loaded machine and
-// four times shorter than the lock, so a statement that waited for the
-// lock would fail. Group commit must not hold the other ids' calls behind
+// service runs. The timeout (1 s) is generous for a loaded machine and
+// half the time the lock is held, so a statement that waited for the lock
+// would fail. Group commit must not hold the other ids' calls behind
 // that lock, nor may the locked id's own calls, in a batch or in a
 // statement of their own (a sliding window's), take the pool's
 // connections or count as store failures: no call for another id fails,
 // the breaker stays closed, and the locked id's calls either wait for the
 // lock or fail with ErrLocked.
 func TestLockedRowHoldsNoOtherIDHostage(t *testing.T) {
-	for _, tc := range []struct {
-		name   string
-		window countlimit.Window
-		limit  int64
-		newID  bool // the held id's row is inserted by the holder, not locked
-	}{
-		{"fixed window, a row locked", countlimit.Fixed(time.Hour), countlimit.MaxLimit, false},
-		{"fixed window, a new id inserted", countlimit.Fixed(time.Hour), countlimit.MaxLimit, true},
-		{"sliding window, a row locked", countlimit.Sliding(time.Hour), countlimit.MaxSlidingLimit, false},
-		{"sliding window, a new id inserted", countlimit.Sliding(time.Hour), countlimit.MaxSlidingLimit, true},
-	} {
+	for _, tc := range hostageCases {
 		t.Run(tc.name, func(t *testing.T) {
-			admin := testbackend.Postgres(t)
-			l := countlimit.New(pgstore.New(testbackend.PostgresPool(t)),
-				countlimit.WithStoreTimeout(time.Second),
-				countlimit.WithCircuitBreaker(countlimit.CircuitBreaker{}))
-			rule := countlimit.Rule{UseType: storetest.UseType(t, "hostage"), Limit: tc.limit, Window: tc.window}
-			ctx := context.Background()
-			ids := make([]string, 1000)
-			for i := range ids {
-				ids[i] = fmt.Sprint("id-", i)
-			}
-			locked := ids[0]
-			// Every row exists but, for a new id, the held one.
-			seeded := ids
-			if tc.newID {
-				seeded = ids[1:]
-			}
-			if _, err := admin.Exec(ctx, `INSERT INTO count_limit (use_type, unique_id, already_count, begin_time, end_time, limit_value)
-				SELECT $1, id, 0, now(), now(), 0 FROM unnest($2::text[]) AS id`, string(rule.UseType), seeded); err != nil {
-				t.Fatal(err)
-			}
-			var b *blocker
-			if tc.newID {
-				b = begin(t, admin)
-				if res, err := countlimit.New(pgstore.New(b.tx)).Allow(ctx, rule, locked); err != nil || !res.Allowed {
-					t.Fatalf("Allow of a new id in a transaction: %+v, %v", res, err)
-				}
-			} else {
-				b = lockRows(t, admin, rule.UseType, locked)
-			}
-			released := make(chan struct{})
-			time.AfterFunc(2*time.Second, func() { b.tx.Rollback(context.Background()); close(released) })
-			defer func() { <-released }()
+			holdOneID(t, testbackend.PostgresPool(t), tc)
+		})
+	}
+}
 
-			var (
-				others, lockedOK, lockedFailed atomic.Int64
-				mu                             sync.Mutex
-				otherErrs                      []error
-				wg                             sync.WaitGroup
-			)
-			stop := time.Now().Add(2500 * time.Millisecond)
-			for c := range 64 {
-				wg.Go(func() {
-					rng := rand.New(rand.NewPCG(uint64(c), 1))
-					for time.Now().Before(stop) {
-						id := ids[1+rng.IntN(len(ids)-1)]
-						if rng.IntN(50) == 0 {
-							id = locked // often enough that many batches would hold it
-						}
-						res, err := l.Allow(ctx, rule, id)
-						switch {
-						case id == locked && err == nil:
-							lockedOK.Add(1)
-						case id == locked:
-							lockedFailed.Add(1)
-							if !errors.Is(err, countlimit.ErrLocked) || !errors.Is(err, countlimit.ErrUnavailable) {
-								t.Errorf("Allow of the locked id: %v, want ErrLocked (an ErrUnavailable)", err)
-							}
-						case err != nil || !res.Allowed:
-							mu.Lock()
-							otherErrs = append(otherErrs, err)
-							mu.Unlock()
-						default:
-							others.Add(1)
-						}
+// TestLockWaitOutOfRangeHoldsNoIDHostage: the setting countlimit.lock_wait
+// at 0, which PostgreSQL's lock_timeout reads as "wait for ever", or at a
+// minute, on a pool of 4 connections, and one id's row held as in
+// TestLockedRowHoldsNoOtherIDHostage: the other ids are still served, and
+// the held id's calls still end in ErrLocked, not as store failures.
+func TestLockWaitOutOfRangeHoldsNoIDHostage(t *testing.T) {
+	for _, wait := range []string{"0", "1min"} {
+		// The setting is how long a batch waits for a new id's insert,
+		// and a statement of its own (a sliding window's) for any held
+		// row; a batch skips a locked row without waiting.
+		for _, tc := range []hostageCase{hostageCases[1], hostageCases[2]} {
+			t.Run(fmt.Sprintf("lock_wait %s, %s", wait, tc.name), func(t *testing.T) {
+				cfg := testbackend.PoolConfig(t)
+				cfg.MaxConns = 4
+				cfg.ConnConfig.RuntimeParams["countlimit.lock_wait"] = wait
+				pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(pool.Close)
+				holdOneID(t, pool, tc)
+			})
+		}
+	}
+}
+
+type hostageCase struct {
+	name   string
+	window countlimit.Window
+	limit  int64
+	newID  bool // the held id's row is inserted by the holder, not locked
+}
+
+var hostageCases = []hostageCase{
+	{"fixed window, a row locked", countlimit.Fixed(time.Hour), countlimit.MaxLimit, false},
+	{"fixed window, a new id inserted", countlimit.Fixed(time.Hour), countlimit.MaxLimit, true},
+	{"sliding window, a row locked", countlimit.Sliding(time.Hour), countlimit.MaxSlidingLimit, false},
+	{"sliding window, a new id inserted", countlimit.Sliding(time.Hour), countlimit.MaxSlidingLimit, true},
+}
+
+// holdOneID holds one id's row in another transaction for two seconds
+// while 64 callers check 1 000 ids through a Store on pool (see
+// TestLockedRowHoldsNoOtherIDHostage).
+func holdOneID(t *testing.T, pool *pgxpool.Pool, tc hostageCase) {
+	t.Helper()
+	admin := testbackend.Postgres(t)
+	l := countlimit.New(pgstore.New(pool),
+		countlimit.WithStoreTimeout(time.Second),
+		countlimit.WithCircuitBreaker(countlimit.CircuitBreaker{}))
+	rule := countlimit.Rule{UseType: storetest.UseType(t, "hostage"), Limit: tc.limit, Window: tc.window}
+	ctx := context.Background()
+	ids := make([]string, 1000)
+	for i := range ids {
+		ids[i] = fmt.Sprint("id-", i)
+	}
+	locked := ids[0]
+	// Every row exists but, for a new id, the held one.
+	seeded := ids
+	if tc.newID {
+		seeded = ids[1:]
+	}
+	if _, err := admin.Exec(ctx, `INSERT INTO count_limit (use_type, unique_id, already_count, begin_time, end_time, limit_value)
+		SELECT $1, id, 0, now(), now(), 0 FROM unnest($2::text[]) AS id`, string(rule.UseType), seeded); err != nil {
+		t.Fatal(err)
+	}
+	var b *blocker
+	if tc.newID {
+		b = begin(t, admin)
+		if res, err := countlimit.New(pgstore.New(b.tx)).Allow(ctx, rule, locked); err != nil || !res.Allowed {
+			t.Fatalf("Allow of a new id in a transaction: %+v, %v", res, err)
+		}
+	} else {
+		b = lockRows(t, admin, rule.UseType, locked)
+	}
+	released := make(chan struct{})
+	time.AfterFunc(2*time.Second, func() { b.tx.Rollback(context.Background()); close(released) })
+	defer func() { <-released }()
+
+	var (
+		others, lockedOK, lockedFailed atomic.Int64
+		mu                             sync.Mutex
+		otherErrs, lockedErrs          []error
+		wg                             sync.WaitGroup
+	)
+	stop := time.Now().Add(2500 * time.Millisecond)
+	for c := range 64 {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(c), 1))
+			for time.Now().Before(stop) {
+				id := ids[1+rng.IntN(len(ids)-1)]
+				if rng.IntN(50) == 0 {
+					id = locked // often enough that many batches would hold it
+				}
+				res, err := l.Allow(ctx, rule, id)
+				switch {
+				case id == locked && err == nil:
+					lockedOK.Add(1)
+				case id == locked:
+					lockedFailed.Add(1)
+					if !errors.Is(err, countlimit.ErrLocked) || !errors.Is(err, countlimit.ErrUnavailable) {
+						mu.Lock()
+						lockedErrs = append(lockedErrs, err)
+						mu.Unlock()
 					}
-				})
-			}
-			wg.Wait()
-			if n := len(otherErrs); n > 0 {
-				t.Errorf("%d calls for the 999 ids nobody locked failed or were denied (%d succeeded); the first: %v", n, others.Load(), otherErrs[0])
-			}
-			st := l.Stats()
-			if st.BreakerOpenings != 0 || st.Failures != 0 || st.Timeouts != 0 || st.Locked != uint64(lockedFailed.Load()) {
-				t.Errorf("Stats = %+v; want no store failure or timeout, the breaker never opened, and %d calls Locked", st, lockedFailed.Load())
-			}
-			if lockedFailed.Load() == 0 {
-				t.Errorf("no call of the locked id failed with ErrLocked; want its calls to wait out their timeout while the lock is held")
-			}
-			t.Logf("%d calls for other ids; the locked id: %d allowed (after the lock), %d waited out their timeout", others.Load(), lockedOK.Load(), lockedFailed.Load())
-			if res, err := l.Allow(ctx, rule, locked); err != nil || !res.Allowed {
-				t.Errorf("Allow of the formerly locked id = %+v, %v; want allowed", res, err)
+				case err != nil || !res.Allowed:
+					mu.Lock()
+					otherErrs = append(otherErrs, err)
+					mu.Unlock()
+				default:
+					others.Add(1)
+				}
 			}
 		})
+	}
+	wg.Wait()
+	if n := len(lockedErrs); n > 0 {
+		t.Errorf("%d calls of the locked id failed but not with ErrLocked (an ErrUnavailable); the first: %v", n, lockedErrs[0])
+	}
+	if n := len(otherErrs); n > 0 {
+		t.Errorf("%d calls for the 999 ids nobody locked failed or were denied (%d succeeded); the first: %v", n, others.Load(), otherErrs[0])
+	}
+	st := l.Stats()
+	if st.BreakerOpenings != 0 || st.Failures != 0 || st.Timeouts != 0 || st.Locked != uint64(lockedFailed.Load()) {
+		t.Errorf("Stats = %+v; want no store failure or timeout, the breaker never opened, and %d calls Locked", st, lockedFailed.Load())
+	}
+	if lockedFailed.Load() == 0 {
+		t.Errorf("no call of the locked id failed with ErrLocked; want its calls to wait out their timeout while the lock is held")
+	}
+	t.Logf("%d calls for other ids; the locked id: %d allowed (after the lock), %d waited out their timeout", others.Load(), lockedOK.Load(), lockedFailed.Load())
+	if res, err := l.Allow(ctx, rule, locked); err != nil || !res.Allowed {
+		t.Errorf("Allow of the formerly locked id = %+v, %v; want allowed", res, err)
 	}
 }
 
