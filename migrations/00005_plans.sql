@@ -189,9 +189,25 @@ ALTER FUNCTION countlimit_acquire(text, text, timestamptz, text, bigint, timesta
 -- worth a connection: pgstore then waits in the process and sends the call
 -- again. Only a pool's statements call it, each its own transaction;
 -- never a caller's transaction.
+--
+-- The setting is taken within 1 ms to 100 ms, written as lock_timeout is
+-- (a number and us, ms, s, min, h or d; ms when none): 0, which would be
+-- lock_timeout's "wait for ever", and anything longer count as 100 ms,
+-- anything shorter as 1 ms. A statement that waits long for a held row
+-- holds a connection, and a batch its every call, for as long: at 0 or a
+-- minute a row another transaction holds stalled the other ids again, and
+-- opened the circuit breaker (TestLockWaitOutOfRangeHoldsNoIDHostage). A
+-- value lock_timeout would not read (a typo, a negative number) counts as
+-- unset, 2 ms, rather than fail every statement of the pool. Unset, it
+-- costs no parsing.
 -- +goose StatementBegin
 CREATE FUNCTION countlimit_lock_briefly() RETURNS text LANGUAGE sql AS $fn$
-    SELECT set_config('lock_timeout', coalesce(nullif(current_setting('countlimit.lock_wait', true), ''), '2ms'), true)
+    SELECT set_config('lock_timeout', CASE
+        WHEN coalesce(current_setting('countlimit.lock_wait', true), '') = '' THEN '2ms'
+        WHEN current_setting('countlimit.lock_wait', true) !~ '^\s*[0-9]{1,9}(\.[0-9]{1,6})?\s*(us|ms|s|min|h|d)?\s*$' THEN '2ms'
+        ELSE least(greatest(round(coalesce(nullif(extract(epoch FROM (current_setting('countlimit.lock_wait', true)
+            || CASE WHEN current_setting('countlimit.lock_wait', true) ~ '[0-9]\s*$' THEN 'ms' ELSE '' END)::interval), 0) * 1000, 100)), 1), 100) || 'ms'
+        END, true)
 $fn$;
 -- +goose StatementEnd
 

@@ -143,18 +143,35 @@ func insertRows(t *testing.T, pool *pgxpool.Pool, ut countlimit.UseType, ids ...
 }
 
 // patientPool is a pool of its own on the tests' schema whose statements
-// wait a minute for a lock (countlimit.lock_wait) instead of giving up at
-// once and waiting in the process: a batch that meets a row another
-// transaction inserted then stays in flight, as these tests need.
+// wait a minute for a lock instead of giving up at once and waiting in the
+// process: a batch that meets a row another transaction inserted then
+// stays in flight, as these tests need. countlimit.lock_wait cannot say a
+// minute (it is held to 100 ms), so the pool's search path finds, before
+// the tests' schema, a schema of its own whose countlimit_lock_briefly
+// sets lock_timeout to a minute.
 func patientPool(t *testing.T) *pgxpool.Pool {
 	t.Helper()
+	ctx := context.Background()
+	patient := testbackend.FreshSchema(t)
+	var schema string
+	if err := patient.QueryRow(ctx, `SELECT current_schema()`).Scan(&schema); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := patient.Exec(ctx, `CREATE FUNCTION countlimit_lock_briefly() RETURNS text LANGUAGE sql
+		AS $$ SELECT set_config('lock_timeout', '1min', true) $$`); err != nil {
+		t.Fatal(err)
+	}
 	cfg := testbackend.PoolConfig(t)
-	cfg.ConnConfig.RuntimeParams["countlimit.lock_wait"] = "1min"
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	cfg.ConnConfig.RuntimeParams["search_path"] = pgx.Identifier{schema}.Sanitize() + ", " + cfg.ConnConfig.RuntimeParams["search_path"]
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
+	var wait string
+	if err := pool.QueryRow(ctx, `SELECT countlimit_lock_briefly(), current_setting('lock_timeout')`).Scan(new(string), &wait); err != nil || wait != "1min" {
+		t.Fatalf("the patient pool's lock_timeout: %q, %v; want 1min", wait, err)
+	}
 	return pool
 }
 

@@ -212,7 +212,7 @@ func locked(r *driver.Request, err error) error {
 // (migration 00005), in the same round trip and the same implicit
 // transaction (a pipeline of two statements, one Sync): a statement that
 // waits longer than a brief lock_timeout (2 ms, or the setting
-// countlimit.lock_wait) for a row another transaction holds, a caller's
+// countlimit.lock_wait, within 1 ms to 100 ms) for a row another transaction holds, a caller's
 // business transaction or a DBA's, fails with lock_not_available, nothing
 // written, and waitLocks sends it again, instead of holding a pool's
 // connection until its context ends and failing as an outage. It serves

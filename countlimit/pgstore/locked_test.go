@@ -439,3 +439,51 @@ func TestQueuedTableLockIsAnOutage(t *testing.T) {
 		})
 	}
 }
+
+// TestLockWaitIsClamped: countlimit_lock_briefly takes countlimit.lock_wait
+// within 1 ms to 100 ms, as docs/operations.md says; 0 (lock_timeout's
+// "wait for ever") is 100 ms, and what lock_timeout would not read is the
+// default, 2 ms, rather than an error in every statement of the pool.
+func TestLockWaitIsClamped(t *testing.T) {
+	pool := testbackend.Postgres(t)
+	ctx := context.Background()
+	for _, tc := range []struct{ setting, want string }{
+		{"", "2ms"},
+		{"10ms", "10ms"},
+		{"5", "5ms"},
+		{" 7 ms ", "7ms"},
+		{"0.05s", "50ms"},
+		{"100ms", "100ms"},
+		{"1.5ms", "2ms"},
+		{"0", "100ms"},
+		{"101ms", "100ms"},
+		{"1s", "100ms"},
+		{"1min", "100ms"},
+		{"999999999d", "100ms"},
+		{"0.4ms", "1ms"},
+		{"500us", "1ms"},
+		{"abc", "2ms"},
+		{"-5ms", "2ms"},
+		{"10MS", "2ms"},
+		{"1e3", "2ms"},
+	} {
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got string
+		err = tx.QueryRow(ctx, `SELECT set_config('countlimit.lock_wait', $1, true)`, tc.setting).Scan(new(string))
+		if err == nil {
+			err = tx.QueryRow(ctx, `SELECT countlimit_lock_briefly()`).Scan(new(string))
+		}
+		if err == nil {
+			err = tx.QueryRow(ctx, `SELECT current_setting('lock_timeout')`).Scan(&got)
+		}
+		if err != nil || got != tc.want {
+			t.Errorf("countlimit.lock_wait = %q: lock_timeout %q, %v; want %s", tc.setting, got, err, tc.want)
+		}
+		if err := tx.Rollback(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

@@ -58,7 +58,11 @@
 // fails with countlimit.ErrLocked, which the Limiter does not count as a
 // store failure: the circuit breaker stays closed and no fallback answers.
 // The setting countlimit.lock_wait (ALTER ROLE ... SET countlimit.lock_wait
-// = '10ms') changes the 2 ms. A lock on the table itself (a DBA's LOCK
+// = '10ms') changes the 2 ms, within 1 ms to 100 ms: 0 (for lock_timeout,
+// no limit) and longer values count as 100 ms and shorter ones as 1 ms,
+// since a statement that waits long holds a connection, or a batch, and
+// the other ids with it; a value lock_timeout would not read counts as
+// unset. A lock on the table itself (a DBA's LOCK
 // TABLE, ALTER TABLE or CREATE INDEX), granted or still waited for, stalls
 // the whole store instead: PostgreSQL queues every write behind a lock
 // that waits, so an ALTER TABLE waiting for a long report's transaction
