@@ -62,12 +62,14 @@
 // no limit) and longer values count as 100 ms and shorter ones as 1 ms,
 // since a statement that waits long holds a connection, or a batch, and
 // the other ids with it; a value lock_timeout would not read counts as
-// unset. A lock on the table itself (a DBA's LOCK
-// TABLE, ALTER TABLE or CREATE INDEX), granted or still waited for, stalls
-// the whole store instead: PostgreSQL queues every write behind a lock
-// that waits, so an ALTER TABLE waiting for a long report's transaction
-// stops every check as surely as one that runs. Calls wait for the table
-// as any statement would, and one whose context ends first fails with
+// unset.
+//
+// A lock on the table itself (a DBA's LOCK TABLE, ALTER TABLE or CREATE
+// INDEX), granted or still waited for, stalls the whole store instead:
+// PostgreSQL queues every write behind a lock that waits, so an ALTER
+// TABLE waiting for a long report's transaction stops every check as
+// surely as one that runs. Calls wait for the table as any statement
+// would, and one whose context ends first fails with
 // countlimit.ErrUnavailable, a store failure, for the breaker and the
 // fallback. So does a lease's call (Acquire, Release, Extend) or a Reset
 // when count_limit_lease is locked. A Store on a *pgx.Conn or a pgx.Tx
