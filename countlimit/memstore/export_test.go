@@ -6,6 +6,9 @@ import (
 	"github.com/countlimit/countlimit/countlimit/driver"
 )
 
+// SweepSlice is sweepSlice, for the tests of the janitor's slices.
+const SweepSlice = sweepSlice
+
 // Sweep runs one sweep now, as the janitor does.
 func Sweep(s *Store) { s.sweep() }
 

@@ -22,7 +22,7 @@
 // GOMEMLIMIT to cap it).
 //
 // The janitor drops a counter once its window and penalty are over. It
-// sweeps a shard [SweepSlice] counters at a time, letting go of the shard's
+// sweeps a shard 512 counters at a time, letting go of the shard's
 // lock between slices, so a check never waits for a whole shard to be
 // swept. Go maps never give memory back, so when a sweep leaves a shard
 // with a quarter or less of the most ids it has held, the janitor moves
@@ -55,14 +55,15 @@ const (
 	// service, which keeps its counters here by default, cannot be made to
 	// exhaust its memory by a flood of new ids, however long.
 	DefaultMaxBytes = 256 << 20
-	// SweepSlice is how many counters the janitor looks at, or moves into
-	// a fresh map, per hold of a shard's lock (finishing the id it is at,
-	// whose counters go together): few enough that a hold stays short (each
-	// counter costs a cache miss or two), so that no check waits long behind
-	// a sweep; docs/benchmarks.md has the measured holds. A call that finds
-	// its shard full looks at no more.
-	SweepSlice = 512
 )
+
+// sweepSlice is how many counters the janitor looks at, or moves into a
+// fresh map, per hold of a shard's lock (finishing the id it is at, whose
+// counters go together): few enough that a hold stays short (each counter
+// costs a cache miss or two), so that no check waits long behind a sweep;
+// docs/benchmarks.md has the measured holds. A call that finds its shard
+// full looks at no more.
+const sweepSlice = 512
 
 // lookAgain is how long a full shard that looked for expired counters in
 // vain waits before it looks again, unless a sweep or a shorter-lived
@@ -311,7 +312,7 @@ func WithJanitorInterval(d time.Duration) Option { return func(c *config) { c.in
 // When a call would add a counter to a full shard, or lengthen a sliding
 // log or a set of leases beyond the room its array has, the shard first
 // drops counters whose window and penalty are over, looking at about
-// SweepSlice of them (the janitor's sweeps drop the rest); a shard that
+// sweepSlice of them (the janitor's sweeps drop the rest); a shard that
 // knows none can have expired, or looked in vain in the last second, does
 // not look. If there is still no room, the call fails with an error that
 // wraps both ErrFull and countlimit.ErrUnavailable, so the caller's failure
@@ -655,7 +656,7 @@ func (s *Store) full(sh *shard, bytes int64, entries int) error {
 }
 
 // reclaim makes room for bytes and entries more in a full shard by dropping
-// expired counters, looking at about SweepSlice, and reports whether they
+// expired counters, looking at about sweepSlice, and reports whether they
 // fit now.
 func (s *Store) reclaim(sh *shard, bytes int64, entries int) bool {
 	mono := s.mono()
@@ -666,7 +667,7 @@ func (s *Store) reclaim(sh *shard, bytes int64, entries int) bool {
 	seen, low := 0, int64(forever)
 	for _, m := range [...]map[uint64]*entry{sh.old, sh.m} {
 		for h := range m {
-			if seen >= SweepSlice {
+			if seen >= sweepSlice {
 				if s.full(sh, bytes, entries) != nil {
 					sh.soonest = mono + lookAgain
 					return false
@@ -823,7 +824,7 @@ func (s *Store) sweepShard(sh *shard) {
 	sh.soonest = min(low, sh.low)
 }
 
-// drain walks m, about SweepSlice counters per hold of sh's lock (a chain
+// drain walks m, about sweepSlice counters per hold of sh's lock (a chain
 // is done whole), drops the expired ones and, when to is not nil, moves
 // the others into it. It returns the soonest expiry it kept. sh is locked
 // on entry and on return.
@@ -839,7 +840,7 @@ func (s *Store) drain(sh *shard, m, to map[uint64]*entry) int64 {
 	for h := range m {
 		k, l := sh.prune(m, to, h, mono)
 		low = min(low, l)
-		if seen += k; seen >= SweepSlice {
+		if seen += k; seen >= sweepSlice {
 			seen = 0
 			sh.mu.Unlock()
 			if s.pause != nil {
