@@ -6,10 +6,17 @@ import (
 	"strings"
 	"time"
 
+	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/internal/gather"
 	"github.com/redis/go-redis/v9"
 )
+
+// Key, LogKey and LeaseKey return the keys of a counter, its sliding log
+// and its leases, for the tests that read them.
+func Key(useType countlimit.UseType, id string) string      { return counterKey(useType, id) }
+func LogKey(useType countlimit.UseType, id string) string   { return logKey(useType, id) }
+func LeaseKey(useType countlimit.UseType, id string) string { return leaseKey(useType, id) }
 
 // ReplyTTL is how long a Reset's reply is kept, for the tests.
 const ReplyTTL = replyTTL

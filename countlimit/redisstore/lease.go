@@ -17,11 +17,13 @@ var (
 	leaseSHA    any = leaseScript.Hash()
 )
 
-// LeaseKey returns the key of the leases beside Key(useType, id): a sorted
+// leaseKey returns the key of the leases beside counterKey(useType, id): a sorted
 // set of lease tokens scored by their expiry (Unix µs), which expires with
 // its latest lease. It shares the hash tag, and so the Cluster slot, of
-// Key(useType, id).
-func LeaseKey(useType countlimit.UseType, id string) string { return Key(useType, id) + leaseSuffix }
+// counterKey(useType, id).
+func leaseKey(useType countlimit.UseType, id string) string {
+	return counterKey(useType, id) + leaseSuffix
+}
 
 const leaseSuffix = ":lease"
 
@@ -33,7 +35,7 @@ var leaseOpArg = [...]any{driver.OpPeek: "peek", driver.OpAcquire: "acquire", dr
 // (see lease.lua).
 func leaseCommand(ctx context.Context, r *driver.Request) redis.Cmder {
 	c := &r.Checks[0]
-	key := Key(countlimit.UseType(c.UseType), r.ID)
+	key := counterKey(countlimit.UseType(c.UseType), r.ID)
 	cmd := redis.NewIntSliceCmd(ctx, "evalsha", leaseSHA, 2, key, key+leaseSuffix,
 		leaseOpArg[r.Op], r.Now.UnixMicro(), r.Lease, c.Limit, c.TTL.Microseconds(), c.Block.Microseconds())
 	cmd.SetFirstKeyPos(3)

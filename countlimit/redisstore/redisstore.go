@@ -14,7 +14,7 @@
 // wrote it last (field r, see Lost replies); sliding windows add a sorted set
 // "countlimit:<use_type>:{<id>}:log" of the counted events, and Concurrent
 // windows a sorted set "countlimit:<use_type>:{<id>}:lease" of lease tokens
-// by expiry (see LeaseKey and lease.lua). The hash tag
+// by expiry (see leaseKey and lease.lua). The hash tag
 // {<id>} puts every counter of one id in one Cluster slot, so a multi-rule
 // check is one script on one node. In both parts the characters % : { } are
 // escaped as %25 %3A %7B %7D, so two different (use_type, id) pairs never
@@ -391,14 +391,15 @@ func New(client redis.UniversalClient, opts ...Option) *Store {
 	return s
 }
 
-// Key returns the Redis key of useType's counter for id.
-func Key(useType countlimit.UseType, id string) string {
-	k := LogKey(useType, id)
+// counterKey returns the Redis key of useType's counter for id (the layout
+// is docs/library.md's, for operators).
+func counterKey(useType countlimit.UseType, id string) string {
+	k := logKey(useType, id)
 	return k[:len(k)-len(logSuffix)]
 }
 
-// LogKey returns the key of the sliding log beside Key(useType, id).
-func LogKey(useType countlimit.UseType, id string) string {
+// logKey returns the key of the sliding log beside counterKey(useType, id).
+func logKey(useType countlimit.UseType, id string) string {
 	ut, eid := escape(string(useType)), escape(id)
 	var b strings.Builder
 	b.Grow(logKeyLen(ut, eid))
