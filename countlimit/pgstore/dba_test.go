@@ -20,6 +20,7 @@ import (
 
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/pgstore"
+	"github.com/countlimit/countlimit/internal/pgmigrate"
 	"github.com/countlimit/countlimit/internal/testbackend"
 )
 
@@ -891,7 +892,7 @@ func TestDBAPlansUseTheKey(t *testing.T) {
 func TestPingWantsDBAFunctions(t *testing.T) {
 	pool := dbaSchema(t, 2, nil)
 	ctx := context.Background()
-	p, closeDB, err := pgstore.NewMigrationProvider(pool)
+	p, closeDB, err := pgmigrate.NewProvider(pool)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -304,7 +304,7 @@ func (s *Store) Purge(ctx context.Context, now time.Time, batchSize int) (int64,
 func (s *Store) PurgeEach(ctx context.Context, now time.Time, batchSize int, progress func(total int64)) (int64, error) {
 	var total int64
 	for {
-		n, err := s.PurgeBatch(ctx, now, batchSize)
+		n, err := s.purgeBatch(ctx, now, batchSize)
 		total += n
 		if progress != nil {
 			progress(total)
@@ -315,11 +315,11 @@ func (s *Store) PurgeEach(ctx context.Context, now time.Time, batchSize int, pro
 	}
 }
 
-// PurgeBatch is one batch of Purge: it deletes at most batchSize expired rows
+// purgeBatch is one batch of Purge: it deletes at most batchSize expired rows
 // that no one holds locked. A now outside 1970 until 2150 (UTC), as
 // countlimit's clock readings must lie, is countlimit.ErrInvalid, nothing
 // deleted.
-func (s *Store) PurgeBatch(ctx context.Context, now time.Time, batchSize int) (int64, error) {
+func (s *Store) purgeBatch(ctx context.Context, now time.Time, batchSize int) (int64, error) {
 	if batchSize < 1 || batchSize > MaxBatchSize {
 		return 0, fmt.Errorf("pgstore: purge: %w: batchSize must be 1 to %d, got %d", countlimit.ErrInvalid, MaxBatchSize, batchSize)
 	}

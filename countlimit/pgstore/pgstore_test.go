@@ -18,6 +18,7 @@ import (
 	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/countlimit/pgstore"
 	"github.com/countlimit/countlimit/countlimit/storetest"
+	"github.com/countlimit/countlimit/internal/pgmigrate"
 	"github.com/countlimit/countlimit/internal/testbackend"
 	"github.com/countlimit/countlimit/internal/testenv"
 )
@@ -281,10 +282,10 @@ func TestMigrateUpDownUp(t *testing.T) {
 		t.Fatalf("after up: %d of count_limit, count_limit_status exist", n)
 	}
 	var version int64
-	if err := pool.QueryRow(ctx, `SELECT max(version_id) FROM `+pgstore.VersionTable).Scan(&version); err != nil || version < 1 {
-		t.Fatalf("version table %s: version %d, %v", pgstore.VersionTable, version, err)
+	if err := pool.QueryRow(ctx, `SELECT max(version_id) FROM `+pgmigrate.VersionTable).Scan(&version); err != nil || version < 1 {
+		t.Fatalf("version table %s: version %d, %v", pgmigrate.VersionTable, version, err)
 	}
-	p, closeDB, err := pgstore.NewMigrationProvider(pool)
+	p, closeDB, err := pgmigrate.NewProvider(pool)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -592,7 +593,7 @@ func TestPurgeBesideLiveTraffic(t *testing.T) {
 func TestIndexesMadeByHand(t *testing.T) {
 	pool := testbackend.FreshSchema(t)
 	ctx := context.Background()
-	p, closeDB, err := pgstore.NewMigrationProvider(pool)
+	p, closeDB, err := pgmigrate.NewProvider(pool)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -143,7 +143,7 @@ func (s *Store) purgePass(ctx context.Context, cfg purgeConfig) PurgePass {
 	for {
 		began := time.Now()
 		bctx, cancel := context.WithTimeout(ctx, purgeBatchTimeout)
-		n, err := s.PurgeBatch(bctx, p.Now, cfg.batchSize)
+		n, err := s.purgeBatch(bctx, p.Now, cfg.batchSize)
 		cancel()
 		took := time.Since(began)
 		p.Batches++

@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/pressly/goose/v3"
 
-	"github.com/countlimit/countlimit/countlimit/pgstore"
+	"github.com/countlimit/countlimit/internal/pgmigrate"
 )
 
 func migrate(ctx context.Context, args []string, stdout io.Writer) error {
@@ -39,7 +39,7 @@ func migrate(ctx context.Context, args []string, stdout io.Writer) error {
 		return badStoreURL(url, err)
 	}
 	defer pool.Close()
-	p, closeDB, err := pgstore.NewMigrationProvider(pool)
+	p, closeDB, err := pgmigrate.NewProvider(pool)
 	if err != nil {
 		return err
 	}

@@ -1,26 +1,28 @@
 package testenv_test
 
 import (
+	"os"
+	"strings"
 	"testing"
 
-	"github.com/countlimit/countlimit/countlimit/pgstore/pgstoretest"
-	"github.com/countlimit/countlimit/countlimit/redisstore/redisstoretest"
 	"github.com/countlimit/countlimit/internal/testenv"
 )
 
-// The public helpers document the variables testenv reads under their own
-// names.
-func TestPublicNamesAgree(t *testing.T) {
-	for _, c := range []struct{ public, here string }{
-		{pgstoretest.EnvURL, testenv.EnvPostgres},
-		{pgstoretest.EnvImage, testenv.EnvPostgresImage},
-		{pgstoretest.EnvRequire, testenv.EnvRequire},
-		{redisstoretest.EnvURL, testenv.EnvRedis},
-		{redisstoretest.EnvImage, testenv.EnvRedisImage},
-		{redisstoretest.EnvRequire, testenv.EnvRequire},
+// The public helpers' package docs name the variables testenv reads.
+func TestPublicDocsNameTheVariables(t *testing.T) {
+	for file, names := range map[string][]string{
+		"../../countlimit/pgstore/pgstoretest/pgstoretest.go":          {testenv.EnvPostgres, testenv.EnvPostgresImage, testenv.EnvRequire},
+		"../../countlimit/redisstore/redisstoretest/redisstoretest.go": {testenv.EnvRedis, testenv.EnvRedisImage, testenv.EnvRequire},
 	} {
-		if c.public != c.here {
-			t.Errorf("public name %q, testenv reads %q", c.public, c.here)
+		src, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		doc, _, _ := strings.Cut(string(src), "\npackage ")
+		for _, n := range names {
+			if !strings.Contains(doc, n) {
+				t.Errorf("%s: the package doc does not name %s, which testenv reads", file, n)
+			}
 		}
 	}
 }

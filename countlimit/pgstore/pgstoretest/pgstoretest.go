@@ -45,17 +45,6 @@ import (
 	"github.com/countlimit/countlimit/internal/testenv/pgschema"
 )
 
-// The environment variables the package reads (internal/testenv reads them
-// for it; a test there checks the names agree).
-const (
-	// EnvURL names the PostgreSQL server to use instead of a container.
-	EnvURL = "COUNTLIMIT_TEST_POSTGRES_URL"
-	// EnvImage names the image of the container (default postgres:15-alpine).
-	EnvImage = "COUNTLIMIT_TEST_POSTGRES_IMAGE"
-	// EnvRequire, set to 1, turns skips into failures.
-	EnvRequire = "COUNTLIMIT_REQUIRE_BACKENDS"
-)
-
 // Pool returns a pool whose connections work in a new schema with
 // countlimit's migrations applied (pgstore.Migrate), as if it were the
 // database's only one: your own tables, created through the pool, land in

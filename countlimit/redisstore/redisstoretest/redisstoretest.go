@@ -24,12 +24,17 @@
 //
 // Leases: the databases handed out are 1 to N-1 (N is the server's
 // "databases" setting, 16 by default), except the one the URL names, which
-// is left to whoever else uses the server. A lease is a key
-// "redisstoretest:lease:<n>" in database 0, kept alive while the test runs
-// and expiring a minute after its process dies, so parallel tests and test
-// binaries sharing one server never share a database; a test waits (up to a
-// minute) when all are leased. The server must be a single Redis, not a
-// Cluster, which has only database 0.
+// is left to whoever else uses the server, and any that holds keys no test
+// wrote: a database is handed out only when it is empty, or when a test
+// claimed it before and died before giving it back. Two keys per database
+// in use live in database 0: the lease "redisstoretest:lease:<n>", kept
+// alive while the test runs and expiring a minute after its process dies,
+// so parallel tests and test binaries sharing one server never share a
+// database, and the claim "redisstoretest:claimed:<n>", which says the
+// database was empty when a test took it; both go when the test ends and
+// its database is flushed. A test waits (up to a minute) when every
+// database is leased or someone else's. The server must be a single Redis,
+// not a Cluster, which has only database 0.
 //
 // The container is started once per test binary and shared by its tests;
 // Main removes it when they end. Without Main, Ryuk (testcontainers' reaper)
@@ -48,17 +53,6 @@ import (
 
 	"github.com/countlimit/countlimit/internal/testenv"
 	"github.com/countlimit/countlimit/internal/testenv/redisdb"
-)
-
-// The environment variables the package reads (internal/testenv reads them
-// for it; a test there checks the names agree).
-const (
-	// EnvURL names the Redis server to use instead of a container.
-	EnvURL = "COUNTLIMIT_TEST_REDIS_URL"
-	// EnvImage names the image of the container (default redis:7-alpine).
-	EnvImage = "COUNTLIMIT_TEST_REDIS_IMAGE"
-	// EnvRequire, set to 1, turns skips into failures.
-	EnvRequire = "COUNTLIMIT_REQUIRE_BACKENDS"
 )
 
 // Client returns a client on a logical database leased to t, empty. When t
