@@ -91,9 +91,6 @@ func (ls Lease) UseType() UseType { return ls.useType }
 // ID returns the id the slot was taken for.
 func (ls Lease) ID() string { return ls.id }
 
-// Token returns the lease's own random name, as the store keeps it.
-func (ls Lease) Token() string { return ls.token }
-
 // TTL returns how long the lease lives after it was taken or last extended.
 func (ls Lease) TTL() time.Duration { return ls.ttl }
 

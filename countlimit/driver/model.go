@@ -41,49 +41,6 @@ type Key struct {
 	Leases map[string]int64
 }
 
-// Empty reports whether k holds nothing: no window, log, tally, penalty
-// or lease.
-func (k *Key) Empty() bool {
-	return k == nil || k.Begin >= k.End && len(k.Log) == 0 && k.Denied == 0 && k.Blocked == 0 && len(k.Leases) == 0
-}
-
-// Live returns what of k is live at now, for a check whose sliding span
-// is span (0 for any other kind): the logged events after now-span and the
-// leases that expire after now, in new slices and maps; the rest as k has
-// it. Two stores hold the same state when their keys' live parts agree.
-func (k Key) Live(span, now int64) Key {
-	var log []int64
-	for _, e := range k.Log {
-		if span > 0 && e > now-span {
-			log = append(log, e)
-		}
-	}
-	var leases map[string]int64
-	for t, e := range k.Leases {
-		if e > now {
-			if leases == nil {
-				leases = map[string]int64{}
-			}
-			leases[t] = e
-		}
-	}
-	k.Log, k.Leases = log, leases
-	return k
-}
-
-// Clone returns a deep copy of k.
-func (k Key) Clone() Key {
-	k.Log = slices.Clone(k.Log)
-	if k.Leases != nil {
-		l := make(map[string]int64, len(k.Leases))
-		for t, e := range k.Leases {
-			l[t] = e
-		}
-		k.Leases = l
-	}
-	return k
-}
-
 func us(t time.Time) int64 { return t.UnixMicro() }
 
 // end is a Check's window end in microseconds: Forever for a lifetime.

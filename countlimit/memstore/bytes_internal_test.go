@@ -51,7 +51,7 @@ func testBytesFollowEntries(t *testing.T, max int64) {
 			s.sweep()
 		case r.UseType == "job" && op < 5:
 			var ls countlimit.Lease
-			if ls, _, err = l.Acquire(ctx, r, id); ls.Token() != "" {
+			if ls, _, err = l.Acquire(ctx, r, id); ls.String() != "" {
 				leases = append(leases, ls)
 			}
 		case r.UseType == "job" && len(leases) > 0:

@@ -4,6 +4,7 @@ import (
 	"slices"
 
 	"github.com/countlimit/countlimit/countlimit/driver"
+	"github.com/countlimit/countlimit/internal/keystate"
 )
 
 // SweepSlice is sweepSlice, for the tests of the janitor's slices.
@@ -93,7 +94,7 @@ func SeedForTest(s *Store, ut, id string, k driver.Key) {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	sh.remove(h, ut, id)
-	if k.Empty() {
+	if keystate.Empty(&k) {
 		return
 	}
 	e := newEntry(ut, id, 0)

@@ -15,6 +15,7 @@ import (
 	"github.com/countlimit/countlimit/countlimit/pgstore"
 	"github.com/countlimit/countlimit/countlimit/storetest"
 
+	"github.com/countlimit/countlimit/internal/keystate"
 	"github.com/countlimit/countlimit/internal/modeltest"
 	"github.com/countlimit/countlimit/internal/testbackend"
 )
@@ -167,7 +168,7 @@ func seedKey(ctx context.Context, pool *pgxpool.Pool, ut, id string, k driver.Ke
 	if _, err := pool.Exec(ctx, `DELETE FROM count_limit WHERE use_type = $1 AND unique_id = $2`, ut, id); err != nil {
 		return err
 	}
-	if k.Empty() {
+	if keystate.Empty(&k) {
 		return nil
 	}
 	ts := func(us int64) pgtype.Timestamptz {

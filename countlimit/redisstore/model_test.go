@@ -13,6 +13,7 @@ import (
 	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/countlimit/redisstore"
 	"github.com/countlimit/countlimit/countlimit/storetest"
+	"github.com/countlimit/countlimit/internal/keystate"
 	"github.com/countlimit/countlimit/internal/modeltest"
 	"github.com/countlimit/countlimit/internal/testbackend"
 )
@@ -137,7 +138,7 @@ func seedKey(ctx context.Context, client redis.Cmdable, ut, id string, k driver.
 	if err := client.Del(ctx, h, z, l).Err(); err != nil {
 		return err
 	}
-	if k.Empty() {
+	if keystate.Empty(&k) {
 		return nil
 	}
 	var set []any

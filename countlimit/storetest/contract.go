@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/countlimit/countlimit/countlimit/driver"
+	"github.com/countlimit/countlimit/internal/keystate"
 )
 
 // Inspector reads and writes a store's state of one key directly, in the
@@ -36,8 +37,8 @@ func RunContract(t *testing.T, store driver.Store, in Inspector) {
 			t.Parallel()
 			ctx := context.Background()
 			ut := string(UseType(t, "contract"))
-			want := c.seed.Clone()
-			if err := in.Seed(ctx, ut, "id", c.seed.Clone()); err != nil {
+			want := keystate.Clone(c.seed)
+			if err := in.Seed(ctx, ut, "id", keystate.Clone(c.seed)); err != nil {
 				t.Fatalf("seeding %+v: %v", c.seed, err)
 			}
 			got, model := c.req(ut), c.req(ut)
@@ -146,7 +147,7 @@ func stateText(s driver.State) string {
 // keyText is what must be equal of a key's stored state at now: a sliding
 // log and the leases by what is live, a window only when it is not empty.
 func keyText(k driver.Key, span, now int64) string {
-	k = k.Live(span, now)
+	k = keystate.Live(k, span, now)
 	window := "none"
 	if k.Begin < k.End {
 		window = fmt.Sprintf("%d [%d, %d)", k.Count, k.Begin, k.End)

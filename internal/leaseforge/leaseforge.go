@@ -1,6 +1,6 @@
 // Package leaseforge writes unsigned lease strings as anyone can, checksum
 // and all: the tests' stand-in for whoever holds a lease string and edits
-// it. Only tests import it.
+// it, and reads the token a string names. Only tests import it.
 package leaseforge
 
 import (
@@ -39,4 +39,14 @@ func WithTTL(s string, ttl time.Duration) string {
 		return ""
 	}
 	return Unsigned(countlimit.UseType(ut), string(id), ttl, p[4])
+}
+
+// Token returns the token a lease string names (signed or not), or "" when
+// s is not a lease string: the name the store keeps the lease by.
+func Token(s string) string {
+	p := strings.Split(s, ".")
+	if len(p) != 6 {
+		return ""
+	}
+	return p[4]
 }

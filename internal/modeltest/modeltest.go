@@ -38,6 +38,8 @@ import (
 
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/driver"
+	"github.com/countlimit/countlimit/internal/keystate"
+	"github.com/countlimit/countlimit/internal/leaseforge"
 )
 
 // Path is one way a store carries out requests: PostgreSQL's one
@@ -355,7 +357,7 @@ func gen(seed uint64, n int) []Step {
 		switch {
 		case r.Window.IsConcurrent() && op < 6:
 			desc = fmt.Sprintf("Acquire(%s, %s)", r.UseType, id)
-			if ls, _, _ := l.Acquire(ctx, r, id); ls.Token() != "" {
+			if ls, _, _ := l.Acquire(ctx, r, id); ls.String() != "" {
 				leases = append(leases, ls)
 			}
 		case r.Window.IsConcurrent() && op < 10 && len(leases) > 0:
@@ -363,7 +365,7 @@ func gen(seed uint64, n int) []Step {
 			if focus != nil {
 				// The lease whose expiry the clock landed on.
 				for _, c := range leases {
-					if w.key(focus.ut, focus.id).Leases[rec.tokens[c.Token()]] == focus.at {
+					if w.key(focus.ut, focus.id).Leases[rec.tokens[leaseforge.Token(c.String())]] == focus.at {
 						ls = c
 					}
 				}
@@ -371,10 +373,10 @@ func gen(seed uint64, n int) []Step {
 			// Bound again to this step's Limiter, whose clock is now.
 			if rl, err := l.ParseLease(ls.String(), r); err == nil {
 				if op < 8 {
-					desc = fmt.Sprintf("Release(%s %s %.6s)", rl.UseType(), rl.ID(), rec.tokens[rl.Token()])
+					desc = fmt.Sprintf("Release(%s %s %.6s)", rl.UseType(), rl.ID(), rec.tokens[leaseforge.Token(rl.String())])
 					rl.Release(ctx)
 				} else {
-					desc = fmt.Sprintf("Extend(%s %s %.6s)", rl.UseType(), rl.ID(), rec.tokens[rl.Token()])
+					desc = fmt.Sprintf("Extend(%s %s %.6s)", rl.UseType(), rl.ID(), rec.tokens[leaseforge.Token(rl.String())])
 					rl.Extend(ctx)
 				}
 			}
@@ -495,7 +497,7 @@ func clones(reqs []*driver.Request) []*driver.Request { return clonesFor(reqs, "
 // tally is set (a Path that does not expire keys); a log and the leases
 // count by what is live.
 func canon(k driver.Key, span, now int64, tally bool) string {
-	k = k.Live(span, now)
+	k = keystate.Live(k, span, now)
 	log, leases := k.Log, k.Leases
 	window := k.Begin < k.End
 	if !window && k.Blocked <= now && len(log) == 0 && len(leases) == 0 ||

@@ -103,10 +103,13 @@ func TestClientWaitsForAFreeDatabase(t *testing.T) {
 		}
 		return dbs
 	}
+	// free counts the databases a Client could be handed now: not leased,
+	// and empty or a test's (a database with others' keys is never handed
+	// out).
 	free := func() int {
 		k := 0
 		for _, db := range leasable() {
-			if admin.Exists(ctx, redisdb.LeasePrefix+strconv.Itoa(db)).Val() == 0 {
+			if takeable(ctx, admin, opts, db) {
 				k++
 			}
 		}
@@ -161,14 +164,16 @@ func TestOthersKeysAreLeftAlone(t *testing.T) {
 		t.Fatal(err)
 	}
 	own := redisurl.OnDB(opts, theirs.DB)
-	defer own.Close()
 	if err := admin.Del(ctx, redisdb.ClaimPrefix+strconv.Itoa(theirs.DB)).Err(); err != nil {
 		t.Fatal(err)
 	}
 	if err := own.Set(ctx, "someone:else", "keep me", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { own.Del(context.Background(), "someone:else") })
+	t.Cleanup(func() { // after the test's defers: own must still be open
+		own.Del(context.Background(), "someone:else")
+		own.Close()
+	})
 	if err := admin.Del(ctx, redisdb.LeasePrefix+strconv.Itoa(theirs.DB)).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -179,7 +184,7 @@ func TestOthersKeysAreLeftAlone(t *testing.T) {
 			if c.Options().DB == theirs.DB {
 				h.Fatalf("database %d, which holds a key no test wrote, was handed out", theirs.DB)
 			}
-			if admin.Exists(ctx, redisdb.LeasePrefix+strconv.Itoa(theirs.DB)).Val() == 0 && freeLeft(ctx, admin, opts, theirs.DB) == 0 {
+			if freeLeft(ctx, admin, opts, theirs.DB) == 0 {
 				break
 			}
 		}
@@ -190,8 +195,7 @@ func TestOthersKeysAreLeftAlone(t *testing.T) {
 	_ = l // its lease was let go above; Release would flush their database
 }
 
-// freeLeft counts the databases no lease holds, but skip (and 0 and the
-// URL's).
+// freeLeft counts the databases a Client could be handed now, but skip.
 func freeLeft(ctx context.Context, admin *redis.Client, opts *redis.Options, skip int) int {
 	n, err := strconv.Atoi(admin.ConfigGet(ctx, "databases").Val()["databases"])
 	if err != nil {
@@ -199,9 +203,21 @@ func freeLeft(ctx context.Context, admin *redis.Client, opts *redis.Options, ski
 	}
 	k := 0
 	for db := 1; db < n; db++ {
-		if db != opts.DB && db != skip && admin.Exists(ctx, redisdb.LeasePrefix+strconv.Itoa(db)).Val() == 0 {
+		if db != opts.DB && db != skip && takeable(ctx, admin, opts, db) {
 			k++
 		}
 	}
 	return k
+}
+
+// takeable reports whether a Client could be handed database db now: no
+// test holds it, and it is empty or a test's (one with others' keys is
+// never handed out).
+func takeable(ctx context.Context, admin *redis.Client, opts *redis.Options, db int) bool {
+	if admin.Exists(ctx, redisdb.LeasePrefix+strconv.Itoa(db)).Val() != 0 {
+		return false
+	}
+	c := redisurl.OnDB(opts, db)
+	defer c.Close()
+	return admin.Exists(ctx, redisdb.ClaimPrefix+strconv.Itoa(db)).Val() == 1 || c.DBSize(ctx).Val() == 0
 }

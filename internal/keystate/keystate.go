@@ -1,0 +1,49 @@
+// Package keystate works with driver.Key, the stored state of a key, for
+// the harnesses that read it back from stores and compare it with the
+// model's (storetest.RunContract, internal/modeltest and the stores'
+// model tests).
+package keystate
+
+import (
+	"maps"
+	"slices"
+
+	"github.com/countlimit/countlimit/countlimit/driver"
+)
+
+// Empty reports whether k holds nothing: no window, log, tally, penalty
+// or lease.
+func Empty(k *driver.Key) bool {
+	return k == nil || k.Begin >= k.End && len(k.Log) == 0 && k.Denied == 0 && k.Blocked == 0 && len(k.Leases) == 0
+}
+
+// Live returns what of k is live at now, for a check whose sliding span
+// is span (0 for any other kind): the logged events after now-span and the
+// leases that expire after now, in new slices and maps; the rest as k has
+// it. Two stores hold the same state when their keys' live parts agree.
+func Live(k driver.Key, span, now int64) driver.Key {
+	var log []int64
+	for _, e := range k.Log {
+		if span > 0 && e > now-span {
+			log = append(log, e)
+		}
+	}
+	var leases map[string]int64
+	for t, e := range k.Leases {
+		if e > now {
+			if leases == nil {
+				leases = map[string]int64{}
+			}
+			leases[t] = e
+		}
+	}
+	k.Log, k.Leases = log, leases
+	return k
+}
+
+// Clone returns a deep copy of k.
+func Clone(k driver.Key) driver.Key {
+	k.Log = slices.Clone(k.Log)
+	k.Leases = maps.Clone(k.Leases)
+	return k
+}
