@@ -42,7 +42,9 @@ func Example() {
 }
 
 // A check inside the caller's transaction: the count commits with the
-// business write, or neither does.
+// business write, or neither does. (Compiled, not run: it needs a database
+// with the application's articles table; TestTransactionCommitsOrRollsBackWithCaller runs
+// the same steps.)
 func Example_transaction() {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, "postgres://app@db/app")
