@@ -8,6 +8,7 @@ import (
 	"hash/maphash"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
@@ -52,11 +53,12 @@ func (s *Store) allowOne(ctx context.Context, d DBTX, r *driver.Request, skipLoc
 		WindowKind: c.Kind,
 	}
 	for range gather.MaxAttempts {
+		sent := time.Now()
 		row, err := s.q.AllowOne(ctx, d, p)
 		if errors.Is(err, pgx.ErrNoRows) {
 			continue // the row was created concurrently: now it is there
 		}
-		if skipLocked && busy(err) {
+		if skipLocked && s.busy(ctx, err, sent) {
 			return errBusy
 		}
 		if err != nil {
@@ -141,6 +143,7 @@ func (s *Store) sendBatch(ctx context.Context, calls []*gather.Call) {
 		p.WindowEnds[i] = nullTime(c.End)
 		p.PenaltyEnds[i] = penaltyEnd(r, c)
 	}
+	sent := time.Now()
 	rows, err := s.q.AllowBatch(ctx, s.db, p)
 	done := make([]bool, len(calls))
 	for _, row := range rows {
@@ -161,7 +164,7 @@ func (s *Store) sendBatch(ctx context.Context, calls []*gather.Call) {
 		}
 		calls[i].Req.Checks[0].State = state(row.Allowed, row.Used, row.WindowBegin, row.WindowEnd, row.BlockedUntil)
 	}
-	settle(calls, done, err)
+	settle(calls, done, err, s.busy(ctx, err, sent))
 }
 
 // sendDistinct sends calls whose keys are all different, in lock order
@@ -191,6 +194,7 @@ func (s *Store) sendDistinct(ctx context.Context, calls []*gather.Call, order []
 		p.PenaltyEnds[j] = penaltyEnd(r, c)
 		p.Kinds[j] = c.Kind
 	}
+	sent := time.Now()
 	rows, err := s.q.AllowBatchDistinct(ctx, s.db, p)
 	done := make([]bool, len(calls))
 	for _, row := range rows {
@@ -207,14 +211,14 @@ func (s *Store) sendDistinct(ctx context.Context, calls []*gather.Call, order []
 		}
 		calls[i].Req.Checks[0].State = state(row.Allowed, row.Used, row.WindowBegin, row.WindowEnd, row.BlockedUntil)
 	}
-	settle(calls, done, err)
+	settle(calls, done, err, s.busy(ctx, err, sent))
 }
 
 // settle ends a batch's statement: if it failed (err), every call fails with
-// it, or is busy when it gave up waiting for a lock; else the calls it did
-// not apply (done false) are sent again.
-func settle(calls []*gather.Call, done []bool, err error) {
-	if busy(err) {
+// it, or is busy when it gave up waiting for a lock (busy); else the calls it
+// did not apply (done false) are sent again.
+func settle(calls []*gather.Call, done []bool, err error, busy bool) {
+	if busy {
 		// A lock the batch could not get by key: a DBA's lock of the
 		// table, or a second held key met on the run past the first.
 		for _, c := range calls {

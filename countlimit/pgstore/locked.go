@@ -21,27 +21,51 @@ import (
 // it was applied (see AllowBatch in queries/fast.sql, and lockTimed).
 var errBusy = errors.New("pgstore: the row is locked by another transaction")
 
-// busy reports whether err says that a statement on the pool gave up
-// waiting for a lock another transaction holds: lock_not_available
-// (SQLSTATE 55P03), from the lock_timeout the fast path's functions and
-// lockTimed set. Nothing of the statement was written.
+// busy reports whether err, the error of a statement on the pool sent at
+// sent, says that it gave up waiting for a lock another transaction holds:
+// lock_not_available (SQLSTATE 55P03), from the lock_timeout the fast
+// path's functions and lockTimed set. Nothing of the statement was written.
 //
-// A lock_timeout can also end a statement as query_canceled (57014)
-// "due to user request": when the timer fires just as one lock wait ends
-// and another begins, PostgreSQL finds the cancel pending without the
-// timeout's mark (seen here under load, "while locking tuple" in
-// countlimit_apply, which locks rows one after another). pgx never cancels a
-// statement whose context is live (it closes the connection of one whose
-// context ended), so that error, in English, is taken as busy too; a
-// DBA's pg_cancel_backend then sends the call again, as a held row would,
-// which is safe: nothing of a cancelled statement was written. A
-// statement_timeout is not busy.
-func busy(err error) bool {
+// A lock_timeout can also end a statement as query_canceled (57014): when
+// the timer fires just as one lock wait ends and another begins,
+// PostgreSQL finds the cancel pending without the timeout's mark (seen
+// under load, "while locking tuple" in countlimit_apply, which locks rows
+// one after another). A statement_timeout ends a statement with the same
+// code, and only the message tells them apart, in the server's language
+// (lc_messages). So a 57014 is told by time instead: it is busy unless the
+// pool's sessions have a statement_timeout and the statement ran for at
+// least that long (asked of the server, only on this rare path; a lock
+// wait is given up within 100 ms). pgx never cancels a statement whose
+// context is live (it closes the connection of one whose context ended),
+// so a DBA's pg_cancel_backend is busy too and the call is sent again, as
+// for a held row: nothing of a cancelled statement was written.
+func (s *Store) busy(ctx context.Context, err error, sent time.Time) bool {
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) {
 		return false
 	}
-	return pgErr.Code == "55P03" || pgErr.Code == "57014" && pgErr.Message == "canceling statement due to user request"
+	switch pgErr.Code {
+	case "55P03":
+		return true
+	case "57014":
+		return !s.statementTimedOut(ctx, time.Since(sent))
+	}
+	return false
+}
+
+// statementTimedOut reports whether a statement of the pool's that was
+// cancelled after running for ran met the sessions' statement_timeout.
+// When the setting cannot be read it says so, and the statement counts as
+// a store failure, as any cancel it cannot tell from a timeout.
+func (s *Store) statementTimedOut(ctx context.Context, ran time.Duration) bool {
+	if s.pool == nil {
+		return true
+	}
+	var ms int64
+	if err := s.pool.QueryRow(ctx, `SELECT setting::bigint FROM pg_settings WHERE name = 'statement_timeout'`).Scan(&ms); err != nil {
+		return true
+	}
+	return ms > 0 && ran >= time.Duration(ms)*time.Millisecond
 }
 
 // The pauses of a call whose row is locked, before it is sent again: from

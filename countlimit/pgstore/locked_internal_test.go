@@ -1,30 +1,64 @@
 package pgstore
 
 import (
+	"context"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/countlimit/countlimit/internal/testenv"
 )
 
 // TestBusy: what a statement on the pool that gave up a lock reports is
-// busy, wrapped or not; other errors, a statement_timeout among them, are
-// not.
+// busy, wrapped or not, whatever language the server's messages are in; a
+// statement_timeout is not, nor other errors. A query_canceled is told from
+// a statement_timeout by how long the statement ran against the sessions'
+// setting, never by its message.
 func TestBusy(t *testing.T) {
+	ctx := context.Background()
+	pool := func(timeout string) *Store {
+		cfg, err := pgxpool.ParseConfig(testenv.PostgresURL(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.MaxConns = 1
+		cfg.ConnConfig.RuntimeParams["statement_timeout"] = timeout
+		p, err := pgxpool.NewWithConfig(ctx, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(p.Close)
+		return New(p, WithMaxBatch(1))
+	}
+	none, short := pool("0"), pool("100ms")
+	lockTimeout := &pgconn.PgError{Code: "55P03", Message: "canceling statement due to lock timeout"}
+	// The messages of a server whose lc_messages is French, and English.
+	canceled := &pgconn.PgError{Code: "57014", Message: "annulation de la requête à la demande de l'utilisateur"}
+	timedOut := &pgconn.PgError{Code: "57014", Message: "annulation de la requête à cause du délai écoulé pour l'exécution de l'instruction"}
+	english := &pgconn.PgError{Code: "57014", Message: "canceling statement due to statement timeout"}
+	now, long := time.Now(), time.Now().Add(-time.Second)
 	for _, tc := range []struct {
+		name string
+		s    *Store
 		err  error
+		sent time.Time
 		want bool
 	}{
-		{&pgconn.PgError{Code: "55P03", Message: "canceling statement due to lock timeout"}, true},
-		{fmt.Errorf("apply: %w", &pgconn.PgError{Code: "55P03", Message: "canceling statement due to lock timeout"}), true},
-		{&pgconn.PgError{Code: "57014", Message: "canceling statement due to user request"}, true},
-		{&pgconn.PgError{Code: "57014", Message: "canceling statement due to statement timeout"}, false},
-		{&pgconn.PgError{Code: "40P01", Message: "deadlock detected"}, false},
-		{fmt.Errorf("timeout: context deadline exceeded"), false},
-		{nil, false},
+		{"lock timeout", none, lockTimeout, now, true},
+		{"lock timeout, wrapped", short, fmt.Errorf("apply: %w", lockTimeout), long, true},
+		{"cancel, no statement_timeout", none, canceled, long, true},
+		{"cancel, before the statement_timeout", short, canceled, now, true},
+		{"statement_timeout, in French", short, timedOut, long, false},
+		{"statement_timeout, in English", short, english, long, false},
+		{"deadlock", none, &pgconn.PgError{Code: "40P01", Message: "deadlock detected"}, now, false},
+		{"not PostgreSQL's", none, fmt.Errorf("timeout: context deadline exceeded"), now, false},
+		{"nil", none, nil, now, false},
 	} {
-		if got := busy(tc.err); got != tc.want {
-			t.Errorf("busy(%v) = %v, want %v", tc.err, got, tc.want)
+		if got := tc.s.busy(ctx, tc.err, tc.sent); got != tc.want {
+			t.Errorf("%s: busy(%v) = %v, want %v", tc.name, tc.err, got, tc.want)
 		}
 	}
 }

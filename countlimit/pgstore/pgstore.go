@@ -201,8 +201,9 @@ func (s *Store) pooled(ctx context.Context, r *driver.Request) error {
 	case fast(r):
 		return s.allowOne(ctx, s.pool, r, true)
 	}
+	sent := time.Now()
 	err := s.do(ctx, lockTimed{s.pool}, r)
-	if busy(err) {
+	if s.busy(ctx, err, sent) {
 		return errBusy
 	}
 	return err
