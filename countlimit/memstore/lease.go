@@ -28,8 +28,9 @@ type lease struct {
 }
 
 // leaseOp carries out a request whose one check is Concurrent: acquire,
-// peek, release or extend. Its twins are pgstore's lease statements and
-// redisstore's lease.lua; storetest's Lease cases pin all three. A key's
+// peek, release or extend: a copy of driver.Apply's leases, as pgstore's
+// lease statements and redisstore's lease.lua are (docs/ARCHITECTURE.md
+// lists every copy); storetest's Lease cases pin all three. A key's
 // leases live in its entry beside the count, and neither touches the other.
 func (s *Store) leaseOp(r *driver.Request, h uint64, sh *shard) error {
 	sh.mu.Lock()

@@ -501,13 +501,10 @@ const inline = 2
 // once: the shard's lock is held for the lookups and the counter updates,
 // and the States are built after it is let go.
 //
-// Twins: this is a copy, kept for speed, of driver.Apply, the reference
-// model of the driver.Store contract; countlimit_apply
-// (migrations/00002_apply_locking.sql), countlimit_allow_one and its
-// batches (00005_plans.sql), and redisstore's apply.lua and fast.lua make
-// the same decision, each atomic in its own store (docs/ARCHITECTURE.md
-// lists every copy and why it stays). A rule changes in driver.Apply
-// first, then here and in each copy. TestModel (internal/modeltest) holds
+// It is a copy, kept for speed, of driver.Apply, the reference model of
+// the driver.Store contract; docs/ARCHITECTURE.md ("The copies") lists
+// every copy, in each store, and why it stays. A rule changes in
+// driver.Apply first, then here and in each copy there. TestModel (internal/modeltest) holds
 // memstore and every other store's paths to driver.Apply, comparing
 // Results and stored state after each of its seeded steps; it names the
 // copy that was forgotten.

@@ -18,7 +18,8 @@ import (
 
 // errBusy is the outcome of a call on the pool whose row another
 // transaction holds locked, or has inserted and not committed: nothing of
-// it was applied (see AllowBatch in queries/fast.sql, and lockTimed).
+// it was applied (see countlimit_allow_batch in the migrations, and
+// lockTimed).
 var errBusy = errors.New("pgstore: the row is locked by another transaction")
 
 // busy reports whether err, the error of a statement on the pool sent at

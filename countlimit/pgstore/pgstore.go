@@ -3,10 +3,13 @@
 // SQL (see the count_limit_status view).
 //
 // Every Allow, AllowN, AllowAll, Peek, Refund and CheckLimit is one SQL
-// statement and one round trip, with no BEGIN/COMMIT of its own. A check of
-// one rule whose window is not sliding, the common case, is plain SQL (see
-// queries/fast.sql); sliding windows, AllowAll over several rules and Refund
-// call the countlimit_apply function. Give New a pgx.Tx and the check
+// statement and one round trip, with no BEGIN/COMMIT of its own: a call of
+// a function of countlimit's migrations (queries/ names them, sqlc
+// generates the Go). A check of one rule whose window is not sliding, the
+// common case, is countlimit_allow_one, or on a pool countlimit_allow_batch
+// or countlimit_allow_distinct for concurrent calls together (group
+// commit); sliding windows, AllowAll over several rules, Peek and Refund
+// call countlimit_apply. Give New a pgx.Tx and the check
 // commits or rolls back with your business write:
 //
 //	tx, _ := pool.Begin(ctx)
@@ -16,8 +19,7 @@
 //	tx.Commit(ctx)
 //
 // Acquire, Lease.Release and Lease.Extend of a Concurrent rule are one
-// statement each too, never batched; leases are rows of count_limit_lease
-// (see queries/lease.sql).
+// statement each too, never batched; leases are rows of count_limit_lease.
 //
 // Apply the schema first with Migrate.
 //

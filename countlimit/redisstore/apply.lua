@@ -1,8 +1,7 @@
 -- countlimit: one atomic check of one id against one or more rules.
 -- It is one copy of the decision the driver.Store contract spells out as
--- code in driver.Apply (docs/ARCHITECTURE.md lists the copies: fast.lua
--- for one rule, countlimit_apply and the fast statements in PostgreSQL,
--- memstore's Store.apply): change one, change them all. redisstore's
+-- code in driver.Apply (docs/ARCHITECTURE.md, "The copies", lists every
+-- copy): change the model first, then every copy there. redisstore's
 -- TestModel holds this script to the model on seeded random steps, every
 -- call it can take; storetest.Run and TestFastScriptIsApplyForOneRule hold
 -- the scripts to each other besides.

@@ -3,9 +3,9 @@
 -- decides as apply.lua does for such a call, in straight code without
 -- apply.lua's tables, loops and branches for other ops and for several
 -- rules, and counts an event in the current window under an unchanged
--- limit by writing the count and the record alone. Twins: apply.lua
--- (and with it countlimit_apply, queries/fast.sql and memstore's
--- Store.apply): change one, change them all. redisstore's TestModel holds
+-- limit by writing the count and the record alone. It is one of the copies
+-- of driver.Apply that docs/ARCHITECTURE.md lists ("The copies"): change
+-- the model first, then every copy there. redisstore's TestModel holds
 -- it to driver.Apply, alone and combined; storetest.Run, in
 -- TestConformance, sends every single-rule Allow here and every other call
 -- to apply.lua, on the same keys.

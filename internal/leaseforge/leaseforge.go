@@ -1,6 +1,7 @@
 // Package leaseforge writes unsigned lease strings as anyone can, checksum
 // and all: the tests' stand-in for whoever holds a lease string and edits
-// it, and reads the token a string names. Only tests import it.
+// it, and reads the token a string names. Only tests and the storetest
+// suite import it.
 package leaseforge
 
 import (

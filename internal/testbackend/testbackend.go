@@ -3,17 +3,21 @@
 // public helpers pgstore/pgstoretest and redisstore/redisstoretest:
 //
 //  1. the URL in COUNTLIMIT_TEST_POSTGRES_URL / COUNTLIMIT_TEST_REDIS_URL;
-//  2. else a testcontainers-go container of COUNTLIMIT_TEST_POSTGRES_IMAGE /
+//  2. else a server on the default local port that lets the postgres user
+//     in without a password / answers PING without one (unless
+//     COUNTLIMIT_TEST_LOCAL=off);
+//  3. else a testcontainers-go container of COUNTLIMIT_TEST_POSTGRES_IMAGE /
 //     COUNTLIMIT_TEST_REDIS_IMAGE (default postgres:15-alpine,
 //     redis:7-alpine), where a Docker engine answers;
-//  3. else the test is skipped with a message saying what was tried — or
+//  4. else the test is skipped with a message saying what was tried — or
 //     fails, when COUNTLIMIT_REQUIRE_BACKENDS=1 (as in CI).
 //
 // Each test process works in a PostgreSQL schema of its own and a Redis
 // logical database of its own (RedisURL), so packages tested in parallel
-// never see each other's tables or keys. Call Main from TestMain so
-// schemas, databases and containers are removed, flushed and given back
-// when the tests end.
+// never see each other's tables or keys, and deletes only those: a
+// database holding keys no test wrote is never taken (internal/testenv/
+// redisdb). Call Main from TestMain so schemas, databases and containers
+// are removed, flushed and given back when the tests end.
 package testbackend
 
 import (
