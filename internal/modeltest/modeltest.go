@@ -567,7 +567,11 @@ type keyspace struct {
 // the index of the first step whose Results or stored states differ, with
 // what differs; -1 when none does.
 func replay(ctx context.Context, p Path, steps []Step, ks keyspace, prefix string) (int, string) {
-	w := world{}
+	return replayFrom(ctx, p, world{}, steps, ks, prefix)
+}
+
+// replayFrom is replay from the keys of w, which the store holds already.
+func replayFrom(ctx context.Context, p Path, w world, steps []Step, ks keyspace, prefix string) (int, string) {
 	for i, st := range steps {
 		want := clones(st.Reqs)
 		w.apply(want)
@@ -586,20 +590,78 @@ func replay(ctx context.Context, p Path, steps []Step, ks keyspace, prefix strin
 				}
 			}
 		}
-		now := st.Reqs[0].Now.UnixMicro()
-		for _, ut := range ks.uts {
-			for _, id := range ks.ids {
-				k, err := p.Read(ctx, prefix+ut, id)
-				if err != nil {
-					return i, fmt.Sprintf("reading (%s, %.12s): %v", ut, id, err)
-				}
-				if g, m := canon(k, ks.spans[ut], now, !p.Expires), canon(*w.key(ut, id), ks.spans[ut], now, !p.Expires); g != m {
-					return i, fmt.Sprintf("stored (%s, %.12s): %s keeps %s, the model %s", ut, id, p.Name, g, m)
-				}
-			}
+		if why := compareKeys(ctx, p, w, ks, prefix, st.Reqs[0].Now.UnixMicro()); why != "" {
+			return i, why
 		}
 	}
 	return -1, ""
+}
+
+// compareKeys reads every key of ks back from p and says how the first
+// that differs from the model's, at now, differs; "" when none does.
+func compareKeys(ctx context.Context, p Path, w world, ks keyspace, prefix string, now int64) string {
+	for _, ut := range ks.uts {
+		for _, id := range ks.ids {
+			k, err := p.Read(ctx, prefix+ut, id)
+			if err != nil {
+				return fmt.Sprintf("reading (%s, %.12s): %v", ut, id, err)
+			}
+			if g, m := canon(k, ks.spans[ut], now, !p.Expires), canon(*w.key(ut, id), ks.spans[ut], now, !p.Expires); g != m {
+				return fmt.Sprintf("stored (%s, %.12s): %s keeps %s, the model %s", ut, id, p.Name, g, m)
+			}
+		}
+	}
+	return ""
+}
+
+// Upgrade holds a store brought up from an earlier version of itself to
+// the model: the first half of a seeded run is carried out by the model
+// alone, and seed writes every key it leaves (counts mid-window,
+// penalties, sliding logs, leases, denial tallies) as the earlier version
+// kept them; upgrade then brings the store to its latest version. Every
+// key read back must be the model's, and the run's second half, carried
+// out by p and the model together, must agree after every step, as in Run.
+func Upgrade(t *testing.T, p Path, seed func(ctx context.Context, ut, id string, k driver.Key) error, upgrade func(ctx context.Context) error) {
+	t.Helper()
+	s, n := Seed(), Steps(300)
+	steps := gen(s, n)
+	_, _, ids := setting(s)
+	ks := keyspace{uts: useTypes, ids: ids, spans: spans}
+	ctx := context.Background()
+	runs++
+	prefix := fmt.Sprintf("u%d.%d.", s%1e6, runs)
+	half := len(steps) / 2
+	w := world{}
+	for _, st := range steps[:half] {
+		w.apply(clones(st.Reqs))
+	}
+	written := 0
+	for _, ut := range ks.uts {
+		for _, id := range ks.ids {
+			k := keystate.Clone(*w.key(ut, id))
+			if keystate.Empty(&k) {
+				continue
+			}
+			if err := seed(ctx, prefix+ut, id, k); err != nil {
+				t.Fatalf("seed %d: writing (%s, %.12s) as the earlier version: %v", s, ut, id, err)
+			}
+			written++
+		}
+	}
+	if written == 0 {
+		t.Fatalf("seed %d: the first %d steps left no key to upgrade", s, half)
+	}
+	if err := upgrade(ctx); err != nil {
+		t.Fatalf("upgrade: %v", err)
+	}
+	replayText := fmt.Sprintf("COUNTLIMIT_MODEL_SEED=%d COUNTLIMIT_MODEL_STEPS=%d to replay", s, n)
+	if why := compareKeys(ctx, p, w, ks, prefix, steps[half-1].Reqs[0].Now.UnixMicro()); why != "" {
+		t.Fatalf("seed %d (%s): after the upgrade, of %d keys written: %s", s, replayText, written, why)
+	}
+	if at, why := replayFrom(ctx, p, w, steps[half:], ks, prefix); at >= 0 {
+		t.Fatalf("seed %d (%s): step %d of %d, the %dth after the upgrade (%s): %s", s, replayText, half+at+1, n, at+1, steps[half+at].Desc, why)
+	}
+	t.Logf("seed %d: %d keys written as the earlier version kept them, read back and used for %d steps after the upgrade", s, written, len(steps)-half)
 }
 
 // protect runs f and turns a panic into an error, so that a path that

@@ -1,0 +1,68 @@
+package pgstore_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/countlimit/countlimit/countlimit/driver"
+	"github.com/countlimit/countlimit/countlimit/pgstore"
+	"github.com/countlimit/countlimit/internal/modeltest"
+	"github.com/countlimit/countlimit/internal/pgmigrate"
+	"github.com/countlimit/countlimit/internal/testbackend"
+)
+
+// releases are the tagged releases a database may be upgraded from: each
+// one's last migration, and how a key was kept in its schema. A release
+// adds its line (docs/RELEASING.md); a release whose columns changed gives
+// a seed of its own.
+var releases = []struct {
+	tag     string
+	version int64
+	seed    func(ctx context.Context, pool *pgxpool.Pool, ut, id string, k driver.Key) error
+}{
+	{"v0.1.0", 6, seedKey},
+}
+
+// TestUpgradeFromReleases brings a database from each release to the
+// latest migration with live state of every kind in it (counts mid-window,
+// penalties, sliding logs, leases, denial tallies, written as that
+// release kept them, from the model's run): every key reads back as the
+// model has it, and the store then decides on those keys as the model
+// does (modeltest.Upgrade).
+func TestUpgradeFromReleases(t *testing.T) {
+	for _, rel := range releases {
+		t.Run(rel.tag, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			pool, err := pgxpool.New(ctx, testbackend.FreshSchemaURL(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pool.Close()
+			p, closeDB, err := pgmigrate.NewProvider(pool)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer closeDB()
+			if _, err := p.UpTo(ctx, rel.version); err != nil {
+				t.Fatalf("migrating to %s (version %d): %v", rel.tag, rel.version, err)
+			}
+			if v, err := p.GetDBVersion(ctx); err != nil || v != rel.version {
+				t.Fatalf("the database is at version %d (%v), want %s's %d", v, err, rel.tag, rel.version)
+			}
+			store := pgstore.New(pool)
+			modeltest.Upgrade(t, modeltest.Path{
+				Name: "pool after the upgrade from " + rel.tag,
+				Do:   modeltest.Each(store.Do),
+				Read: func(ctx context.Context, ut, id string) (driver.Key, error) { return readKey(ctx, pool, ut, id) },
+			}, func(ctx context.Context, ut, id string, k driver.Key) error {
+				return rel.seed(ctx, pool, ut, id, k)
+			}, func(ctx context.Context) error {
+				_, err := p.Up(ctx)
+				return err
+			})
+		})
+	}
+}
