@@ -2,9 +2,9 @@
 
 // Package redisserver starts a private redis-server for a test that needs
 // what a shared server must not be asked for: settings of its own
-// (persistence, say), a restart, a kill. It runs the machine's own
-// redis-server on a free loopback port, in a directory of the test's own,
-// and kills it when the test ends.
+// (persistence, say), a restart, a kill, replicas and a Sentinel. It runs
+// the machine's own redis-server on a free loopback port, in a directory of
+// the test's own, and kills it when the test ends.
 package redisserver
 
 import (
@@ -32,6 +32,7 @@ type Server struct {
 	dir  string
 	port int
 	args []string
+	conf string // a Sentinel's config file, else ""
 	cmd  *exec.Cmd
 	done chan struct{} // closed when cmd has exited
 	log  *os.File
@@ -44,11 +45,33 @@ type Server struct {
 // test is skipped, or failed when backends are required.
 func Start(t testing.TB, args ...string) *Server {
 	t.Helper()
+	return start(t, "redis-server (for a private Redis)", "", args)
+}
+
+// StartSentinel starts a Redis Sentinel (redis-server --sentinel) whose
+// config file, written to its directory, holds conf, such as
+// "sentinel monitor mymaster 127.0.0.1 6380 1"; args are further settings,
+// as for Start. A Sentinel rewrites its config file as it learns, so a
+// restart (Run) remembers what it knew. It is killed, skipped or failed as
+// Start's server is.
+func StartSentinel(t testing.TB, conf string, args ...string) *Server {
+	t.Helper()
+	return start(t, "redis-server (for a Redis Sentinel)", conf, args)
+}
+
+func start(t testing.TB, what, conf string, args []string) *Server {
+	t.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
-		testenv.Unavailable(t, "redis-server (for a private Redis)", err)
+		testenv.Unavailable(t, what, err)
 	}
 	s := &Server{bin: bin, dir: t.TempDir(), port: freePort(t), args: args}
+	if conf != "" {
+		s.conf = filepath.Join(s.dir, "sentinel.conf")
+		if err := os.WriteFile(s.conf, []byte(conf+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
 	s.log, err = os.Create(filepath.Join(s.dir, "redis.log"))
 	if err != nil {
 		t.Fatal(err)
@@ -59,7 +82,7 @@ func Start(t testing.TB, args ...string) *Server {
 		if t.Failed() {
 			if b, err := os.ReadFile(s.log.Name()); err == nil {
 				lines := strings.Split(strings.TrimSpace(string(b)), "\n")
-				t.Logf("redis-server log, last lines:\n%s", strings.Join(lines[max(0, len(lines)-20):], "\n"))
+				t.Logf("redis-server on %s, last lines of its log:\n%s", s.Addr(), strings.Join(lines[max(0, len(lines)-20):], "\n"))
 			}
 		}
 	})
@@ -91,6 +114,10 @@ func (s *Server) Run(t testing.TB) {
 		t.Fatal("redisserver: Run while the server runs")
 	}
 	args := append([]string{"--port", strconv.Itoa(s.port), "--bind", "127.0.0.1", "--dir", s.dir, "--daemonize", "no"}, s.args...)
+	if s.conf != "" {
+		// The config file must come first, as redis-server reads it.
+		args = append([]string{s.conf, "--sentinel"}, args...)
+	}
 	cmd := exec.Command(s.bin, args...)
 	cmd.Stdout, cmd.Stderr = s.log, s.log
 	cmd.SysProcAttr = procAttr()
