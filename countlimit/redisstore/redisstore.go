@@ -1,6 +1,9 @@
 // Package redisstore is the Redis driver.Store, on go-redis v9. It works
 // with a single server, a Redis Cluster or a failover client: anything that
-// is a redis.UniversalClient.
+// is a redis.UniversalClient. Of Sentinel's clients, redis.NewFailoverClient
+// and redis.NewFailoverClusterClient send every script to the master, the
+// latter also where it routes reads to replicas; with ReplicaOnly, which
+// sends everything to a replica, Allows fail (docs/library.md, "Sentinel").
 //
 // Every operation runs in one Lua script, run with EVALSHA (and EVAL when
 // the server answers NOSCRIPT, after a restart or SCRIPT FLUSH), so each
@@ -48,9 +51,10 @@
 // loses at most about the last second of writes. A failover to a
 // replica loses the writes the replica had not received yet: replication
 // is asynchronous, the master answers a script before its replicas have
-// it, and the store does not wait for them (no WAIT). A master without
-// persistence that a supervisor restarts comes back empty, and its
-// replicas copy it.
+// it, and the store does not wait for them (no WAIT); nor does the old
+// master stop at the promotion, and what it counts until the clients learn
+// of the new master is lost too. A master without persistence that a
+// supervisor restarts comes back empty, and its replicas copy it.
 //
 // What is lost is mostly counting, so a loss admits more: ids are allowed
 // beyond their limits, penalties end early, and leases are handed out
