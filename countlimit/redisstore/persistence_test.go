@@ -13,6 +13,7 @@ import (
 
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/redisstore"
+	"github.com/countlimit/countlimit/countlimit/storetest"
 	"github.com/countlimit/countlimit/internal/testenv/redisserver"
 )
 
@@ -167,7 +168,7 @@ func TestChecksWithoutConfigPermission(t *testing.T) {
 			t.Errorf("%s as a user without +config = %v, want ErrPolicyUnknown with the server's NOPERM", name, err)
 		}
 	}
-	rule := countlimit.Rule{UseType: "policy", Limit: 1, Window: countlimit.Fixed(time.Hour)}
+	rule := countlimit.Rule{UseType: storetest.UseType(t, "policy"), Limit: 1, Window: countlimit.Fixed(time.Hour)}
 	if r, err := countlimit.New(s).Allow(ctx, rule, "acl"); err != nil || !r.Allowed {
 		t.Errorf("Allow as a user without +config = %+v, %v; want allowed", r, err)
 	}

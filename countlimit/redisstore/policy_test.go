@@ -2,8 +2,6 @@ package redisstore_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"strings"
 	"sync/atomic"
@@ -14,6 +12,7 @@ import (
 
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/redisstore"
+	"github.com/countlimit/countlimit/countlimit/storetest"
 	"github.com/countlimit/countlimit/internal/redisurl"
 	"github.com/countlimit/countlimit/internal/testbackend"
 	"github.com/countlimit/countlimit/internal/testenv/redisproxy"
@@ -103,7 +102,7 @@ func TestCheckEviction(t *testing.T) {
 			}
 			// The policy is reported, not enforced: checks go on.
 			l := countlimit.New(s)
-			rule := countlimit.Rule{UseType: "policy", Limit: 1, Window: countlimit.Fixed(time.Hour)}
+			rule := countlimit.Rule{UseType: storetest.UseType(t, "policy"), Limit: 1, Window: countlimit.Fixed(time.Hour)}
 			if r, err := l.Allow(ctx, rule, "policy-"+tc.name); err != nil || !r.Allowed {
 				t.Errorf("Allow = %+v, %v; want allowed", r, err)
 			}
@@ -131,39 +130,6 @@ func TestCheckEviction(t *testing.T) {
 			t.Errorf("CheckEviction with no server = %v, want ErrUnavailable alone", err)
 		}
 	})
-}
-
-// TestCheckEvictionWithoutConfigPermission: a real ACL user without
-// +config, made for the test, gets ErrPolicyUnknown wrapping the server's
-// NOPERM, and its store works.
-func TestCheckEvictionWithoutConfigPermission(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	admin := client(t)
-	var b [8]byte
-	_, _ = rand.Read(b[:])
-	user, pass := "countlimit-test-"+hex.EncodeToString(b[:]), hex.EncodeToString(b[:])+"-pw"
-	if err := admin.Do(ctx, "ACL", "SETUSER", user, "on", ">"+pass, "~*", "&*", "+@all", "-config").Err(); err != nil {
-		t.Fatalf("ACL SETUSER: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := admin.Do(context.Background(), "ACL", "DELUSER", user).Err(); err != nil {
-			t.Errorf("ACL DELUSER %s: %v", user, err)
-		}
-	})
-	opts := *admin.Options()
-	opts.Username, opts.Password = user, pass
-	c := redis.NewClient(&opts)
-	defer c.Close()
-	s := redisstore.New(c)
-	err := s.CheckEviction(ctx)
-	if !errors.Is(err, redisstore.ErrPolicyUnknown) || errors.Is(err, countlimit.ErrUnavailable) || !strings.Contains(err.Error(), "NOPERM") {
-		t.Fatalf("CheckEviction as a user without +config = %v, want ErrPolicyUnknown with the server's NOPERM", err)
-	}
-	rule := countlimit.Rule{UseType: "policy", Limit: 1, Window: countlimit.Fixed(time.Hour)}
-	if r, err := countlimit.New(s).Allow(ctx, rule, "acl-"+user); err != nil || !r.Allowed {
-		t.Errorf("Allow as a user without +config = %+v, %v; want allowed", r, err)
-	}
 }
 
 // TestCheckEvictionAsksOncePerInterval: calls within PolicyCheckInterval
@@ -284,7 +250,7 @@ func TestCheckPersistence(t *testing.T) {
 				}
 			}
 			// Persistence is reported, not enforced: checks go on.
-			rule := countlimit.Rule{UseType: "persistence", Limit: 1, Window: countlimit.Fixed(time.Hour)}
+			rule := countlimit.Rule{UseType: storetest.UseType(t, "persistence"), Limit: 1, Window: countlimit.Fixed(time.Hour)}
 			if r, err := countlimit.New(s).Allow(ctx, rule, "persistence-"+tc.name); err != nil || !r.Allowed {
 				t.Errorf("Allow = %+v, %v; want allowed", r, err)
 			}
