@@ -2,7 +2,6 @@ package pgstore_test
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -808,83 +807,6 @@ func TestDBABesideAllows(t *testing.T) {
 			t.Errorf("counts of the three rules = %v, want equal (AllowAll is all or nothing) and at most 5", counts)
 		}
 	})
-}
-
-// TestDBAPlansUseTheKey plans the DBA functions' writes as
-// TestGenericPlansUseTheKey plans the store's statements: generic plans on
-// empty, analyzed tables must not read count_limit or count_limit_lease by
-// a Seq Scan. (countlimit_most_denied reads the whole table by design.)
-func TestDBAPlansUseTheKey(t *testing.T) {
-	var (
-		mu    sync.Mutex
-		plans []string
-	)
-	pool := dbaSchema(t, 2, func(n *pgconn.Notice) {
-		if _, plan, ok := strings.Cut(n.Message, "plan:\n"); ok {
-			mu.Lock()
-			plans = append(plans, plan)
-			mu.Unlock()
-		}
-	}, `LOAD 'auto_explain'`, `SET auto_explain.log_min_duration = 0`, `SET auto_explain.log_nested_statements = on`,
-		`SET auto_explain.log_format = json`, `SET auto_explain.log_level = notice`, `SET plan_cache_mode = force_generic_plan`)
-	ctx := context.Background()
-	if _, err := pool.Exec(ctx, `VACUUM ANALYZE count_limit, count_limit_lease`); err != nil {
-		t.Fatal(err)
-	}
-	rule := countlimit.Rule{UseType: "plan.fixed", Limit: 3, Window: countlimit.Rolling(time.Hour), Block: time.Minute}
-	l := countlimit.New(pgstore.New(pool))
-	for _, sql := range []string{
-		// Twice each: with a row to write, and without.
-		`SELECT countlimit_adjust_count('a', 'plan.fixed', -1)`,
-		`SELECT countlimit_lift_penalty('a', 'plan.fixed')`,
-		`SELECT countlimit_lift_penalty('a')`,
-		`SELECT countlimit_reset_id('a', 'plan.fixed')`,
-		`SELECT countlimit_reset_id('a')`,
-	} {
-		for round := range 2 {
-			if round == 0 {
-				for range 5 {
-					if _, err := l.Allow(ctx, rule, "a"); err != nil {
-						t.Fatal(err)
-					}
-				}
-			}
-			mu.Lock()
-			plans = plans[:0]
-			mu.Unlock()
-			if _, err := pool.Exec(ctx, sql); err != nil {
-				t.Fatalf("%s: %v", sql, err)
-			}
-			mu.Lock()
-			got := append([]string(nil), plans...)
-			mu.Unlock()
-			var nested int
-			for _, raw := range got {
-				var plan struct {
-					Text string   `json:"Query Text"`
-					Plan planNode `json:"Plan"`
-				}
-				if err := json.Unmarshal([]byte(raw), &plan); err != nil {
-					t.Fatalf("%s: a plan that is not JSON (%v): %s", sql, err, raw)
-				}
-				if plan.Text != sql {
-					nested++
-				}
-				var seq []string
-				plan.Plan.walk(func(n *planNode) {
-					if n.Type == "Seq Scan" && strings.HasPrefix(n.Relation, "count_limit") {
-						seq = append(seq, n.Relation)
-					}
-				})
-				if len(seq) > 0 {
-					t.Errorf("%s: a generic plan on empty tables reads %v by Seq Scan:\n%s\n%s", sql, seq, firstLine(plan.Text), raw)
-				}
-			}
-			if nested == 0 {
-				t.Errorf("%s: no plan of the function's statements came back (auto_explain)", sql)
-			}
-		}
-	}
 }
 
 // TestPingWantsDBAFunctions checks that Ping reports a schema without the

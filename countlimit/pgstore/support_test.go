@@ -69,16 +69,3 @@ func TestSupportQueriesUseIndexes(t *testing.T) {
 		}
 	}
 }
-
-type planNode struct {
-	Type     string     `json:"Node Type"`
-	Relation string     `json:"Relation Name"`
-	Plans    []planNode `json:"Plans"`
-}
-
-func (n *planNode) walk(f func(*planNode)) {
-	f(n)
-	for i := range n.Plans {
-		n.Plans[i].walk(f)
-	}
-}
