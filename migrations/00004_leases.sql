@@ -115,14 +115,17 @@ BEGIN
     END IF;
 
     -- Expired leases go, but for those a Release or Extend holds (which
-    -- Acquire does not wait for): they are not counted either way.
+    -- Acquire does not wait for): they are not counted either way. The
+    -- statements read the key's leases by the primary key alone (see
+    -- "Plans" in 00005_plans.sql for why the expiry is written IS TRUE).
     DELETE FROM count_limit_lease l
-    WHERE (l.use_type, l.unique_id, l.lease_token) IN (
-        SELECT x.use_type, x.unique_id, x.lease_token FROM count_limit_lease x
-        WHERE x.use_type = p_use_type AND x.unique_id = p_unique_id AND x.expires_at <= p_now
-        FOR UPDATE SKIP LOCKED);
+    WHERE l.use_type = p_use_type AND l.unique_id = p_unique_id
+      AND l.lease_token = ANY (ARRAY(
+        SELECT x.lease_token FROM count_limit_lease x
+        WHERE x.use_type = p_use_type AND x.unique_id = p_unique_id AND (x.expires_at <= p_now) IS TRUE
+        FOR UPDATE SKIP LOCKED));
     SELECT count(*) INTO held FROM count_limit_lease l
-    WHERE l.use_type = p_use_type AND l.unique_id = p_unique_id AND l.expires_at > p_now;
+    WHERE l.use_type = p_use_type AND l.unique_id = p_unique_id AND (l.expires_at > p_now) IS TRUE;
 
     blocked := CASE WHEN bu > p_now THEN bu END;
     fits := blocked IS NULL AND held < p_limit;
@@ -159,7 +162,7 @@ BEGIN
     RETURN QUERY
     SELECT fits, count(*), min(l.expires_at), max(l.expires_at), blocked
     FROM count_limit_lease l
-    WHERE l.use_type = p_use_type AND l.unique_id = p_unique_id AND l.expires_at > p_now;
+    WHERE l.use_type = p_use_type AND l.unique_id = p_unique_id AND (l.expires_at > p_now) IS TRUE;
 END
 $fn$;
 -- +goose StatementEnd

@@ -20,7 +20,64 @@
 -- The statements are those of queries/ before this migration, unchanged
 -- but for two: countlimit_allow_one can skip a row another transaction
 -- holds locked, and countlimit_reset and countlimit_purge return what they
--- deleted. queries/ calls them.
+-- deleted (and for their plans, below). queries/ calls them.
+--
+-- Plans. enable_seqscan off was not enough: under the statistics of an
+-- empty table (a new deployment's first ANALYZE, a TRUNCATE and ANALYZE)
+-- the planner found the next cheapest way to read the whole table, and a
+-- function's generic plan lives as long as its pooled session, reading
+-- more with every row. A batch joined its calls to a full Index Scan of
+-- count_limit_pkey (the outer side of a nested loop with the calls as a
+-- join filter, or a merge join's ordered input: 5 422 index entries for a
+-- batch of 8, issue 33), a lease statement read every live lease through
+-- count_limit_lease_expires_at_idx, and the purge joined its batch to
+-- full scans of both primary keys. Turning the other ways off does not
+-- close them: with enable_mergejoin, enable_hashjoin and
+-- enable_bitmapscan off beside enable_seqscan, countlimit_allow_distinct
+-- still locked, looked for busy rows and updated through a nested loop
+-- whose outer side was the whole primary key, since no setting disables
+-- an index scan without a condition. So the statements are shaped to
+-- leave the planner one way to each table, by key, whatever the
+-- statistics say:
+--
+--   * A batch reaches count_limit through a LATERAL subquery per key, with
+--     LIMIT 1 (and FOR NO KEY UPDATE SKIP LOCKED where it locks).
+--     PostgreSQL never flattens a subquery with a LIMIT or a locking
+--     clause into the join around it, nor pushes a condition into it, so
+--     the subquery's one way to the table is the primary key with its key
+--     as the index condition, probed once per key in a nested loop over
+--     the calls. The loop takes the calls in their order, key order, so
+--     the locks are still taken in key order.
+--   * A statement that writes the rows a batch locked (UPDATE ... FROM)
+--     names them by the batch's ids as well, unique_id = ANY (the ids),
+--     the primary key's leading column: whatever join the planner makes,
+--     its scan of count_limit has an index condition on the key. (By
+--     ctid, the address the lock returned, it would miss a row another
+--     transaction changed between the statement's snapshot and its lock:
+--     the lock returns the latest version, which the snapshot cannot see.)
+--   * A condition on a column another index serves (end_time,
+--     blocked_until, count_limit_lease.expires_at) is written (...) IS TRUE
+--     beside a key: no index matches it and it implies no partial index's
+--     predicate, so no plan reads every expired lease or every blocked id
+--     to find one key's.
+--   * A NOT EXISTS probe per row keeps OFFSET 0: PostgreSQL drops a LIMIT
+--     from an EXISTS and makes it an anti-join, which may hash or merge
+--     the other table whole; OFFSET 0, the traditional fence, it keeps,
+--     and the probe stays one per row, by key.
+--   * The purge reads by its own index: expired rows and leases in expiry
+--     order, with an index condition on the expiry column, stopped by
+--     LIMIT batch_size; enable_bitmapscan off leaves it no plan that reads
+--     every expired row and sorts them. It then deletes the rows it locked
+--     by their address (ctid): the deletes read nothing else. A row changed
+--     since the statement's snapshot is locked at a version the snapshot
+--     cannot see, and is left for the next batch.
+--
+-- enable_seqscan off stays on every function: it keeps a statement of one
+-- key off a Seq Scan of a table that looks empty. TestPlansReadOnlyTheirKeys
+-- (countlimit/pgstore) holds every statement to the rule under four states
+-- of the statistics. The audits that list rows across ids
+-- (count_limit_status's most denied and nearest their limit, and
+-- countlimit_most_denied of 00006) read the whole table by design.
 
 -- +goose Up
 
@@ -94,11 +151,12 @@ FROM (
         CASE WHEN k.concurrent THEN h.last_expiry ELSE c.end_time END AS window_end
     FROM count_limit c
     CROSS JOIN LATERAL (
-        -- No lease outlives lease_until, so keys without one skip the probe.
+        -- No lease outlives lease_until, so keys without one skip the probe,
+        -- which reads the key's leases by the primary key (see "Plans").
         SELECT count(*) AS held, min(l.taken_at) AS first_taken, max(l.expires_at) AS last_expiry
         FROM count_limit_lease l
         WHERE c.lease_until > now()
-          AND l.use_type = c.use_type AND l.unique_id = c.unique_id AND l.expires_at > now()
+          AND l.use_type = c.use_type AND l.unique_id = c.unique_id AND (l.expires_at > now()) IS TRUE
     ) h
     CROSS JOIN LATERAL (
         SELECT CASE
@@ -516,17 +574,28 @@ BEGIN
                         unnest(p_window_ends), unnest(p_penalty_ends))
                         AS c(k, seq, now, n, lim, b, e, pe)
                 ), locked AS MATERIALIZED (
-                    -- Phase 1, skipping the rows another transaction holds.
+                    -- Phase 1, skipping the rows another transaction holds:
+                    -- one probe of the key per key, in key order (see "Plans"
+                    -- above).
                     SELECT k.k, c.already_count, c.begin_time, c.end_time, c.blocked_until
                     FROM keys k
-                    JOIN count_limit c ON c.use_type = k.use_type AND c.unique_id = k.unique_id
+                    CROSS JOIN LATERAL (
+                        SELECT r.already_count, r.begin_time, r.end_time, r.blocked_until
+                        FROM count_limit r
+                        WHERE r.use_type = k.use_type AND r.unique_id = k.unique_id
+                        LIMIT 1
+                        FOR NO KEY UPDATE SKIP LOCKED
+                    ) c
                     ORDER BY k.k
-                    FOR NO KEY UPDATE OF c SKIP LOCKED
                 ), busy AS MATERIALIZED (
                     -- Rows the statement's snapshot shows that phase 1 did not lock.
                     SELECT k.k
                     FROM keys k
-                    JOIN count_limit c ON c.use_type = k.use_type AND c.unique_id = k.unique_id
+                    CROSS JOIN LATERAL (
+                        SELECT FROM count_limit r
+                        WHERE r.use_type = k.use_type AND r.unique_id = k.unique_id
+                        LIMIT 1
+                    ) c
                     WHERE NOT EXISTS (SELECT FROM locked l WHERE l.k = k.k)
                 ), fold (k, seq, existed, ex, cnt, wb, we, bu, den, counted, lim, allowed, used, ob, oe, obu) AS (
                     -- Step 0 is each key's state as locked (or absent); step i applies
@@ -588,6 +657,7 @@ BEGIN
                     FROM final f
                     JOIN keys k ON k.k = f.k
                     WHERE f.existed AND c.use_type = k.use_type AND c.unique_id = k.unique_id
+                      AND c.unique_id = ANY (p_unique_ids)
                       AND (SELECT count(*) FROM inserted) >= 0
                     RETURNING f.k
                 ), applied AS (
@@ -666,17 +736,28 @@ BEGIN
                         unnest(p_begins), unnest(p_window_ends), unnest(p_penalty_ends), unnest(p_kinds))
                         WITH ORDINALITY AS c(use_type, unique_id, now, n, lim, b, e, pe, kind, ord)
                 ), locked AS MATERIALIZED (
-                    -- Phase 1, skipping the rows another transaction holds.
+                    -- Phase 1, skipping the rows another transaction holds:
+                    -- one probe of the key per call, in key order (see
+                    -- "Plans" above).
                     SELECT c.k, r.already_count, r.begin_time, r.end_time, r.blocked_until
                     FROM calls c
-                    JOIN count_limit r ON r.use_type = c.use_type AND r.unique_id = c.unique_id
+                    CROSS JOIN LATERAL (
+                        SELECT x.already_count, x.begin_time, x.end_time, x.blocked_until
+                        FROM count_limit x
+                        WHERE x.use_type = c.use_type AND x.unique_id = c.unique_id
+                        LIMIT 1
+                        FOR NO KEY UPDATE SKIP LOCKED
+                    ) r
                     ORDER BY c.k
-                    FOR NO KEY UPDATE OF r SKIP LOCKED
                 ), busy AS MATERIALIZED (
                     -- Rows the statement's snapshot shows that phase 1 did not lock.
                     SELECT c.k
                     FROM calls c
-                    JOIN count_limit r ON r.use_type = c.use_type AND r.unique_id = c.unique_id
+                    CROSS JOIN LATERAL (
+                        SELECT FROM count_limit x
+                        WHERE x.use_type = c.use_type AND x.unique_id = c.unique_id
+                        LIMIT 1
+                    ) r
                     WHERE NOT EXISTS (SELECT FROM locked l WHERE l.k = c.k)
                 ), decided AS MATERIALIZED (
                     -- Each call applied to its row as locked (or absent):
@@ -722,6 +803,7 @@ BEGIN
                         updated_at    = now()
                     FROM decided d
                     WHERE d.existed AND r.use_type = d.use_type AND r.unique_id = d.unique_id
+                      AND r.unique_id = ANY (p_unique_ids)
                       AND (SELECT count(*) FROM inserted) >= 0
                     RETURNING d.k
                 ), applied AS (
@@ -756,6 +838,8 @@ $fn$;
 -- leases with them (Limiter.Reset), locking them first in key order as
 -- every statement does, so that resetting several rules cannot deadlock;
 -- it returns how many rows it deleted.
+-- The DELETE names the id and its use types beside the rows it locked, so
+-- that it reads them by key (see "Plans" above).
 -- +goose StatementBegin
 CREATE FUNCTION countlimit_reset(p_unique_id text, p_use_types text[])
 RETURNS bigint LANGUAGE plpgsql SET enable_seqscan = off AS $fn$
@@ -772,6 +856,7 @@ BEGIN
             FOR UPDATE
         ) d
         WHERE c.use_type = d.use_type AND c.unique_id = d.unique_id
+          AND c.unique_id = p_unique_id AND c.use_type = ANY (p_use_types)
         RETURNING 1
     )
     SELECT count(*) INTO deleted FROM gone;
@@ -785,15 +870,19 @@ $fn$;
 -- that live checks hold locked, and returns how many of both it deleted
 -- (a row whose leases this batch deletes goes in the next). A row's
 -- lease_until is read at its latest version, so a row whose key an Acquire
--- or Extend has just written is kept.
+-- or Extend has just written is kept. It reads by the expiry indexes, in
+-- expiry order, and stops at batch_size (see "Plans" above): what a batch
+-- reads beyond its batch is the expired rows it passes over, those live
+-- checks hold and those a penalty or a lease keeps, read again by each
+-- batch until they can go.
 -- +goose StatementBegin
 CREATE FUNCTION countlimit_purge(p_now timestamptz, p_batch_size int)
-RETURNS bigint LANGUAGE plpgsql SET enable_seqscan = off AS $fn$
+RETURNS bigint LANGUAGE plpgsql SET enable_seqscan = off SET enable_bitmapscan = off AS $fn$
 DECLARE
     deleted bigint;
 BEGIN
     WITH leases AS (
-        SELECT l.use_type, l.unique_id, l.lease_token
+        SELECT l.ctid AS tid
         FROM count_limit_lease l
         WHERE l.expires_at <= p_now
         ORDER BY l.expires_at
@@ -801,11 +890,10 @@ BEGIN
         FOR UPDATE SKIP LOCKED
     ), gone_leases AS (
         DELETE FROM count_limit_lease l
-        USING leases d
-        WHERE l.use_type = d.use_type AND l.unique_id = d.unique_id AND l.lease_token = d.lease_token
+        WHERE l.ctid = ANY (ARRAY(SELECT d.tid FROM leases d))
         RETURNING 1
     ), doomed AS (
-        SELECT c.use_type, c.unique_id
+        SELECT c.ctid AS tid
         FROM count_limit c
         WHERE c.end_time <= p_now
           AND (c.blocked_until IS NULL OR c.blocked_until <= p_now)
@@ -813,16 +901,16 @@ BEGIN
           -- A row goes once its leases have: its cascade then waits for no
           -- lease another purge (or an open Release) holds, so purges running
           -- at once cannot deadlock. A lease taken since the snapshot raised
-          -- lease_until, which is checked again on the locked row.
+          -- lease_until, which is checked again on the locked row. OFFSET 0
+          -- keeps the probe one per row (see "Plans" above).
           AND NOT EXISTS (SELECT FROM count_limit_lease l
-              WHERE l.use_type = c.use_type AND l.unique_id = c.unique_id)
+              WHERE l.use_type = c.use_type AND l.unique_id = c.unique_id OFFSET 0)
         ORDER BY c.end_time
         LIMIT p_batch_size
         FOR UPDATE SKIP LOCKED
     ), gone AS (
         DELETE FROM count_limit c
-        USING doomed d
-        WHERE c.use_type = d.use_type AND c.unique_id = d.unique_id
+        WHERE c.ctid = ANY (ARRAY(SELECT d.tid FROM doomed d))
         RETURNING 1
     )
     SELECT (SELECT count(*) FROM gone_leases) + (SELECT count(*) FROM gone) INTO deleted;
@@ -876,11 +964,11 @@ BEGIN
             h.first_expiry::timestamptz AS first_expiry,
             h.last_expiry::timestamptz AS last_expiry,
             (SELECT c.blocked_until FROM count_limit c
-                WHERE c.use_type = p_use_type AND c.unique_id = p_unique_id AND c.blocked_until > p_now)::timestamptz AS blocked_until
+                WHERE c.use_type = p_use_type AND c.unique_id = p_unique_id AND (c.blocked_until > p_now) IS TRUE)::timestamptz AS blocked_until
         FROM (
             SELECT count(*) AS held, min(l.expires_at) AS first_expiry, max(l.expires_at) AS last_expiry
             FROM count_limit_lease l
-            WHERE l.use_type = p_use_type AND l.unique_id = p_unique_id AND l.expires_at > p_now
+            WHERE l.use_type = p_use_type AND l.unique_id = p_unique_id AND (l.expires_at > p_now) IS TRUE
               AND l.lease_token <> p_lease_token
         ) h;
 END
@@ -910,7 +998,7 @@ BEGIN
         ), extended AS (
             UPDATE count_limit_lease l SET expires_at = p_expires_at
             WHERE l.use_type = p_use_type AND l.unique_id = p_unique_id AND l.lease_token = p_lease_token
-              AND l.expires_at > p_now
+              AND (l.expires_at > p_now) IS TRUE
               AND (SELECT count(*) FROM parent) >= 0
             RETURNING l.lease_token
         ), raised AS (
@@ -932,7 +1020,7 @@ BEGIN
                 min(CASE WHEN x.done AND l.lease_token = p_lease_token THEN p_expires_at ELSE l.expires_at END) AS first_expiry,
                 max(CASE WHEN x.done AND l.lease_token = p_lease_token THEN p_expires_at ELSE l.expires_at END) AS last_expiry
             FROM count_limit_lease l
-            WHERE l.use_type = p_use_type AND l.unique_id = p_unique_id AND l.expires_at > p_now
+            WHERE l.use_type = p_use_type AND l.unique_id = p_unique_id AND (l.expires_at > p_now) IS TRUE
         ) h;
 END
 $fn$;
@@ -963,7 +1051,7 @@ BEGIN
         CROSS JOIN LATERAL (
             SELECT count(*) AS held, min(l.expires_at) AS first_expiry, max(l.expires_at) AS last_expiry
             FROM count_limit_lease l
-            WHERE l.use_type = p_use_type AND l.unique_id = p_unique_id AND l.expires_at > p_now
+            WHERE l.use_type = p_use_type AND l.unique_id = p_unique_id AND (l.expires_at > p_now) IS TRUE
         ) h;
 END
 $fn$;

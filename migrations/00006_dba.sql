@@ -39,8 +39,11 @@
 --
 -- The writers plan with enable_seqscan off, as the functions of 00005 do,
 -- so that their statements read the key whatever the table's statistics
--- say. countlimit_most_denied does not: it reads the whole table by design
--- (no index serves it; see it below).
+-- say, and write a condition on blocked_until beside the key (...) IS
+-- TRUE, as 00005 explains ("Plans"): no plan then finds one id's blocked
+-- rows by reading every blocked id (count_limit_blocked_until_idx).
+-- countlimit_most_denied does not: it reads the whole table by design (no
+-- index serves it; see it below).
 --
 -- Names: countlimit_reset(text, text[]) is the store's Reset (00005). An
 -- overload countlimit_reset(text, text) would not even be ambiguous: for an
@@ -102,11 +105,11 @@ BEGIN
         RAISE EXCEPTION 'countlimit_lift_penalty: unique_id is NULL' USING ERRCODE = 'null_value_not_allowed';
     END IF;
     got := ARRAY(SELECT c.use_type FROM count_limit c
-        WHERE c.unique_id = id AND (ut IS NULL OR c.use_type = ut) AND c.blocked_until IS NOT NULL
+        WHERE c.unique_id = id AND (ut IS NULL OR c.use_type = ut) AND (c.blocked_until IS NOT NULL) IS TRUE
         ORDER BY c.use_type COLLATE "C"
         FOR NO KEY UPDATE);
     SELECT count(*) INTO lifted FROM count_limit c
-    WHERE c.unique_id = id AND c.use_type = ANY (got) AND c.blocked_until > now();
+    WHERE c.unique_id = id AND c.use_type = ANY (got) AND (c.blocked_until > now()) IS TRUE;
     UPDATE count_limit c SET blocked_until = NULL, updated_at = now()
     WHERE c.unique_id = id AND c.use_type = ANY (got);
     RETURN lifted;
