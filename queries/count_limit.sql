@@ -11,7 +11,7 @@ SELECT
 FROM countlimit_apply(
     @op::text, @unique_id::text, @now::timestamptz, @n::bigint,
     @use_types::text[], @limits::bigint[], @begins::timestamptz[],
-    @lengths::bigint[], @spans::bigint[], @blocks::bigint[]
+    @lengths::bigint[], @spans::bigint[], @blocks::bigint[], @kinds::text[]
 ) AS r;
 
 -- name: Reset :exec
@@ -47,14 +47,12 @@ LIMIT @max_rows::int;
 
 -- name: SchemaReady :one
 -- SchemaReady reports whether countlimit's schema, at its latest migration,
--- is on the search path: its tables and the newest migration's function
--- (an older schema lacks it; update this with every migration), and the
--- functions 00005 gained after it was first written (a database migrated
--- from an untagged main before them lacks them).
+-- is on the search path: its tables and a function that only the newest
+-- migration makes (update it with every migration, docs/RELEASING.md).
+-- For 00001, countlimit_apply with its window kinds, which a database
+-- migrated by an untagged main before v0.1.0 lacks.
 SELECT (to_regclass('count_limit') IS NOT NULL AND to_regclass('count_limit_lease') IS NOT NULL
-    AND to_regprocedure('countlimit_adjust_count(text, text, bigint)') IS NOT NULL
-    AND to_regprocedure('countlimit_lock_briefly()') IS NOT NULL
-    AND to_regprocedure('countlimit_claim_keys(text[], text[], timestamptz[], text[])') IS NOT NULL
+    AND to_regprocedure('countlimit_apply(text, text, timestamptz, bigint, text[], bigint[], timestamptz[], bigint[], bigint[], bigint[], text[])') IS NOT NULL
 )::boolean AS ready;
 
 -- name: StoreTime :one

@@ -1,7 +1,6 @@
 -- Concurrency limits: leases in count_limit_lease. Every statement is one
--- call of a function: countlimit_acquire (migrations/00004_leases.sql) and
--- the others of migrations/00005_plans.sql, where the SQL, its locking and
--- its comments live.
+-- call of a function of migrations/00001_countlimit.sql, where the SQL,
+-- its locking and its comments live.
 
 -- name: AcquireLease :one
 -- AcquireLease takes a lease when a slot is free, or counts the denial and

@@ -23,7 +23,7 @@ import (
 	"github.com/countlimit/countlimit/internal/testbackend"
 )
 
-// The DBA functions of migrations/00006_dba.sql, as docs/operations.md
+// The DBA functions of the migrations, as docs/operations.md
 // calls them.
 var dbaFunctions = []string{
 	"countlimit_reset_id(text, text)",
@@ -809,34 +809,34 @@ func TestDBABesideAllows(t *testing.T) {
 	})
 }
 
-// TestPingWantsDBAFunctions checks that Ping reports a schema without the
-// DBA functions as not at its latest migration.
-func TestPingWantsDBAFunctions(t *testing.T) {
+// TestPingWantsTheLatestSchema checks that Ping reports a schema that is
+// missing, or that lacks the newest migration's function (a database
+// migrated by an untagged main before v0.1.0 has countlimit_apply without
+// its window kinds), as not at its latest migration.
+func TestPingWantsTheLatestSchema(t *testing.T) {
 	pool := dbaSchema(t, 2, nil)
 	ctx := context.Background()
+	if err := pgstore.New(pool).Ping(ctx); err != nil {
+		t.Fatalf("Ping at the latest migration: %v", err)
+	}
 	p, closeDB, err := pgmigrate.NewProvider(pool)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer closeDB()
-	if _, err := p.DownTo(ctx, 5); err != nil {
+	if _, err := p.DownTo(ctx, 0); err != nil {
 		t.Fatal(err)
 	}
-	if err := pgstore.New(pool).Ping(ctx); !errors.Is(err, countlimit.ErrUnavailable) || !strings.Contains(err.Error(), "latest migration") {
-		t.Errorf("Ping at migration 5 = %v, want ErrUnavailable saying the schema is not at its latest migration", err)
+	if err := pgstore.New(pool).Ping(ctx); !errors.Is(err, countlimit.ErrUnavailable) || !strings.Contains(err.Error(), "missing") {
+		t.Errorf("Ping with no schema = %v, want ErrUnavailable saying the schema is missing", err)
 	}
 	if _, err := p.Up(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := pgstore.New(pool).Ping(ctx); err != nil {
-		t.Errorf("Ping at the latest migration: %v", err)
-	}
-	// A database migrated from an untagged main whose 00005 lacked the
-	// functions that give up held rows.
-	if _, err := pool.Exec(ctx, `DROP FUNCTION countlimit_lock_briefly()`); err != nil {
+	if _, err := pool.Exec(ctx, `DROP FUNCTION countlimit_apply(text, text, timestamptz, bigint, text[], bigint[], timestamptz[], bigint[], bigint[], bigint[], text[])`); err != nil {
 		t.Fatal(err)
 	}
 	if err := pgstore.New(pool).Ping(ctx); !errors.Is(err, countlimit.ErrUnavailable) || !strings.Contains(err.Error(), "latest migration") {
-		t.Errorf("Ping without countlimit_lock_briefly = %v, want ErrUnavailable saying the schema is not at its latest migration", err)
+		t.Errorf("Ping without the newest countlimit_apply = %v, want ErrUnavailable saying the schema is not at its latest migration", err)
 	}
 }

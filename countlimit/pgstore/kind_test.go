@@ -14,8 +14,10 @@ import (
 // last counted in a row on every path a single-rule check takes (a lone
 // call on the pool, a call in the caller's transaction, a group commit of
 // distinct keys and one that repeats a key), follows a rule that changes
-// kind, and says "window" where no single-rule check has counted (AllowAll,
-// CheckLimit); sliding, lifetime and concurrent rows keep their own names.
+// kind, names the kind of each rule of an AllowAll too (countlimit_apply
+// writes it since the baseline), and says "window" for CheckLimit's window
+// of the caller's own; sliding, lifetime and concurrent rows keep their own
+// names.
 func TestStatusWindowKind(t *testing.T) {
 	pool := testbackend.Postgres(t)
 	ctx := context.Background()
@@ -109,14 +111,18 @@ func TestStatusWindowKind(t *testing.T) {
 	allow(pooled, changed, "pool")
 	want(rolling.UseType, "pool", "fixed")
 
-	// Where no single-rule check counted: "window".
+	// AllowAll, through countlimit_apply: each rule's kind; and the kind
+	// of the rule that counted last, when a single-rule check follows.
 	other := countlimit.Rule{UseType: "k.other", Limit: 5, Window: countlimit.Fixed(time.Minute)}
 	other2 := countlimit.Rule{UseType: "k.other2", Limit: 5, Window: countlimit.Rolling(time.Minute)}
-	if res, err := pooled.AllowAll(ctx, "all", other, other2); err != nil || !res[0].Allowed {
+	other3 := countlimit.Rule{UseType: "k.other3", Limit: 5, Window: countlimit.Calendar(countlimit.Week, ny)}
+	if res, err := pooled.AllowAll(ctx, "all", other, other2, other3); err != nil || !res[0].Allowed {
 		t.Fatalf("AllowAll = %+v, %v", res, err)
 	}
-	want("k.other", "all", "window")
-	want("k.other2", "all", "window")
+	want("k.other", "all", "fixed")
+	want("k.other2", "all", "rolling")
+	want("k.other3", "all", "calendar")
+	// CheckLimit: a window of the caller's own, "window".
 	if ok, err := pooled.CheckLimit(ctx, "k.classic", "c", 5, time.Hour, time.Time{}); err != nil || !ok {
 		t.Fatalf("CheckLimit = %v, %v", ok, err)
 	}

@@ -234,7 +234,7 @@ func locked(r *driver.Request, err error) error {
 }
 
 // lockTimed runs each statement on the pool after countlimit_lock_briefly
-// (migration 00005), in the same round trip and the same implicit
+// (the baseline migration), in the same round trip and the same implicit
 // transaction (a pipeline of two statements, one Sync): a statement that
 // waits longer than a brief lock_timeout (2 ms, or the setting
 // countlimit.lock_wait, within 1 ms to 100 ms) for a row another transaction holds, a caller's

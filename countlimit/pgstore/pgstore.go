@@ -241,6 +241,7 @@ func (s *Store) apply(ctx context.Context, d DBTX, r *driver.Request) error {
 		Lengths:  make([]int64, len(r.Checks)),
 		Spans:    make([]int64, len(r.Checks)),
 		Blocks:   make([]int64, len(r.Checks)),
+		Kinds:    make([]string, len(r.Checks)),
 	}
 	for i := range r.Checks {
 		c := &r.Checks[i]
@@ -250,6 +251,7 @@ func (s *Store) apply(ctx context.Context, d DBTX, r *driver.Request) error {
 		p.Lengths[i] = length
 		p.Spans[i] = c.Span.Microseconds()
 		p.Blocks[i] = c.Block.Microseconds()
+		p.Kinds[i] = c.Kind
 	}
 	rows, err := s.q.Apply(ctx, d, p)
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -24,7 +25,7 @@ import (
 // TestPlansReadOnlyTheirKeys holds every statement the store runs, every
 // statement inside its functions (the fast path, the batches and
 // countlimit_claim_keys, countlimit_apply, leases, Reset, the purge, the
-// DBA's writers of 00006) and the foreign-key statements they fire, to one
+// DBA's writers) and the foreign-key statements they fire, to one
 // invariant: a call reads count_limit and count_limit_lease only by the
 // keys it touches, whatever the tables' statistics say (issue 33).
 //
@@ -73,7 +74,7 @@ func TestPlansReadOnlyTheirKeys(t *testing.T) {
 		{"analyzed empty, then grown", []string{planAnalyze, planFill}, nil},
 		{"analyzed full, then emptied", []string{planFill, planAnalyze, planEmpty}, nil},
 	} {
-		t.Run(st.name, func(t *testing.T) { checkPlans(t, st.before, st.between) })
+		t.Run(st.name, func(t *testing.T) { checkPlans(t, st.before, st.between, slices.Contains(st.before, planEmpty)) })
 	}
 }
 
@@ -117,7 +118,14 @@ type planStep struct {
 	run  func() error
 }
 
-func checkPlans(t *testing.T, before, between []string) {
+// checkPlans runs every step twice, holding each plan to the key (its
+// shape) and, in the second round, what it read to the keys it touched.
+// With dead set (the filler deleted), the purge, which reads expired rows
+// in expiry order across ids, is held to its shape alone: it steps over
+// the deleted rows' index entries until no snapshot on the server can see
+// them (other tests' open transactions keep them), which no plan avoids
+// and a vacuum ends.
+func checkPlans(t *testing.T, before, between []string, dead bool) {
 	ctx := context.Background()
 	url := testbackend.FreshSchemaURL(t)
 	admin, err := pgxpool.New(ctx, url)
@@ -288,7 +296,7 @@ func checkPlans(t *testing.T, before, between []string) {
 				}
 				// The second round runs on 100 000 rows (or their dead
 				// versions) in every state.
-				if read, bound := plan.Plan.blocksRead(), int64(blocksPerKey*st.keys+blocksSlack); round == 2 && read > bound {
+				if read, bound := plan.Plan.blocksRead(), int64(blocksPerKey*st.keys+blocksSlack); round == 2 && read > bound && !(dead && st.name == "countlimit_purge") {
 					t.Errorf("round %d, %s: the statement read %d blocks of count_limit and count_limit_lease for %d keys, want at most %d:\n%s\n%s",
 						round, st.name, read, st.keys, bound, firstLine(plan.Text), raw)
 				}

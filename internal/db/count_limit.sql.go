@@ -23,7 +23,7 @@ SELECT
 FROM countlimit_apply(
     $1::text, $2::text, $3::timestamptz, $4::bigint,
     $5::text[], $6::bigint[], $7::timestamptz[],
-    $8::bigint[], $9::bigint[], $10::bigint[]
+    $8::bigint[], $9::bigint[], $10::bigint[], $11::text[]
 ) AS r
 `
 
@@ -38,6 +38,7 @@ type ApplyParams struct {
 	Lengths  []int64
 	Spans    []int64
 	Blocks   []int64
+	Kinds    []string
 }
 
 type ApplyRow struct {
@@ -63,6 +64,7 @@ func (q *Queries) Apply(ctx context.Context, db DBTX, arg ApplyParams) ([]ApplyR
 		arg.Lengths,
 		arg.Spans,
 		arg.Blocks,
+		arg.Kinds,
 	)
 	if err != nil {
 		return nil, err
@@ -128,17 +130,15 @@ func (q *Queries) Reset(ctx context.Context, db DBTX, arg ResetParams) error {
 
 const schemaReady = `-- name: SchemaReady :one
 SELECT (to_regclass('count_limit') IS NOT NULL AND to_regclass('count_limit_lease') IS NOT NULL
-    AND to_regprocedure('countlimit_adjust_count(text, text, bigint)') IS NOT NULL
-    AND to_regprocedure('countlimit_lock_briefly()') IS NOT NULL
-    AND to_regprocedure('countlimit_claim_keys(text[], text[], timestamptz[], text[])') IS NOT NULL
+    AND to_regprocedure('countlimit_apply(text, text, timestamptz, bigint, text[], bigint[], timestamptz[], bigint[], bigint[], bigint[], text[])') IS NOT NULL
 )::boolean AS ready
 `
 
 // SchemaReady reports whether countlimit's schema, at its latest migration,
-// is on the search path: its tables and the newest migration's function
-// (an older schema lacks it; update this with every migration), and the
-// functions 00005 gained after it was first written (a database migrated
-// from an untagged main before them lacks them).
+// is on the search path: its tables and a function that only the newest
+// migration makes (update it with every migration, docs/RELEASING.md).
+// For 00001, countlimit_apply with its window kinds, which a database
+// migrated by an untagged main before v0.1.0 lacks.
 func (q *Queries) SchemaReady(ctx context.Context, db DBTX) (bool, error) {
 	row := db.QueryRow(ctx, schemaReady)
 	var ready bool

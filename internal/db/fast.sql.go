@@ -197,7 +197,7 @@ type AllowOneRow struct {
 
 // The fast path: one rule whose window is not sliding (rolling, fixed,
 // calendar, lifetime, CheckLimit). Each statement is one call of a
-// function of migrations/00005_plans.sql, where the SQL and its comments
+// function of migrations/00001_countlimit.sql, where the SQL and its comments
 // live: functions plan their statements with the key whatever the table's
 // statistics say.
 // AllowOne counts n events of one rule for one id, or tallies the denial

@@ -46,9 +46,8 @@ type AcquireLeaseRow struct {
 }
 
 // Concurrency limits: leases in count_limit_lease. Every statement is one
-// call of a function: countlimit_acquire (migrations/00004_leases.sql) and
-// the others of migrations/00005_plans.sql, where the SQL, its locking and
-// its comments live.
+// call of a function of migrations/00001_countlimit.sql, where the SQL,
+// its locking and its comments live.
 // AcquireLease takes a lease when a slot is free, or counts the denial and
 // sets the penalty; see countlimit_acquire for why it is a function.
 func (q *Queries) AcquireLease(ctx context.Context, db DBTX, arg AcquireLeaseParams) (AcquireLeaseRow, error) {

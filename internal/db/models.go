@@ -34,7 +34,7 @@ type CountLimit struct {
 	UpdatedAt pgtype.Timestamptz
 	// Concurrency limits only: no lease of this key (count_limit_lease) expires after this. Raised by every Acquire that takes a slot and every Extend; set to the time of a denied Acquire when no lease was ever taken. Purges keep the row until then. NULL for keys never acquired.
 	LeaseUntil pgtype.Timestamptz
-	// The window kind of the rule whose single-rule check last counted here, or created the row: rolling, fixed, calendar or lifetime; NULL when unknown (AllowAll, CheckLimit, rows from before). For people; no check reads it.
+	// The window kind of the rule that last counted here, or created the row: rolling, fixed, calendar, sliding or lifetime; NULL for CheckLimit's window of the caller's own. For people; no check reads it.
 	WindowKind pgtype.Text
 }
 
@@ -58,7 +58,7 @@ type CountLimitStatus struct {
 	UseType string
 	// Who or what is limited: user id, phone, IP, token.
 	UniqueID string
-	// rolling, fixed or calendar (the rule that last counted in the window with a single-rule check; window when unknown: AllowAll, CheckLimit), sliding (an exact log of events), lifetime (never resets) or concurrent (slots held at once, as leases in count_limit_lease).
+	// rolling, fixed or calendar (the rule that last counted in the window; window for CheckLimit's window of the caller's own), sliding (an exact log of events), lifetime (never resets) or concurrent (slots held at once, as leases in count_limit_lease).
 	WindowKind string
 	// Events counted in the current window as of now; 0 once the window has ended. For concurrent limits, the leases live now (slots held).
 	Used int64

@@ -1,28 +1,141 @@
--- A primary key that serves lookups by id, plans that use it whatever the
--- statistics say, and the statements of the fast path, of Reset, of purges
--- and of leases as functions.
+-- countlimit's PostgreSQL schema, whole: the tables that keep every
+-- counter, the functions that are the store's statements, the view DBAs
+-- read and the functions they call by hand, in the order a reader needs
+-- them.
 --
--- PostgreSQL plans a prepared statement once for all ("generic plan") after
--- a few runs, and keeps that plan until the table's statistics change. A
--- statement planned while count_limit looked empty (a new deployment, a
--- TRUNCATE, a VACUUM ANALYZE of an empty table) got a plan that reads the
--- whole table, cheapest on an empty table, and kept it while the table
--- grew: with autovacuum off it never recovered. No shape of a plain
--- statement avoids that on an empty table, where a sequential scan costs
--- nothing; so each statement lives in a PL/pgSQL function that plans it
--- with enable_seqscan off, set for the function's run only. Every lookup
--- then goes through an index whatever the statistics say, nothing is asked
--- of the server's settings, and the caller's session is left alone. (A
--- function's statements keep their plans for the session, as prepared
--- statements do: the call costs a few microseconds more than the bare
--- statement.) countlimit_apply and countlimit_acquire get the same setting.
+--   1. count_limit, one row per (use_type, unique_id): the count and window,
+--      the sliding log, the denial tally, the penalty; its indexes.
+--   2. count_limit_lease, one row per held slot of a concurrency limit.
+--   3. How every statement reaches the tables ("Plans").
+--   4. The checks: the fast path of one rule (countlimit_allow_one and the
+--      group commit's batches), countlimit_apply for everything else that
+--      counts, Reset and the purge.
+--   5. The leases' statements.
+--   6. count_limit_status, the view for people.
+--   7. The DBA's functions.
 --
--- The statements are those of queries/ before this migration, unchanged
--- but for two: countlimit_allow_one can skip a row another transaction
--- holds locked, and countlimit_reset and countlimit_purge return what they
--- deleted (and for their plans, below). queries/ calls them.
+-- Released in v0.1.0 and frozen from then on: this file is never edited (a
+-- test holds it to its checksum, migrations/released.txt). A change is a
+-- new migration, numbered after it (docs/RELEASING.md).
 --
--- Plans. enable_seqscan off was not enough: under the statistics of an
+-- Before v0.1.0 the schema grew through six migrations (00001 to 00006)
+-- on untagged commits of main; this file is where they ended, with one
+-- change made before the freeze: countlimit_apply, which AllowAll, sliding
+-- windows, Peek and Refund go through, takes each rule's window kind and
+-- writes count_limit.window_kind as the single-rule statements do. A
+-- database migrated by an untagged main is at goose version 6 and is not
+-- this schema: drop countlimit's objects there (its "migrate down", six
+-- times, with that main's binary) and migrate again.
+
+-- +goose Up
+
+-- 1. count_limit. The primary key is ordered (unique_id, use_type): it
+-- serves every lookup of one id by itself (a DBA's "every limit of this
+-- user", Reset, the DBA's functions) and every key of a check, so no other
+-- index is written on a new row or on an update that cannot stay on its
+-- page (a new window, a penalty). fillfactor 80 leaves room on each page
+-- for updates to stay there (HOT updates write no index).
+--
+-- A key's window is [begin_time, end_time): current while it is not empty
+-- (begin_time < end_time, or end_time NULL for a lifetime) and not over
+-- (end_time > now); begin_time = end_time is an empty window, which a
+-- denial of a new key leaves. "now" is the calling Limiter's clock, never
+-- the database's: the database clock decides nothing (the view and the
+-- DBA's functions, for people, use now()).
+-- +goose StatementBegin
+CREATE TABLE count_limit (
+    use_type      text        NOT NULL,
+    unique_id     text        NOT NULL,
+    already_count bigint      NOT NULL DEFAULT 0 CHECK (already_count >= 0),
+    begin_time    timestamptz NOT NULL,
+    end_time      timestamptz,
+    limit_value   bigint      NOT NULL DEFAULT 0,
+    denied_count  bigint      NOT NULL DEFAULT 0,
+    blocked_until timestamptz,
+    events        timestamptz[],
+    created_at    timestamptz NOT NULL DEFAULT now(),
+    updated_at    timestamptz NOT NULL DEFAULT now(),
+    lease_until   timestamptz,
+    window_kind   text,
+    CONSTRAINT count_limit_pkey PRIMARY KEY (unique_id, use_type)
+) WITH (fillfactor = 80);
+-- +goose StatementEnd
+
+COMMENT ON TABLE count_limit IS
+    'countlimit counters: one row per (use_type, unique_id). Written by countlimit''s statements and functions; safe to read, and to delete rows from (that resets them, leases included). Leases of concurrency limits are in count_limit_lease.';
+
+COMMENT ON COLUMN count_limit.use_type IS 'What is limited, e.g. password.change (countlimit.UseType).';
+COMMENT ON COLUMN count_limit.unique_id IS 'Who or what is limited: user id, phone, IP, token.';
+COMMENT ON COLUMN count_limit.already_count IS 'Events counted in the window [begin_time, end_time). Counts nothing once end_time has passed. For sliding windows, cardinality(events).';
+COMMENT ON COLUMN count_limit.begin_time IS 'When the current window began; for sliding windows, the oldest logged event.';
+COMMENT ON COLUMN count_limit.end_time IS 'When the current window ends (exclusive); NULL for a lifetime limit. For sliding windows, the newest event plus the window length.';
+COMMENT ON COLUMN count_limit.limit_value IS 'The limit applied by the last check (the rule travels with each call; this records it for audits).';
+COMMENT ON COLUMN count_limit.denied_count IS 'Denied checks since the row was created (not reset when a window rolls over).';
+COMMENT ON COLUMN count_limit.blocked_until IS 'Penalty box: every check is denied while this is in the future. NULL when never blocked.';
+COMMENT ON COLUMN count_limit.events IS 'Sliding windows only: the times of the counted events, oldest first, microsecond precision. NULL for other windows.';
+COMMENT ON COLUMN count_limit.created_at IS 'When the row was first written (database clock).';
+COMMENT ON COLUMN count_limit.updated_at IS 'When the row was last written (database clock).';
+COMMENT ON COLUMN count_limit.lease_until IS
+    'Concurrency limits only: no lease of this key (count_limit_lease) expires after this. Raised by every Acquire that takes a slot and every Extend; set to the time of a denied Acquire when no lease was ever taken. Purges keep the row until then. NULL for keys never acquired.';
+COMMENT ON COLUMN count_limit.window_kind IS
+    'The window kind of the rule that last counted here, or created the row: rolling, fixed, calendar, sliding or lifetime; NULL for CheckLimit''s window of the caller''s own. For people; no check reads it.';
+
+-- Serve bounded expiry purges, oldest first: rows whose window ended
+-- (lifetime rows, end_time NULL, are never purged by it), and rows whose
+-- penalty ended, which a DBA's "who is blocked now" (WHERE blocked_until >
+-- now()) reads too.
+CREATE INDEX count_limit_end_time_idx ON count_limit (end_time) WHERE end_time IS NOT NULL;
+CREATE INDEX count_limit_blocked_until_idx ON count_limit (blocked_until) WHERE blocked_until IS NOT NULL;
+
+-- 2. count_limit_lease. Concurrency limits (countlimit.Concurrent): at most
+-- N slots held at once per (use_type, unique_id), each slot a lease that
+-- expires by itself. Leases live here, one row per held slot, beside the
+-- key's count_limit row, which keeps what every kind of limit shares: the
+-- denial tally, the penalty and the limit last applied. The count and
+-- window of the other kinds stay as they are: a key's leases and its count
+-- never see each other.
+--
+-- Every statement that writes a key's leases first locks the key's
+-- count_limit row (Acquire creates it when it is absent), and only then
+-- touches lease rows: the parent row is the key's one lock, so Acquire
+-- counts leases exactly and lease statements cannot deadlock with each
+-- other or with checks. Deleting a count_limit row (Reset, purge, a DBA's
+-- DELETE) deletes its leases with it.
+
+-- +goose StatementBegin
+CREATE TABLE count_limit_lease (
+    use_type    text        NOT NULL,
+    unique_id   text        NOT NULL,
+    lease_token text        NOT NULL,
+    expires_at  timestamptz NOT NULL,
+    taken_at    timestamptz NOT NULL,
+    PRIMARY KEY (use_type, unique_id, lease_token),
+    FOREIGN KEY (use_type, unique_id) REFERENCES count_limit (use_type, unique_id) ON DELETE CASCADE
+);
+-- +goose StatementEnd
+
+COMMENT ON TABLE count_limit_lease IS
+    'countlimit leases: one row per slot held of a concurrency limit (countlimit.Concurrent) by (use_type, unique_id); a slot is held while expires_at is in the future. Written only by countlimit''s statements, under the lock of the key''s count_limit row; safe to read. Expired rows are purged with their key, or by countlimit purge.';
+
+COMMENT ON COLUMN count_limit_lease.use_type IS 'What is limited, e.g. report.export (countlimit.UseType).';
+COMMENT ON COLUMN count_limit_lease.unique_id IS 'Who or what is limited: user id, API key, tenant.';
+COMMENT ON COLUMN count_limit_lease.lease_token IS 'The lease''s random name (22 base64url characters). Whoever knows it can release or extend the slot: treat it as a secret.';
+COMMENT ON COLUMN count_limit_lease.expires_at IS 'When the slot frees itself unless extended: taken_at (or the last Extend) plus the rule''s ttl, on the caller''s clock.';
+COMMENT ON COLUMN count_limit_lease.taken_at IS 'When the slot was taken (Acquire), on the caller''s clock; Extend does not change it.';
+
+-- Serves purges of expired leases, oldest first.
+CREATE INDEX count_limit_lease_expires_at_idx ON count_limit_lease (expires_at);
+
+-- 3. Plans. Every statement is a PL/pgSQL function: PostgreSQL plans a
+-- prepared statement once for all ("generic plan") after a few runs and
+-- keeps that plan as long as the session, and a statement planned while
+-- count_limit looked empty (a new deployment, a TRUNCATE, a VACUUM ANALYZE
+-- of an empty table) got a plan that reads the whole table, cheapest on an
+-- empty table, and kept it while the table grew. Each function plans with
+-- enable_seqscan off, set for its run only (the caller's session is left
+-- alone). (A function's statements keep their plans for the session, as
+-- prepared statements do: the call costs a few microseconds more than the
+-- bare statement.) enable_seqscan off was not enough: under the statistics of an
 -- empty table (a new deployment's first ANALYZE, a TRUNCATE and ANALYZE)
 -- the planner found the next cheapest way to read the whole table, and a
 -- function's generic plan lives as long as its pooled session, reading
@@ -77,138 +190,13 @@
 -- (countlimit/pgstore) holds every statement to the rule under four states
 -- of the statistics. The audits that list rows across ids
 -- (count_limit_status's most denied and nearest their limit, and
--- countlimit_most_denied of 00006) read the whole table by design.
+-- countlimit_most_denied, below) read the whole table by design.
 
--- +goose Up
-
--- The primary key is ordered (unique_id, use_type): it serves every lookup
--- of one id by itself (a DBA's "every limit of this user", Reset), so
--- count_limit_unique_id_idx goes, and each new row and each update that
--- cannot stay on its page (a new window, a penalty) writes one index less.
--- Rebuilding the key locks count_limit for as long as building the index
--- takes (docs/benchmarks.md has a measurement); to keep that short on
--- a large live table, build the index by hand first, CONCURRENTLY, and this
--- migration takes it as the key in an instant (IF NOT EXISTS):
---   CREATE UNIQUE INDEX CONCURRENTLY count_limit_id_key ON count_limit (unique_id, use_type);
-CREATE UNIQUE INDEX IF NOT EXISTS count_limit_id_key ON count_limit (unique_id, use_type);
-ALTER TABLE count_limit_lease DROP CONSTRAINT count_limit_lease_use_type_unique_id_fkey;
-ALTER TABLE count_limit DROP CONSTRAINT count_limit_pkey,
-    ADD CONSTRAINT count_limit_pkey PRIMARY KEY USING INDEX count_limit_id_key;
-DROP INDEX IF EXISTS count_limit_unique_id_idx;
-ALTER TABLE count_limit_lease ADD CONSTRAINT count_limit_lease_use_type_unique_id_fkey
-    FOREIGN KEY (use_type, unique_id) REFERENCES count_limit (use_type, unique_id) ON DELETE CASCADE;
-
--- window_kind is the kind of the rule whose single-rule check last counted
--- in the row, or created it (rolling, fixed, calendar or lifetime),
--- written by countlimit_allow_one, _batch and _distinct for
--- count_limit_status. It is NULL where no such check has: a row of
--- AllowAll alone (countlimit_apply leaves the column alone), CheckLimit's
--- (a window of the caller's own, written as NULL), or one from before the
--- column; the view says "window" there. No check reads it: it never
--- changes a decision. Adding a nullable column with no default rewrites
--- nothing.
-ALTER TABLE count_limit ADD COLUMN window_kind text;
-COMMENT ON COLUMN count_limit.window_kind IS
-    'The window kind of the rule whose single-rule check last counted here, or created the row: rolling, fixed, calendar or lifetime; NULL when unknown (AllowAll, CheckLimit, rows from before). For people; no check reads it.';
-
--- count_limit_status counts a window's events while the window is current
--- as every check decides it: not empty, not over. 00004's view also asked
--- that the window had begun by now(), and showed 0 used for a window opened
--- by a Limiter whose clock runs ahead of the database's.
--- +goose StatementBegin
-CREATE OR REPLACE VIEW count_limit_status AS
-SELECT
-    s.use_type,
-    s.unique_id,
-    s.window_kind::text AS window_kind,
-    s.used::bigint AS used,
-    s.limit_value,
-    greatest(s.limit_value - s.used, 0)::bigint AS remaining,
-    s.denied_count,
-    s.window_begin::timestamptz AS window_begin,
-    s.window_end::timestamptz AS window_end,
-    (CASE WHEN s.used > 0 AND s.window_end IS NOT NULL THEN s.window_end - now() END)::interval AS resets_in,
-    (s.blocked_until IS NOT NULL AND s.blocked_until > now())::boolean AS blocked,
-    (CASE WHEN s.blocked_until > now() THEN s.blocked_until END)::timestamptz AS blocked_until,
-    (CASE WHEN s.blocked_until > now() THEN s.blocked_until - now() END)::interval AS blocked_for,
-    s.updated_at
-FROM (
-    SELECT
-        c.use_type,
-        c.unique_id,
-        c.limit_value,
-        c.denied_count,
-        c.blocked_until,
-        c.updated_at,
-        CASE
-            WHEN k.concurrent THEN 'concurrent'
-            WHEN c.events IS NOT NULL THEN 'sliding'
-            WHEN c.end_time IS NULL THEN 'lifetime'
-            ELSE coalesce(c.window_kind, 'window')
-        END AS window_kind,
-        CASE WHEN k.concurrent THEN h.held ELSE n.counted END AS used,
-        CASE WHEN k.concurrent THEN h.first_taken ELSE c.begin_time END AS window_begin,
-        CASE WHEN k.concurrent THEN h.last_expiry ELSE c.end_time END AS window_end
-    FROM count_limit c
-    CROSS JOIN LATERAL (
-        -- No lease outlives lease_until, so keys without one skip the probe,
-        -- which reads the key's leases by the primary key (see "Plans").
-        SELECT count(*) AS held, min(l.taken_at) AS first_taken, max(l.expires_at) AS last_expiry
-        FROM count_limit_lease l
-        WHERE c.lease_until > now()
-          AND l.use_type = c.use_type AND l.unique_id = c.unique_id AND (l.expires_at > now()) IS TRUE
-    ) h
-    CROSS JOIN LATERAL (
-        SELECT CASE
-            -- The log is time-ordered and end_time is its newest event plus
-            -- the window's length; epoch arithmetic keeps DST out of it.
-            WHEN c.events IS NOT NULL THEN (
-                SELECT count(*) FROM unnest(c.events) AS e
-                WHERE extract(epoch FROM e) > extract(epoch FROM now())
-                    - (extract(epoch FROM c.end_time) - extract(epoch FROM c.events[cardinality(c.events)])))
-            -- Current: not empty and not over; its begin is not compared with
-            -- now (a check whose clock runs ahead of the database's opens
-            -- a window that begins later than now() and is current all the
-            -- same).
-            WHEN c.begin_time < coalesce(c.end_time, 'infinity') AND coalesce(c.end_time > now(), true) THEN c.already_count
-            ELSE 0
-        END AS counted
-    ) n
-    CROSS JOIN LATERAL (
-        SELECT c.lease_until IS NOT NULL AND (h.held > 0 OR n.counted = 0) AS concurrent
-    ) k
-) s;
--- +goose StatementEnd
-
--- Comments of 00003, repeated so that every column keeps one whatever
--- reads this schema (sqlc forgets them when a view is replaced).
-COMMENT ON VIEW count_limit_status IS
-    'count_limit as of the database clock, for people: what each id has used of its limit now (for concurrency limits, the slots it holds), what remains, whether it is blocked and for how long.';
-COMMENT ON COLUMN count_limit_status.use_type IS 'What is limited, e.g. password.change.';
-COMMENT ON COLUMN count_limit_status.unique_id IS 'Who or what is limited: user id, phone, IP, token.';
-COMMENT ON COLUMN count_limit_status.limit_value IS 'The limit the last check applied (each check carries its rule; this records it).';
-COMMENT ON COLUMN count_limit_status.denied_count IS 'Denied checks since the row was created (not reset when a window rolls over).';
-COMMENT ON COLUMN count_limit_status.blocked IS 'True while the id sits in the penalty box: every check is denied until blocked_until.';
-COMMENT ON COLUMN count_limit_status.blocked_until IS 'When the penalty ends, while it lasts; NULL when not blocked.';
-COMMENT ON COLUMN count_limit_status.blocked_for IS 'How long the penalty still lasts; NULL when not blocked.';
-COMMENT ON COLUMN count_limit_status.updated_at IS 'When the row was last written (database clock).';
-COMMENT ON COLUMN count_limit_status.window_kind IS 'rolling, fixed or calendar (the rule that last counted in the window with a single-rule check; window when unknown: AllowAll, CheckLimit), sliding (an exact log of events), lifetime (never resets) or concurrent (slots held at once, as leases in count_limit_lease).';
-COMMENT ON COLUMN count_limit_status.used IS 'Events counted in the current window as of now; 0 once the window has ended. For concurrent limits, the leases live now (slots held).';
-COMMENT ON COLUMN count_limit_status.remaining IS 'limit_value - used, never below 0: how many more events (for concurrent limits, slots) the last applied limit allows now.';
-COMMENT ON COLUMN count_limit_status.window_begin IS 'When the current window began; for sliding windows, the oldest logged event; for concurrent limits, when the oldest live lease was taken (NULL when none is held).';
-COMMENT ON COLUMN count_limit_status.window_end IS 'When the current window ends (exclusive); NULL for lifetime limits. For sliding windows, the newest event plus the window length; for concurrent limits, when the last live lease expires unless extended or released (NULL when none is held).';
-COMMENT ON COLUMN count_limit_status.resets_in IS 'How long until the window ends and its count goes, while something is counted; NULL otherwise and for lifetime limits. For concurrent limits, until the last live lease expires.';
-
-ALTER FUNCTION countlimit_apply(text, text, timestamptz, bigint, text[], bigint[], timestamptz[], bigint[], bigint[], bigint[])
-    SET enable_seqscan = off;
-ALTER FUNCTION countlimit_acquire(text, text, timestamptz, text, bigint, timestamptz, timestamptz, boolean)
-    SET enable_seqscan = off;
-
--- The fast path: one rule whose window is not sliding (rolling, fixed,
--- calendar, lifetime, CheckLimit), one statement each. countlimit_allow_one
--- holds one row lock at most; the batch statements take theirs in three
--- phases, as countlimit_apply does, so concurrent statements over many keys
--- cannot deadlock:
+-- 4. The checks. The fast path: one rule whose window is not sliding
+-- (rolling, fixed, calendar, lifetime, CheckLimit), one statement each.
+-- countlimit_allow_one holds one row lock at most; the batch statements
+-- take theirs in three phases, as countlimit_apply does, so concurrent
+-- statements over many keys cannot deadlock:
 --
 --   1. lock the rows that exist, in key order (unique_id, then use_type, byte
 --      order; Go sorts the keys and passes them in that order), skipping any
@@ -225,17 +213,20 @@ ALTER FUNCTION countlimit_acquire(text, text, timestamptz, text, bigint, timesta
 -- exact under READ COMMITTED. A window is current when it is not empty and
 -- not over (begin is not compared with now; see driver.Store).
 --
--- Twins: that rule (current, blocked, fits, then the count, window, tally and
+-- That rule (current, blocked, fits, then the count, window, tally and
 -- penalty written) is spelled out in countlimit_allow_one,
--- countlimit_allow_batch's fold step and countlimit_allow_distinct's decided
--- below, and again in countlimit_apply (migrations/00002_apply_locking.sql),
--- the Redis scripts and memstore: driver.Apply is the contract as code, and
--- docs/ARCHITECTURE.md lists every copy and the test that holds it to
--- Apply (the seeded harness, TestModel, names the copy that drifted).
-
+-- countlimit_allow_batch's fold step, countlimit_allow_distinct's decided
+-- and countlimit_apply below, as in the Redis scripts and memstore:
+-- driver.Apply is the contract as code, and docs/ARCHITECTURE.md ("The
+-- copies") lists every copy and the test that holds it to Apply (the
+-- seeded harness, TestModel, names the copy that drifted).
+--
 -- Parameters common to all: p_now is the caller's clock; p_begin_time and
--- p_window_end bound the window an allowed event opens (p_window_end NULL for a
--- lifetime window); p_penalty_end is now + Block (NULL when the rule has none).
+-- p_window_end bound the window an allowed event opens (p_window_end NULL
+-- for a lifetime window); p_penalty_end is now + Block (NULL when the rule
+-- has none); p_window_kind and p_kinds name the rule's window for
+-- count_limit.window_kind (rolling, fixed, calendar, sliding, lifetime;
+-- empty for CheckLimit's), which no decision reads.
 
 -- countlimit_lock_briefly sets, for the rest of the transaction, how long
 -- a statement of pgstore's pool waits for a lock before it gives up with
@@ -834,6 +825,235 @@ END
 $fn$;
 -- +goose StatementEnd
 
+-- countlimit_apply carries out one check of one id against one or more
+-- rules (allow, peek or refund), for what the fast path does not take:
+-- sliding windows, AllowAll over several rules, Peek and Refund. A
+-- set-based statement updates a row once, and each rule's decision here
+-- depends on the others' (all or nothing). It takes its row locks in the
+-- fast path's three phases, so that it and the batches, which run side by
+-- side, cannot deadlock:
+--
+--   1. lock the rows that exist, in use_type order (byte order);
+--   2. (allow only) insert the rows that do not, in the same order, ON
+--      CONFLICT DO NOTHING; a row someone created since phase 1 undoes the
+--      attempt (locks and inserts, in a subtransaction) and starts again,
+--      8 times at most (gather.MaxAttempts, TestMaxAttemptsIsTheMigrations);
+--   3. decide and write the rows locked in phases 1 and 2, waiting for
+--      nothing.
+--
+-- Retrying instead of re-reading also means a concurrent Reset (a DELETE)
+-- does not make an Allow fail with a serialization error under READ
+-- COMMITTED. A sliding check's p_begins is NULL and its p_lengths 0: its
+-- log is its window. p_kinds names each rule's window for
+-- count_limit.window_kind, written where the check counts.
+
+-- +goose StatementBegin
+CREATE FUNCTION countlimit_apply(
+    p_op        text,
+    p_unique_id text,
+    p_now       timestamptz,
+    p_n         bigint,
+    p_use_types text[],
+    p_limits    bigint[],
+    p_begins    timestamptz[],
+    p_lengths   bigint[],
+    p_spans     bigint[],
+    p_blocks    bigint[],
+    p_kinds     text[]
+) RETURNS TABLE (
+    o_ord           int,
+    o_allowed       boolean,
+    o_used          bigint,
+    o_begin         timestamptz,
+    o_end           timestamptz,
+    o_blocked_until timestamptz,
+    o_free_at       timestamptz
+) LANGUAGE plpgsql SET enable_seqscan = off AS $fn$
+DECLARE
+    cnt     int := coalesce(array_length(p_use_types, 1), 0);
+    need    bigint := CASE WHEN p_op = 'allow' THEN p_n ELSE 1 END;
+    us      interval := interval '1 microsecond';
+    rec     count_limit;
+    found_  boolean[] := array_fill(NULL::boolean, ARRAY[cnt]);
+    created boolean[] := array_fill(false, ARRAY[cnt]);
+    rc      bigint;
+    used    bigint[] := array_fill(NULL::bigint, ARRAY[cnt]);
+    wbegin  timestamptz[] := array_fill(NULL::timestamptz, ARRAY[cnt]);
+    wend    timestamptz[] := array_fill(NULL::timestamptz, ARRAY[cnt]);
+    blocked timestamptz[] := array_fill(NULL::timestamptz, ARRAY[cnt]);
+    fits    boolean[] := array_fill(NULL::boolean, ARRAY[cnt]);
+    freeat  timestamptz[] := array_fill(NULL::timestamptz, ARRAY[cnt]);
+    live    timestamptz[];
+    span    interval;
+    all_ok  boolean := true;
+    locked  boolean := false;
+    got     text[] := '{}';
+    k       int;
+BEGIN
+    IF p_op NOT IN ('allow', 'peek', 'refund') THEN
+        RAISE EXCEPTION 'countlimit_apply: unknown op %', p_op USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    -- Phases 1 and 2 (see above), for allow and refund; peek locks nothing.
+    IF p_op = 'refund' THEN
+        got := ARRAY(SELECT c.use_type FROM count_limit c
+            WHERE c.use_type = ANY (p_use_types) AND c.unique_id = p_unique_id
+            ORDER BY c.use_type COLLATE "C"
+            FOR UPDATE);
+    ELSIF p_op = 'allow' THEN
+        FOR attempt IN 1 .. 8 LOOP
+            BEGIN
+                got := ARRAY(SELECT c.use_type FROM count_limit c
+                    WHERE c.use_type = ANY (p_use_types) AND c.unique_id = p_unique_id
+                    ORDER BY c.use_type COLLATE "C"
+                    FOR UPDATE);
+                FOR k IN SELECT i FROM generate_subscripts(p_use_types, 1) AS i ORDER BY p_use_types[i] COLLATE "C" LOOP
+                    CONTINUE WHEN p_use_types[k] = ANY (got);
+                    -- An empty window (begin = end) that only a counted event opens.
+                    INSERT INTO count_limit (use_type, unique_id, begin_time, end_time, limit_value, window_kind)
+                    VALUES (p_use_types[k], p_unique_id, p_now, p_now, p_limits[k], nullif(p_kinds[k], ''))
+                    ON CONFLICT DO NOTHING;
+                    GET DIAGNOSTICS rc = ROW_COUNT;
+                    IF rc = 0 THEN
+                        -- Created concurrently: undo this attempt (its locks
+                        -- and inserts) and start again.
+                        RAISE EXCEPTION USING ERRCODE = 'CL001';
+                    END IF;
+                    created[k] := true;
+                END LOOP;
+                locked := true;
+            EXCEPTION WHEN SQLSTATE 'CL001' THEN
+                created := array_fill(false, ARRAY[cnt]);
+                got := '{}';
+            END;
+            EXIT WHEN locked;
+        END LOOP;
+        IF NOT locked THEN
+            -- Under REPEATABLE READ or SERIALIZABLE the rows created since
+            -- this transaction's snapshot stay invisible to it.
+            RAISE EXCEPTION 'countlimit_apply: rows of % were created concurrently 8 times over', p_unique_id
+                USING ERRCODE = 'serialization_failure';
+        END IF;
+    END IF;
+
+    -- Every row is now locked (peek: read) and, for allow, exists: see
+    -- each one's window, in use_type order.
+    FOR k IN SELECT i FROM generate_subscripts(p_use_types, 1) AS i ORDER BY p_use_types[i] COLLATE "C" LOOP
+        SELECT * INTO rec FROM count_limit c WHERE c.use_type = p_use_types[k] AND c.unique_id = p_unique_id;
+        -- A row that appeared after phase 1 and that this call did not
+        -- create is not locked: this call runs as if before it.
+        found_[k] := FOUND AND (p_op = 'peek' OR p_use_types[k] = ANY (got) OR created[k]);
+        IF NOT found_[k] THEN
+            rec := NULL;
+        END IF;
+        blocked[k] := CASE WHEN rec.blocked_until > p_now THEN rec.blocked_until END;
+        IF p_spans[k] > 0 THEN
+            span := p_spans[k] * us;
+            live := ARRAY(SELECT e FROM unnest(rec.events) AS e WHERE e > p_now - span ORDER BY e);
+            used[k] := cardinality(live);
+            wbegin[k] := live[1];
+            wend[k] := live[cardinality(live)] + span;
+            IF p_op = 'refund' THEN
+                used[k] := greatest(used[k] - p_n, 0);
+                live := live[1:used[k]];
+                wbegin[k] := live[1];
+                wend[k] := live[cardinality(live)] + span;
+                IF found_[k] THEN
+                    UPDATE count_limit c SET
+                        events = live,
+                        already_count = cardinality(live),
+                        begin_time = coalesce(live[1], c.begin_time),
+                        end_time = coalesce(wend[k], c.end_time),
+                        updated_at = now()
+                    WHERE c.use_type = p_use_types[k] AND c.unique_id = p_unique_id;
+                END IF;
+            END IF;
+            IF need > p_limits[k] - used[k] AND need <= p_limits[k] THEN
+                freeat[k] := live[used[k] + need - p_limits[k]];
+            END IF;
+        -- Current: not empty, not over. Begin is not compared with p_now, so
+        -- a caller whose clock read is older than a window another caller
+        -- just opened joins it instead of resetting it.
+        ELSIF found_[k] AND rec.begin_time < coalesce(rec.end_time, 'infinity') AND (rec.end_time IS NULL OR rec.end_time > p_now) THEN
+            used[k] := rec.already_count;
+            wbegin[k] := rec.begin_time;
+            wend[k] := rec.end_time;
+            IF p_op = 'refund' AND used[k] > 0 THEN
+                used[k] := greatest(used[k] - p_n, 0);
+                UPDATE count_limit c SET already_count = used[k], updated_at = now()
+                WHERE c.use_type = p_use_types[k] AND c.unique_id = p_unique_id;
+            END IF;
+        ELSE
+            used[k] := 0;
+            wbegin[k] := p_begins[k];
+            wend[k] := CASE WHEN p_lengths[k] > 0 THEN p_begins[k] + p_lengths[k] * us END;
+        END IF;
+        fits[k] := blocked[k] IS NULL AND need <= p_limits[k] - used[k];
+        all_ok := all_ok AND fits[k];
+    END LOOP;
+
+    IF p_op = 'allow' THEN
+        FOR k IN 1 .. cnt LOOP
+            IF all_ok THEN
+                IF p_spans[k] > 0 THEN
+                    span := p_spans[k] * us;
+                    SELECT c.events INTO live FROM count_limit c WHERE c.use_type = p_use_types[k] AND c.unique_id = p_unique_id;
+                    -- Sorted, so the log stays in time order when this
+                    -- caller's clock read is older than the newest event.
+                    live := ARRAY(SELECT e FROM unnest(array_cat(live, array_fill(p_now, ARRAY[p_n]::int[]))) AS e
+                        WHERE e > p_now - span ORDER BY e);
+                    used[k] := cardinality(live);
+                    wbegin[k] := live[1];
+                    wend[k] := live[cardinality(live)] + span;
+                ELSE
+                    live := NULL;
+                    used[k] := used[k] + p_n;
+                END IF;
+                UPDATE count_limit c SET
+                    already_count = used[k],
+                    begin_time = wbegin[k],
+                    end_time = wend[k],
+                    events = live,
+                    limit_value = p_limits[k],
+                    window_kind = nullif(p_kinds[k], ''),
+                    updated_at = now()
+                WHERE c.use_type = p_use_types[k] AND c.unique_id = p_unique_id;
+            ELSIF fits[k] THEN
+                IF created[k] THEN
+                    -- Another rule denied: this check counts nothing and
+                    -- leaves no row behind.
+                    DELETE FROM count_limit c WHERE c.use_type = p_use_types[k] AND c.unique_id = p_unique_id;
+                END IF;
+            ELSE
+                IF blocked[k] IS NULL AND p_blocks[k] > 0 THEN
+                    blocked[k] := p_now + p_blocks[k] * us;
+                END IF;
+                UPDATE count_limit c SET
+                    denied_count = c.denied_count + 1,
+                    blocked_until = coalesce(blocked[k], c.blocked_until),
+                    limit_value = p_limits[k],
+                    updated_at = now()
+                WHERE c.use_type = p_use_types[k] AND c.unique_id = p_unique_id;
+            END IF;
+        END LOOP;
+    END IF;
+
+    FOR k IN 1 .. cnt LOOP
+        o_ord := k;
+        o_allowed := all_ok;
+        o_used := used[k];
+        o_begin := wbegin[k];
+        o_end := wend[k];
+        o_blocked_until := blocked[k];
+        o_free_at := CASE WHEN NOT all_ok THEN freeat[k] END;
+        RETURN NEXT;
+    END LOOP;
+END
+$fn$;
+-- +goose StatementEnd
+COMMENT ON FUNCTION countlimit_apply(text, text, timestamptz, bigint, text[], bigint[], timestamptz[], bigint[], bigint[], bigint[], text[]) IS
+    'countlimit: one atomic check of one id against one or more rules (allow, peek or refund), taking row locks in key order (existing rows, then new ones, then writes) so that concurrent checks cannot deadlock. Reset is a plain DELETE.';
+
 -- countlimit_reset deletes the rows of one id for the given use types,
 -- leases with them (Limiter.Reset), locking them first in key order as
 -- every statement does, so that resetting several rules cannot deadlock;
@@ -919,15 +1139,15 @@ END
 $fn$;
 -- +goose StatementEnd
 
--- Concurrency limits: leases in count_limit_lease
--- (migrations/00004_leases.sql). Each statement that adds or extends leases
--- locks the key's count_limit row first, as countlimit_acquire does, and
--- touches that one key's leases only after, so the parent row is the key's
--- one lock and lease statements cannot deadlock with checks or with each
--- other. The count(*) >= 0 conditions make PostgreSQL take that lock before
--- anything else runs. ReleaseLease, which only deletes a lease, takes no row
--- lock first (see it below); nor does countlimit_purge, which skips rows that
--- others hold locked.
+-- 5. The leases. countlimit_acquire carries out an Acquire under the key's
+-- row lock. Each statement that adds or extends leases locks the key's
+-- count_limit row first, as countlimit_acquire does, and touches that one
+-- key's leases only after, so the parent row is the key's one lock and
+-- lease statements cannot deadlock with checks or with each other. The
+-- count(*) >= 0 conditions make PostgreSQL take that lock before anything
+-- else runs. countlimit_release_lease, which only deletes a lease, takes no
+-- row lock first (see it below); nor does countlimit_purge, which skips
+-- rows that others hold locked.
 --
 -- A statement's snapshot is taken before it waits for the lock. Its
 -- verdict does not depend on it: a lease row is found, and rechecked, at
@@ -935,6 +1155,129 @@ $fn$;
 -- leases, their first and last expiry, the penalty) is read from that
 -- snapshot with the statement's own change applied: exact unless another
 -- call on the key committed while this one waited.
+
+-- countlimit_acquire carries out one Acquire of a concurrency limit: it
+-- locks the key's count_limit row (inserting it when absent), drops the
+-- key's expired leases, counts the live ones and either adds the lease or
+-- counts the denial and sets the penalty, as an Allow does. It is a
+-- function, not a statement, because the count must be read after the
+-- lock is granted: a statement's snapshot is taken before it waits for
+-- the lock and misses leases the previous holder committed, while under
+-- READ COMMITTED each statement here reads the latest committed leases.
+--
+-- p_now:         the caller's clock; the database clock decides nothing
+-- p_expires_at:  p_now + the rule's ttl
+-- p_penalty_end: p_now + the rule's Block, NULL when it has none
+-- p_lazy_tally:  the call is a transaction of its own (autocommit), whose
+--                commit may then skip waiting for the WAL flush when all
+--                it wrote is a denial's tally (see below)
+-- +goose StatementBegin
+CREATE FUNCTION countlimit_acquire(
+    p_use_type    text,
+    p_unique_id   text,
+    p_now         timestamptz,
+    p_lease_token text,
+    p_limit       bigint,
+    p_expires_at  timestamptz,
+    p_penalty_end timestamptz,
+    p_lazy_tally  boolean
+) RETURNS TABLE (
+    o_allowed       boolean,
+    o_used          bigint,
+    o_first_expiry  timestamptz,
+    o_last_expiry   timestamptz,
+    o_blocked_until timestamptz
+) LANGUAGE plpgsql SET enable_seqscan = off AS $fn$
+DECLARE
+    locked  boolean := false;
+    bu      timestamptz;
+    rc      bigint;
+    held    bigint;
+    blocked timestamptz;
+    fits    boolean;
+BEGIN
+    -- Phase 1 locks the row if it exists; phase 2 inserts it if not, which
+    -- waits only for a concurrent insert of the same key. A row created (or
+    -- deleted) concurrently in between sends the call back to phase 1.
+    FOR attempt IN 1 .. 8 LOOP
+        SELECT c.blocked_until INTO bu FROM count_limit c
+        WHERE c.use_type = p_use_type AND c.unique_id = p_unique_id
+        FOR NO KEY UPDATE;
+        IF FOUND THEN
+            locked := true;
+            EXIT;
+        END IF;
+        INSERT INTO count_limit (use_type, unique_id, begin_time, end_time, limit_value)
+        VALUES (p_use_type, p_unique_id, p_now, p_now, p_limit)
+        ON CONFLICT DO NOTHING;
+        GET DIAGNOSTICS rc = ROW_COUNT;
+        IF rc = 1 THEN
+            locked := true;
+            bu := NULL;
+            EXIT;
+        END IF;
+    END LOOP;
+    IF NOT locked THEN
+        -- Under REPEATABLE READ or SERIALIZABLE the row another
+        -- transaction created is not in this one's snapshot.
+        RAISE EXCEPTION 'countlimit_acquire: row (%, %) created concurrently', p_use_type, p_unique_id
+            USING ERRCODE = 'serialization_failure';
+    END IF;
+
+    -- Expired leases go, but for those a Release or Extend holds (which
+    -- Acquire does not wait for): they are not counted either way. The
+    -- statements read the key's leases by the primary key alone (see
+    -- "Plans" above for why the expiry is written IS TRUE).
+    DELETE FROM count_limit_lease l
+    WHERE l.use_type = p_use_type AND l.unique_id = p_unique_id
+      AND l.lease_token = ANY (ARRAY(
+        SELECT x.lease_token FROM count_limit_lease x
+        WHERE x.use_type = p_use_type AND x.unique_id = p_unique_id AND (x.expires_at <= p_now) IS TRUE
+        FOR UPDATE SKIP LOCKED));
+    SELECT count(*) INTO held FROM count_limit_lease l
+    WHERE l.use_type = p_use_type AND l.unique_id = p_unique_id AND (l.expires_at > p_now) IS TRUE;
+
+    blocked := CASE WHEN bu > p_now THEN bu END;
+    fits := blocked IS NULL AND held < p_limit;
+    IF fits THEN
+        INSERT INTO count_limit_lease (use_type, unique_id, lease_token, expires_at, taken_at)
+        VALUES (p_use_type, p_unique_id, p_lease_token, p_expires_at, p_now);
+        UPDATE count_limit c SET
+            limit_value = p_limit,
+            lease_until = greatest(c.lease_until, p_expires_at),
+            updated_at  = now()
+        WHERE c.use_type = p_use_type AND c.unique_id = p_unique_id;
+    ELSE
+        IF blocked IS NULL AND p_penalty_end IS NOT NULL THEN
+            blocked := p_penalty_end;
+        ELSIF p_lazy_tally THEN
+            -- Every write to a busy key holds its row lock until its commit
+            -- is flushed, so callers that keep being denied (the common
+            -- case of a full concurrency limit) would queue one flush each
+            -- ahead of every Acquire and Extend. A denial that sets no
+            -- penalty writes an audit tally only: its commit does not wait
+            -- for the flush, and a crash may lose the last few tallies,
+            -- never a lease or a penalty.
+            PERFORM set_config('synchronous_commit', 'off', true);
+        END IF;
+        UPDATE count_limit c SET
+            denied_count  = c.denied_count + 1,
+            blocked_until = coalesce(blocked, c.blocked_until),
+            limit_value   = p_limit,
+            lease_until   = coalesce(c.lease_until, p_now),
+            updated_at    = now()
+        WHERE c.use_type = p_use_type AND c.unique_id = p_unique_id;
+    END IF;
+
+    RETURN QUERY
+    SELECT fits, count(*), min(l.expires_at), max(l.expires_at), blocked
+    FROM count_limit_lease l
+    WHERE l.use_type = p_use_type AND l.unique_id = p_unique_id AND (l.expires_at > p_now) IS TRUE;
+END
+$fn$;
+-- +goose StatementEnd
+COMMENT ON FUNCTION countlimit_acquire(text, text, timestamptz, text, bigint, timestamptz, timestamptz, boolean) IS
+    'countlimit: one atomic Acquire of a concurrency limit: takes a lease (count_limit_lease) when fewer than p_limit are live, else counts the denial. Locks the key''s count_limit row first.';
 
 -- countlimit_release_lease deletes the lease named lease_token, live or
 -- expired, and reports whether it was live at now. It is the one lease
@@ -1057,9 +1400,16 @@ END
 $fn$;
 -- +goose StatementEnd
 
--- +goose Down
+-- 6. count_limit_status, for people: count_limit as of the database clock,
+-- one row per key. It counts a window's events while the window is current
+-- as every check decides it: not empty, not over (not whether it has begun
+-- by now(): a Limiter whose clock runs ahead of the database's opens
+-- windows that begin later than now(), current all the same). A sliding
+-- window counts its logged events within the span; a concurrency limit the
+-- leases live now.
+
 -- +goose StatementBegin
-CREATE OR REPLACE VIEW count_limit_status AS
+CREATE VIEW count_limit_status AS
 SELECT
     s.use_type,
     s.unique_id,
@@ -1087,18 +1437,19 @@ FROM (
             WHEN k.concurrent THEN 'concurrent'
             WHEN c.events IS NOT NULL THEN 'sliding'
             WHEN c.end_time IS NULL THEN 'lifetime'
-            ELSE 'window'
+            ELSE coalesce(c.window_kind, 'window')
         END AS window_kind,
         CASE WHEN k.concurrent THEN h.held ELSE n.counted END AS used,
         CASE WHEN k.concurrent THEN h.first_taken ELSE c.begin_time END AS window_begin,
         CASE WHEN k.concurrent THEN h.last_expiry ELSE c.end_time END AS window_end
     FROM count_limit c
     CROSS JOIN LATERAL (
-        -- No lease outlives lease_until, so keys without one skip the probe.
+        -- No lease outlives lease_until, so keys without one skip the probe,
+        -- which reads the key's leases by the primary key (see "Plans").
         SELECT count(*) AS held, min(l.taken_at) AS first_taken, max(l.expires_at) AS last_expiry
         FROM count_limit_lease l
         WHERE c.lease_until > now()
-          AND l.use_type = c.use_type AND l.unique_id = c.unique_id AND l.expires_at > now()
+          AND l.use_type = c.use_type AND l.unique_id = c.unique_id AND (l.expires_at > now()) IS TRUE
     ) h
     CROSS JOIN LATERAL (
         SELECT CASE
@@ -1108,7 +1459,11 @@ FROM (
                 SELECT count(*) FROM unnest(c.events) AS e
                 WHERE extract(epoch FROM e) > extract(epoch FROM now())
                     - (extract(epoch FROM c.end_time) - extract(epoch FROM c.events[cardinality(c.events)])))
-            WHEN c.begin_time <= now() AND (c.end_time IS NULL OR c.end_time > now()) THEN c.already_count
+            -- Current: not empty and not over; its begin is not compared with
+            -- now (a check whose clock runs ahead of the database's opens
+            -- a window that begins later than now() and is current all the
+            -- same).
+            WHEN c.begin_time < coalesce(c.end_time, 'infinity') AND coalesce(c.end_time > now(), true) THEN c.already_count
             ELSE 0
         END AS counted
     ) n
@@ -1118,10 +1473,9 @@ FROM (
 ) s;
 -- +goose StatementEnd
 
--- Comments of 00003, repeated so that every column keeps one whatever
--- reads this schema (sqlc forgets them when a view is replaced).
 COMMENT ON VIEW count_limit_status IS
     'count_limit as of the database clock, for people: what each id has used of its limit now (for concurrency limits, the slots it holds), what remains, whether it is blocked and for how long.';
+
 COMMENT ON COLUMN count_limit_status.use_type IS 'What is limited, e.g. password.change.';
 COMMENT ON COLUMN count_limit_status.unique_id IS 'Who or what is limited: user id, phone, IP, token.';
 COMMENT ON COLUMN count_limit_status.limit_value IS 'The limit the last check applied (each check carries its rule; this records it).';
@@ -1130,30 +1484,250 @@ COMMENT ON COLUMN count_limit_status.blocked IS 'True while the id sits in the p
 COMMENT ON COLUMN count_limit_status.blocked_until IS 'When the penalty ends, while it lasts; NULL when not blocked.';
 COMMENT ON COLUMN count_limit_status.blocked_for IS 'How long the penalty still lasts; NULL when not blocked.';
 COMMENT ON COLUMN count_limit_status.updated_at IS 'When the row was last written (database clock).';
-COMMENT ON COLUMN count_limit_status.window_kind IS 'window (rolling, fixed or calendar), sliding (an exact log of events), lifetime (never resets) or concurrent (slots held at once, as leases in count_limit_lease).';
+COMMENT ON COLUMN count_limit_status.window_kind IS 'rolling, fixed or calendar (the rule that last counted in the window; window for CheckLimit''s window of the caller''s own), sliding (an exact log of events), lifetime (never resets) or concurrent (slots held at once, as leases in count_limit_lease).';
 COMMENT ON COLUMN count_limit_status.used IS 'Events counted in the current window as of now; 0 once the window has ended. For concurrent limits, the leases live now (slots held).';
 COMMENT ON COLUMN count_limit_status.remaining IS 'limit_value - used, never below 0: how many more events (for concurrent limits, slots) the last applied limit allows now.';
 COMMENT ON COLUMN count_limit_status.window_begin IS 'When the current window began; for sliding windows, the oldest logged event; for concurrent limits, when the oldest live lease was taken (NULL when none is held).';
 COMMENT ON COLUMN count_limit_status.window_end IS 'When the current window ends (exclusive); NULL for lifetime limits. For sliding windows, the newest event plus the window length; for concurrent limits, when the last live lease expires unless extended or released (NULL when none is held).';
 COMMENT ON COLUMN count_limit_status.resets_in IS 'How long until the window ends and its count goes, while something is counted; NULL otherwise and for lifetime limits. For concurrent limits, until the last live lease expires.';
 
+-- 7. SQL for DBAs: the writes a DBA makes by hand, and one audit, as
+-- functions (docs/operations.md, "SQL for DBAs", shows each call):
+--
+--   countlimit_reset_id(unique_id, use_type DEFAULT NULL)
+--       forget an id, every use type or one, leases included (what
+--       Limiter.Reset does);
+--   countlimit_lift_penalty(unique_id, use_type DEFAULT NULL)
+--       end its penalty, keeping its count and its denial tally;
+--   countlimit_adjust_count(unique_id, use_type, delta)
+--       raise or lower the count of its current window;
+--   countlimit_most_denied(written_within DEFAULT 1 hour, max_rows DEFAULT 20)
+--       the rows written lately that were denied most.
+--
+-- They are functions rather than recipes so that each takes its row locks
+-- the way countlimit's own statements do, and may run beside live checks:
+--
+--   * Every row is locked before it is written, one id's rows in use_type
+--     order (byte order, COLLATE "C"), the key order of every statement of
+--     the store. A function that writes several rows of one
+--     id locks them all first, in that order, then writes only the rows it
+--     locked: an UPDATE or DELETE left to find its rows would lock them in
+--     the order its scan meets them, and could deadlock with an AllowAll or
+--     a batch on the same id.
+--   * Rows to update are locked FOR NO KEY UPDATE, as the checks lock them
+--     (a lease insert's foreign-key check does not wait for it); rows to
+--     delete FOR UPDATE, which a DELETE needs and would otherwise have to
+--     strengthen while holding the weaker lock.
+--   * A count is changed by an expression over the locked row, which under
+--     READ COMMITTED is its latest committed version, never by writing back
+--     a value read before the lock: a check that commits while the function
+--     waits for the row stays counted. (The store's pooled checks do not
+--     wait for a row a DBA holds: they skip it and are sent again.)
+--
+-- "Now", for these functions, is the database's clock, now() (the start of
+-- the DBA's transaction), as in count_limit_status; checks use their
+-- Limiter's clock. A window is current, as for a check, when it is not
+-- empty (begin_time < end_time, or end_time NULL for a lifetime) and not
+-- over (end_time > now); an id is blocked while blocked_until > now.
+--
+-- The writers plan with enable_seqscan off, as the store's functions do,
+-- so that their statements read the key whatever the table's statistics
+-- say, and write a condition on blocked_until beside the key (...) IS
+-- TRUE, as "Plans" explains: no plan then finds one id's blocked
+-- rows by reading every blocked id (count_limit_blocked_until_idx).
+-- countlimit_most_denied does not: it reads the whole table by design (no
+-- index serves it; see it below).
+--
+-- Names: countlimit_reset(text, text[]) is the store's Reset. An
+-- overload countlimit_reset(text, text) would not even be ambiguous: for an
+-- untyped literal PostgreSQL prefers the string type, so it would take over
+-- countlimit_reset('u', '{a,b}') too, a call meant for the store's Reset.
+-- These functions have names of their own, one signature each.
+
+-- countlimit_reset_id deletes the rows of one id (for one use type, or for
+-- all when use_type is NULL), and their leases with them, and returns how
+-- many rows it deleted. The id's next check starts afresh: nothing counted,
+-- no penalty, a denial tally of 0.
+-- +goose StatementBegin
+CREATE FUNCTION countlimit_reset_id(unique_id text, use_type text DEFAULT NULL)
+RETURNS bigint LANGUAGE plpgsql SET enable_seqscan = off AS $fn$
+DECLARE
+    -- The parameters are named for calls in named notation; in the
+    -- statements below those names are count_limit's columns.
+    id      text := unique_id;
+    ut      text := use_type;
+    got     text[];
+    deleted bigint;
+BEGIN
+    IF id IS NULL THEN
+        RAISE EXCEPTION 'countlimit_reset_id: unique_id is NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    got := ARRAY(SELECT c.use_type FROM count_limit c
+        WHERE c.unique_id = id AND (ut IS NULL OR c.use_type = ut)
+        ORDER BY c.use_type COLLATE "C"
+        FOR UPDATE);
+    DELETE FROM count_limit c WHERE c.unique_id = id AND c.use_type = ANY (got);
+    GET DIAGNOSTICS deleted = ROW_COUNT;
+    RETURN deleted;
+END
+$fn$;
+-- +goose StatementEnd
+COMMENT ON FUNCTION countlimit_reset_id(text, text) IS
+    'countlimit, for DBAs: forget one id: delete its rows (one use type, or all when use_type is NULL) and their leases, locked in key order like every check; returns how many rows it deleted. The next check starts afresh. See docs/operations.md.';
+
+-- countlimit_lift_penalty ends the penalty of one id (one use type, or all
+-- when use_type is NULL): it clears blocked_until, so the id is blocked on
+-- no clock, and leaves its count, window and denial tally as they are. It
+-- returns how many of the rows were blocked at now(). A row whose window is
+-- still full denies its next check again, which sets a new penalty when
+-- its rule has one: lower the count too (countlimit_adjust_count), or
+-- reset the id.
+-- +goose StatementBegin
+CREATE FUNCTION countlimit_lift_penalty(unique_id text, use_type text DEFAULT NULL)
+RETURNS bigint LANGUAGE plpgsql SET enable_seqscan = off AS $fn$
+DECLARE
+    id     text := unique_id;
+    ut     text := use_type;
+    got    text[];
+    lifted bigint;
+BEGIN
+    IF id IS NULL THEN
+        RAISE EXCEPTION 'countlimit_lift_penalty: unique_id is NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    got := ARRAY(SELECT c.use_type FROM count_limit c
+        WHERE c.unique_id = id AND (ut IS NULL OR c.use_type = ut) AND (c.blocked_until IS NOT NULL) IS TRUE
+        ORDER BY c.use_type COLLATE "C"
+        FOR NO KEY UPDATE);
+    SELECT count(*) INTO lifted FROM count_limit c
+    WHERE c.unique_id = id AND c.use_type = ANY (got) AND (c.blocked_until > now()) IS TRUE;
+    UPDATE count_limit c SET blocked_until = NULL, updated_at = now()
+    WHERE c.unique_id = id AND c.use_type = ANY (got);
+    RETURN lifted;
+END
+$fn$;
+-- +goose StatementEnd
+COMMENT ON FUNCTION countlimit_lift_penalty(text, text) IS
+    'countlimit, for DBAs: end the penalty of one id (one use type, or all when use_type is NULL): clears blocked_until, keeps the count and the denial tally; returns how many rows were blocked. A window still full denies the next check again. See docs/operations.md.';
+
+-- countlimit_adjust_count adds delta (negative to lower) to the count of
+-- one id's current window for one use type, never below 0 and with no
+-- upper bound (a count at or over the limit denies the checks that follow,
+-- until the window ends), and returns the new count. Its window, penalty
+-- and tally stay as they are.
+--
+-- A window that is over, or empty (a row that only ever saw denials or
+-- leases), or a row that does not exist, has no count to change: the next
+-- check opens a new window from 0 whatever the row says, so a hand edit
+-- of it would change nothing. The function then writes nothing, says why
+-- in a notice, and returns NULL.
+--
+-- A sliding window keeps no single count: its count is its log of event
+-- times (column events), each of which leaves the window at its own time.
+-- The function refuses it with an error; Limiter.Refund gives events back
+-- (the newest first), countlimit_reset_id forgets them all.
+-- +goose StatementBegin
+CREATE FUNCTION countlimit_adjust_count(unique_id text, use_type text, delta bigint)
+RETURNS bigint LANGUAGE plpgsql SET enable_seqscan = off AS $fn$
+DECLARE
+    id      text := unique_id;
+    ut      text := use_type;
+    rec     count_limit;
+    counted bigint;
+BEGIN
+    IF id IS NULL OR ut IS NULL OR delta IS NULL THEN
+        RAISE EXCEPTION 'countlimit_adjust_count: unique_id, use_type and delta must not be NULL'
+            USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    SELECT * INTO rec FROM count_limit c
+    WHERE c.use_type = ut AND c.unique_id = id
+    FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        RAISE NOTICE 'countlimit_adjust_count: no row for (%, %): nothing is counted, nothing changed', ut, id;
+        RETURN NULL;
+    END IF;
+    IF rec.events IS NOT NULL THEN
+        RAISE EXCEPTION 'countlimit_adjust_count: (%, %) is a sliding window: its count is its log of events (column events), not already_count', ut, id
+            USING ERRCODE = 'feature_not_supported',
+                  HINT = 'Limiter.Refund gives events back; countlimit_reset_id forgets them all.';
+    END IF;
+    IF NOT (rec.begin_time < coalesce(rec.end_time, 'infinity') AND coalesce(rec.end_time > now(), true)) THEN
+        RAISE NOTICE 'countlimit_adjust_count: (%, %) has no current window (the row''s is [%, %)): the next check starts a new one from 0; nothing changed',
+            ut, id, rec.begin_time, rec.end_time;
+        RETURN NULL;
+    END IF;
+    UPDATE count_limit c SET
+        already_count = greatest(c.already_count + delta, 0),
+        updated_at    = now()
+    WHERE c.use_type = ut AND c.unique_id = id
+    RETURNING c.already_count INTO counted;
+    RETURN counted;
+END
+$fn$;
+-- +goose StatementEnd
+COMMENT ON FUNCTION countlimit_adjust_count(text, text, bigint) IS
+    'countlimit, for DBAs: add delta (negative to lower) to the count of one id''s current window for one use type, never below 0; returns the new count, or NULL (and a notice) when there is no current window to change. Refuses sliding windows. Safe beside live checks: the row is locked and the count changed in place. See docs/operations.md.';
+
+-- countlimit_most_denied lists the rows (one use type of one id each)
+-- written in the last written_within that have been denied at least once,
+-- most denied first, at most max_rows of them (NULL for all).
+--
+-- What it measures: count_limit keeps no time per denial, only
+-- denied_count, the denials since the row was created, and updated_at, its
+-- last write of any kind (a check allowed or denied, a refund, a DBA's
+-- edit). Every denial writes its row, so every row denied within the
+-- period is listed (but for those past max_rows), with every denial of
+-- that period counted; but denied_count also counts the row's older
+-- denials, and a row denied long ago but allowed once lately is listed
+-- with its old denials. denied_count is then an upper bound of a row's
+-- denials in the period, not their number. A row deleted (Reset, purge)
+-- and created again starts its tally from 0. For an exact count over a
+-- period to come, keep a copy of denied_count and compare it later
+-- (docs/operations.md).
+--
+-- It reads the whole table: no index serves updated_at or denied_count,
+-- and one would cost every check, which writes both, its HOT update.
+-- +goose StatementBegin
+CREATE FUNCTION countlimit_most_denied(written_within interval DEFAULT interval '1 hour', max_rows int DEFAULT 20)
+RETURNS TABLE (
+    use_type      text,
+    unique_id     text,
+    denied_count  bigint,
+    window_kind   text,
+    used          bigint,
+    limit_value   bigint,
+    blocked_until timestamptz,
+    updated_at    timestamptz
+) LANGUAGE sql STABLE AS $fn$
+    SELECT s.use_type, s.unique_id, s.denied_count, s.window_kind, s.used, s.limit_value,
+        s.blocked_until, s.updated_at
+    FROM count_limit_status s
+    WHERE s.denied_count > 0 AND s.updated_at >= now() - written_within
+    ORDER BY s.denied_count DESC, s.updated_at DESC, s.use_type, s.unique_id
+    LIMIT max_rows
+$fn$;
+-- +goose StatementEnd
+COMMENT ON FUNCTION countlimit_most_denied(interval, int) IS
+    'countlimit, for DBAs: rows written within the period (default 1 hour) that were ever denied, most denied first. denied_count counts denials since the row was created, so it bounds the period''s denials from above; every row denied in the period is listed. Reads the whole table. See docs/operations.md.';
+
+-- +goose Down
+-- Everything of countlimit's goes, its counters and leases with it; goose's
+-- version table stays goose's.
+DROP FUNCTION countlimit_most_denied(interval, int);
+DROP FUNCTION countlimit_adjust_count(text, text, bigint);
+DROP FUNCTION countlimit_lift_penalty(text, text);
+DROP FUNCTION countlimit_reset_id(text, text);
+DROP VIEW count_limit_status;
 DROP FUNCTION countlimit_peek_leases(text, text, timestamptz, bigint);
 DROP FUNCTION countlimit_extend_lease(text, text, timestamptz, text, timestamptz);
 DROP FUNCTION countlimit_release_lease(text, text, timestamptz, text);
+DROP FUNCTION countlimit_acquire(text, text, timestamptz, text, bigint, timestamptz, timestamptz, boolean);
 DROP FUNCTION countlimit_purge(timestamptz, int);
 DROP FUNCTION countlimit_reset(text, text[]);
+DROP FUNCTION countlimit_apply(text, text, timestamptz, bigint, text[], bigint[], timestamptz[], bigint[], bigint[], bigint[], text[]);
 DROP FUNCTION countlimit_allow_distinct(text[], text[], timestamptz[], bigint[], bigint[], timestamptz[], timestamptz[], timestamptz[], text[]);
-DROP FUNCTION countlimit_claim_keys(text[], text[], timestamptz[], text[]);
-DROP FUNCTION countlimit_lock_briefly();
 DROP FUNCTION countlimit_allow_batch(text[], text[], int[], int[], timestamptz[], bigint[], bigint[], timestamptz[], timestamptz[], timestamptz[], text[]);
+DROP FUNCTION countlimit_claim_keys(text[], text[], timestamptz[], text[]);
 DROP FUNCTION countlimit_allow_one(text, text, timestamptz, bigint, bigint, timestamptz, timestamptz, timestamptz, boolean, text);
-ALTER TABLE count_limit DROP COLUMN window_kind;
-ALTER FUNCTION countlimit_acquire(text, text, timestamptz, text, bigint, timestamptz, timestamptz, boolean) RESET enable_seqscan;
-ALTER FUNCTION countlimit_apply(text, text, timestamptz, bigint, text[], bigint[], timestamptz[], bigint[], bigint[], bigint[]) RESET enable_seqscan;
-CREATE INDEX count_limit_unique_id_idx ON count_limit (unique_id);
-CREATE UNIQUE INDEX count_limit_use_type_key ON count_limit (use_type, unique_id);
-ALTER TABLE count_limit_lease DROP CONSTRAINT count_limit_lease_use_type_unique_id_fkey;
-ALTER TABLE count_limit DROP CONSTRAINT count_limit_pkey,
-    ADD CONSTRAINT count_limit_pkey PRIMARY KEY USING INDEX count_limit_use_type_key;
-ALTER TABLE count_limit_lease ADD CONSTRAINT count_limit_lease_use_type_unique_id_fkey
-    FOREIGN KEY (use_type, unique_id) REFERENCES count_limit (use_type, unique_id) ON DELETE CASCADE;
+DROP FUNCTION countlimit_lock_briefly();
+DROP TABLE count_limit_lease;
+DROP TABLE count_limit;
