@@ -25,6 +25,7 @@ import (
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/redisstore"
 	"github.com/countlimit/countlimit/internal/testbackend"
+	"github.com/countlimit/countlimit/internal/testenv"
 )
 
 type quietLogger struct{}
@@ -127,7 +128,7 @@ func startRedis(t *testing.T) *redisServer {
 	if err != nil {
 		testbackend.Unavailable(t, "redis-server", err)
 	}
-	s := &redisServer{bin: bin, dir: t.TempDir(), port: freePort(t)}
+	s := &redisServer{bin: bin, dir: t.TempDir(), port: testenv.FreePort(t)}
 	s.log, err = os.Create(filepath.Join(s.dir, "redis.log"))
 	if err != nil {
 		t.Fatal(err)

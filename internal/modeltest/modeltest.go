@@ -623,10 +623,7 @@ func compareKeys(ctx context.Context, p Path, w world, ks keyspace, prefix strin
 // out by p and the model together, must agree after every step, as in Run.
 func Upgrade(t *testing.T, p Path, seed func(ctx context.Context, ut, id string, k driver.Key) error, upgrade func(ctx context.Context) error) {
 	t.Helper()
-	s, n := Seed(), Steps(300)
-	steps := gen(s, n)
-	_, _, ids := setting(s)
-	ks := keyspace{uts: useTypes, ids: ids, spans: spans}
+	s, n, steps, ks := planRun()
 	ctx := context.Background()
 	runs++
 	prefix := fmt.Sprintf("u%d.%d.", s%1e6, runs)
@@ -675,6 +672,14 @@ func protect(f func() error) (err error) {
 	return f()
 }
 
+// planRun makes a run's steps from its seed and step count, and the keys
+// it may write.
+func planRun() (seed uint64, n int, steps []Step, ks keyspace) {
+	seed, n = Seed(), Steps(300)
+	_, _, ids := setting(seed)
+	return seed, n, gen(seed, n), keyspace{uts: useTypes, ids: ids, spans: spans}
+}
+
 // Run drives every path of paths and the model through one seeded run and
 // fails t at the first difference, with the seed and the shortest list of
 // steps that still shows it. The seed, the first step that differs and
@@ -683,10 +688,7 @@ func protect(f func() error) (err error) {
 // is spent (ShrinkBudget) and prints what it has so far.
 func Run(t *testing.T, paths []Path) {
 	t.Helper()
-	seed, n := Seed(), Steps(300)
-	steps := gen(seed, n)
-	_, _, ids := setting(seed)
-	ks := keyspace{uts: useTypes, ids: ids, spans: spans}
+	seed, n, steps, ks := planRun()
 	ctx := context.Background()
 	for _, p := range paths {
 		t.Run(p.Name, func(t *testing.T) {

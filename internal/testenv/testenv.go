@@ -28,6 +28,7 @@ package testenv
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"path"
 	"strconv"
@@ -312,4 +313,16 @@ func imagePresent(image string) (present, known bool) {
 	}
 	_, err = c.ImageInspect(ctx, image)
 	return err == nil, true
+}
+
+// FreePort returns a loopback TCP port that was free a moment ago, for a
+// private server a test starts.
+func FreePort(t testing.TB) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
 }

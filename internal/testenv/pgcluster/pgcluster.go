@@ -11,7 +11,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"os/user"
@@ -80,7 +79,7 @@ func major(dir string) int {
 // is skipped, or failed when backends are required.
 func Start(t testing.TB, bin, conf string) *Cluster {
 	t.Helper()
-	c := &Cluster{bin: bin, port: freePort(t)}
+	c := &Cluster{bin: bin, port: testenv.FreePort(t)}
 	uid, gid := -1, -1
 	if os.Geteuid() == 0 {
 		u, err := user.Lookup("postgres")
@@ -169,14 +168,4 @@ func (c *Cluster) run(name string, args ...string) error {
 		return fmt.Errorf("%s %s: %w\n%s", name, strings.Join(args, " "), err, out)
 	}
 	return nil
-}
-
-func freePort(t testing.TB) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
 }

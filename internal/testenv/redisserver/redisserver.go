@@ -10,7 +10,6 @@ package redisserver
 import (
 	"context"
 	"errors"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -65,7 +64,7 @@ func start(t testing.TB, what, conf string, args []string) *Server {
 	if err != nil {
 		testenv.Unavailable(t, what, err)
 	}
-	s := &Server{bin: bin, dir: t.TempDir(), port: freePort(t), args: args}
+	s := &Server{bin: bin, dir: t.TempDir(), port: testenv.FreePort(t), args: args}
 	if conf != "" {
 		s.conf = filepath.Join(s.dir, "sentinel.conf")
 		if err := os.WriteFile(s.conf, []byte(conf+"\n"), 0o600); err != nil {
@@ -182,15 +181,4 @@ func (s *Server) wait(t testing.TB, after string) {
 	case <-time.After(30 * time.Second):
 		t.Fatalf("redis-server on %s did not exit within 30 s of %s", s.Addr(), after)
 	}
-}
-
-// freePort returns a loopback TCP port that was free a moment ago.
-func freePort(t testing.TB) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
 }
