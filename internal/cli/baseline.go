@@ -107,7 +107,9 @@ func benchBaseline(ctx context.Context, url string, callers []int, d time.Durati
 		// Clean up even when ctx was cancelled (Ctrl-C).
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		defer cancel()
-		_, _ = admin.Exec(ctx, "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
+		if _, err := admin.Exec(ctx, "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
+			fmt.Fprintf(out.warn, "countlimit: bench: schema %s was left behind (drop it by hand): %v\n", schema, err)
+		}
 	}()
 	// Every pool of the run works in the schema alone.
 	inSchema := func(maxConns int32) (*pgxpool.Pool, error) {

@@ -86,7 +86,7 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	out := benchOutput{stdout: stdout, json: *asJSON, csv: *asCSV}
+	out := benchOutput{stdout: stdout, warn: stderr, json: *asJSON, csv: *asCSV}
 	out.human = stdout
 	if *asJSON || *asCSV {
 		out.human = stderr

@@ -80,6 +80,7 @@ func newBenchRun(m *measurement, callers, ids int, call string) benchRun {
 type benchOutput struct {
 	human     io.Writer // stdout, or stderr when stdout takes --json or --csv
 	stdout    io.Writer
+	warn      io.Writer // stderr
 	json, csv bool
 	plot      *os.File // nil without --plot
 	report    benchReport
