@@ -22,6 +22,8 @@ type Limiter struct {
 	sclock  *storeClock // nil without WithStoreClock
 	// leaseKey signs lease strings; nil without WithLeaseKey.
 	leaseKey []byte
+	// sleep is how Wait sleeps: sleepCtx, or a test's.
+	sleep func(context.Context, time.Duration) error
 }
 
 // Option configures a Limiter.
@@ -49,7 +51,7 @@ func New(s driver.Store, opts ...Option) *Limiter {
 	if s == nil {
 		panic("countlimit: New called with a nil Store")
 	}
-	l := &Limiter{store: s, now: wallClock}
+	l := &Limiter{store: s, now: wallClock, sleep: sleepCtx}
 	for _, o := range opts {
 		o(l)
 	}
