@@ -47,6 +47,7 @@ var (
 	ctx           = context.Background()
 	userID, phone string
 	code          string
+	batch         []string
 	gateway       interface{ Send(phone, code string) error }
 	pinRule       countlimit.Rule
 	pool          *pgxpool.Pool
