@@ -193,6 +193,7 @@ type guarded struct {
 	timeout  time.Duration
 	breaker  *breaker
 	fallback driver.Store
+	obs      *Observer // nil without WithObserver
 
 	failures, timeouts, rejected, fallbacks, locked atomic.Uint64
 }
@@ -218,8 +219,13 @@ func (l *Limiter) do(ctx context.Context, op driver.Op, r *driver.Request) error
 		// the store's time is unknown, so the store is not written.
 		err = errClockUnknown
 	} else if probe, ok := g.breaker.admit(now); ok {
-		err = g.call(ctx, l.store, r)
-		locked := errors.Is(err, ErrLocked)
+		var start time.Time
+		if g.obs != nil && g.obs.StoreCalled != nil {
+			start = time.Now()
+		}
+		var timedOut bool
+		err, timedOut = g.call(ctx, l.store, r)
+		locked := err != nil && errors.Is(err, ErrLocked)
 		if locked {
 			g.locked.Add(1)
 		}
@@ -228,9 +234,15 @@ func (l *Limiter) do(ctx context.Context, op driver.Op, r *driver.Request) error
 		if failed {
 			g.failures.Add(1)
 		}
+		if !start.IsZero() {
+			g.obs.StoreCalled(StoreCall{Op: op, Took: time.Since(start), Err: err, Failed: failed, TimedOut: timedOut})
+		}
 		g.breaker.record(now, probe, err == nil, failed)
 	} else {
 		g.rejected.Add(1)
+		if g.obs != nil && g.obs.Rejected != nil {
+			g.obs.Rejected(op)
+		}
 		err = fmt.Errorf("%w (%d failures in a row; next probe in %v)", ErrCircuitOpen, g.breaker.cfg.Failures, g.breaker.wait(now).Round(time.Millisecond))
 	}
 	// Only counting calls fall back: not Refund or Reset, nor anything of a
@@ -240,37 +252,45 @@ func (l *Limiter) do(ctx context.Context, op driver.Op, r *driver.Request) error
 		errors.Is(err, ErrLocked) {
 		return err
 	}
-	if ferr := g.call(ctx, g.fallback, r); ferr != nil {
+	if ferr, _ := g.call(ctx, g.fallback, r); ferr != nil {
 		return fmt.Errorf("%w; the fallback store failed too: %w", err, ferr)
 	}
 	g.fallbacks.Add(1)
+	if g.obs != nil && g.obs.FellBack != nil {
+		g.obs.FellBack(op)
+	}
 	return nil
 }
 
-// call runs r on s within the store timeout.
-func (g *guarded) call(ctx context.Context, s driver.Store, r *driver.Request) error {
+// call runs r on s within the store timeout, and reports whether it ran
+// out of it.
+func (g *guarded) call(ctx context.Context, s driver.Store, r *driver.Request) (err error, timedOut bool) {
 	if g.timeout <= 0 {
-		return driver.Unavailable(s.Do(ctx, r))
+		return driver.Unavailable(s.Do(ctx, r)), false
 	}
 	tctx, cancel := context.WithTimeout(ctx, g.timeout)
-	err := s.Do(tctx, r)
+	err = s.Do(tctx, r)
 	if err != nil && ctx.Err() == nil && errors.Is(tctx.Err(), context.DeadlineExceeded) {
 		what := "no answer"
 		if errors.Is(err, ErrLocked) {
 			what = "the lock not released" // not the store's timeout: Stats.Locked counts it
 		} else {
 			g.timeouts.Add(1)
+			timedOut = true
 		}
 		err = fmt.Errorf("%s within the store timeout of %v: %w", what, g.timeout, err)
 	}
 	cancel()
-	return driver.Unavailable(err)
+	return driver.Unavailable(err), timedOut
 }
 
 // breaker is a consecutive-failure circuit breaker. A nil breaker admits
 // every call. Its times come from the Limiter's clock.
 type breaker struct {
 	cfg CircuitBreaker
+	// onChange is the Limiter's Observer.BreakerChanged, told after
+	// cfg.OnChange.
+	onChange func(from, to BreakerState)
 
 	open  atomic.Bool  // state != BreakerClosed: the fast path reads only this
 	fails atomic.Int64 // failures in a row while closed
@@ -372,5 +392,8 @@ func (b *breaker) wait(now time.Time) time.Duration {
 func (b *breaker) changed(from, to BreakerState) {
 	if b.cfg.OnChange != nil {
 		b.cfg.OnChange(from, to)
+	}
+	if b.onChange != nil {
+		b.onChange(from, to)
 	}
 }
