@@ -219,9 +219,10 @@ func (l *Limiter) do(ctx context.Context, op driver.Op, r *driver.Request) error
 		// the store's time is unknown, so the store is not written.
 		err = errClockUnknown
 	} else if probe, ok := g.breaker.admit(now); ok {
-		var start time.Time
-		if g.obs != nil && g.obs.StoreCalled != nil {
-			start = time.Now()
+		timed := g.obs != nil && g.obs.StoreCalled != nil
+		var start time.Duration
+		if timed {
+			start = monotonic()
 		}
 		var timedOut bool
 		err, timedOut = g.call(ctx, l.store, r)
@@ -234,8 +235,8 @@ func (l *Limiter) do(ctx context.Context, op driver.Op, r *driver.Request) error
 		if failed {
 			g.failures.Add(1)
 		}
-		if !start.IsZero() {
-			g.obs.StoreCalled(StoreCall{Op: op, Took: time.Since(start), Err: err, Failed: failed, TimedOut: timedOut})
+		if timed {
+			g.obs.StoreCalled(StoreCall{Op: op, Took: monotonic() - start, Err: err, Failed: failed, TimedOut: timedOut})
 		}
 		g.breaker.record(now, probe, err == nil, failed)
 	} else {

@@ -11,8 +11,9 @@ import (
 )
 
 // BenchmarkAllow is Allow on a memstore key it holds: without an
-// observer, with one whose funcs do nothing, and with promlimit's,
-// serially and from every CPU. docs/benchmarks.md has the ratios.
+// observer, with one told only decisions and one told store calls too
+// (timed) whose funcs do nothing, and with promlimit's; serially and from
+// every CPU. docs/benchmarks.md has the ratios.
 func BenchmarkAllow(b *testing.B) {
 	rule := countlimit.Rule{UseType: "api", Limit: countlimit.MaxLimit, Window: countlimit.Fixed(time.Hour)}
 	for _, tt := range []struct {
@@ -20,6 +21,9 @@ func BenchmarkAllow(b *testing.B) {
 		opts []countlimit.Option
 	}{
 		{"none", nil},
+		{"observer=decided", []countlimit.Option{countlimit.WithObserver(countlimit.Observer{
+			Decided: func(countlimit.Decision) {},
+		})}},
 		{"observer=nop", []countlimit.Option{countlimit.WithObserver(countlimit.Observer{
 			Decided:     func(countlimit.Decision) {},
 			StoreCalled: func(countlimit.StoreCall) {},
