@@ -14,8 +14,9 @@ import (
 // Every field is optional; a nil one is never called and costs nothing.
 // The funcs run synchronously on the goroutine of the call that caused
 // the event, concurrently with each other, so they must be safe for
-// concurrent use and must not block: count, and return. None is given an
-// id, so none can make one a metric label by mistake.
+// concurrent use and must not block: count, and return. None is given
+// the call's id, so none can make one a metric label by mistake (an
+// error's text may name it: never make that a label either).
 //
 // It is a struct of funcs, as net/http/httptrace's ClientTrace is, so that
 // events added later are new fields, which break no Observer already

@@ -20,7 +20,8 @@
 //	prometheus.MustRegister(metrics)
 //	limiter := countlimit.New(store, countlimit.WithObserver(metrics.Observer()))
 //
-// No id ever becomes a label: the Observer is never told one. The labels'
+// No id ever becomes a label: the Observer is never told one, and no
+// error's text becomes one either. The labels'
 // values are use types and operation names, bounded sets, so the series are
 // as many as the use types, whatever the traffic.
 //
