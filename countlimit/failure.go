@@ -227,7 +227,7 @@ func (l *Limiter) do(ctx context.Context, op driver.Op, r *driver.Request) error
 			start = monotonic()
 		}
 		var timedOut bool
-		err, timedOut = g.call(ctx, l.store, r)
+		timedOut, err = g.call(ctx, l.store, r)
 		locked := err != nil && errors.Is(err, ErrLocked)
 		if locked {
 			g.locked.Add(1)
@@ -255,7 +255,7 @@ func (l *Limiter) do(ctx context.Context, op driver.Op, r *driver.Request) error
 		errors.Is(err, ErrLocked) {
 		return err
 	}
-	if ferr, _ := g.call(ctx, g.fallback, r); ferr != nil {
+	if _, ferr := g.call(ctx, g.fallback, r); ferr != nil {
 		return fmt.Errorf("%w; the fallback store failed too: %w", err, ferr)
 	}
 	g.fallbacks.Add(1)
@@ -267,9 +267,9 @@ func (l *Limiter) do(ctx context.Context, op driver.Op, r *driver.Request) error
 
 // call runs r on s within the store timeout, and reports whether it ran
 // out of it.
-func (g *guarded) call(ctx context.Context, s driver.Store, r *driver.Request) (err error, timedOut bool) {
+func (g *guarded) call(ctx context.Context, s driver.Store, r *driver.Request) (timedOut bool, err error) {
 	if g.timeout <= 0 {
-		return driver.Unavailable(s.Do(ctx, r)), false
+		return false, driver.Unavailable(s.Do(ctx, r))
 	}
 	tctx, cancel := context.WithTimeout(ctx, g.timeout)
 	err = s.Do(tctx, r)
@@ -284,7 +284,7 @@ func (g *guarded) call(ctx context.Context, s driver.Store, r *driver.Request) (
 		err = fmt.Errorf("%s within the store timeout of %v: %w", what, g.timeout, err)
 	}
 	cancel()
-	return driver.Unavailable(err), timedOut
+	return timedOut, driver.Unavailable(err)
 }
 
 // breaker is a consecutive-failure circuit breaker. A nil breaker admits
