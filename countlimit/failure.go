@@ -144,6 +144,8 @@ func WithFallback(fallback driver.Store) Option {
 
 // Stats are a Limiter's counts of store failures and of what its failure
 // options did about them, for metrics. All counts are since New.
+// [WithObserver] tells each event as it happens instead, and package
+// promlimit exports them to Prometheus.
 type Stats struct {
 	// Failures is how many store calls failed (errors other than the
 	// caller's own context ending), timeouts included.
@@ -193,6 +195,7 @@ type guarded struct {
 	timeout  time.Duration
 	breaker  *breaker
 	fallback driver.Store
+	obs      *Observer // nil without WithObserver
 
 	failures, timeouts, rejected, fallbacks, locked atomic.Uint64
 }
@@ -218,8 +221,14 @@ func (l *Limiter) do(ctx context.Context, op driver.Op, r *driver.Request) error
 		// the store's time is unknown, so the store is not written.
 		err = errClockUnknown
 	} else if probe, ok := g.breaker.admit(now); ok {
-		err = g.call(ctx, l.store, r)
-		locked := errors.Is(err, ErrLocked)
+		timed := g.obs != nil && g.obs.StoreCalled != nil
+		var start time.Duration
+		if timed {
+			start = monotonic()
+		}
+		var timedOut bool
+		timedOut, err = g.call(ctx, l.store, r)
+		locked := err != nil && errors.Is(err, ErrLocked)
 		if locked {
 			g.locked.Add(1)
 		}
@@ -228,9 +237,15 @@ func (l *Limiter) do(ctx context.Context, op driver.Op, r *driver.Request) error
 		if failed {
 			g.failures.Add(1)
 		}
+		if timed {
+			g.obs.StoreCalled(StoreCall{Op: op, Took: monotonic() - start, Err: err, Failed: failed, TimedOut: timedOut})
+		}
 		g.breaker.record(now, probe, err == nil, failed)
 	} else {
 		g.rejected.Add(1)
+		if g.obs != nil && g.obs.Rejected != nil {
+			g.obs.Rejected(op)
+		}
 		err = fmt.Errorf("%w (%d failures in a row; next probe in %v)", ErrCircuitOpen, g.breaker.cfg.Failures, g.breaker.wait(now).Round(time.Millisecond))
 	}
 	// Only counting calls fall back: not Refund or Reset, nor anything of a
@@ -240,37 +255,45 @@ func (l *Limiter) do(ctx context.Context, op driver.Op, r *driver.Request) error
 		errors.Is(err, ErrLocked) {
 		return err
 	}
-	if ferr := g.call(ctx, g.fallback, r); ferr != nil {
+	if _, ferr := g.call(ctx, g.fallback, r); ferr != nil {
 		return fmt.Errorf("%w; the fallback store failed too: %w", err, ferr)
 	}
 	g.fallbacks.Add(1)
+	if g.obs != nil && g.obs.FellBack != nil {
+		g.obs.FellBack(op)
+	}
 	return nil
 }
 
-// call runs r on s within the store timeout.
-func (g *guarded) call(ctx context.Context, s driver.Store, r *driver.Request) error {
+// call runs r on s within the store timeout, and reports whether it ran
+// out of it.
+func (g *guarded) call(ctx context.Context, s driver.Store, r *driver.Request) (timedOut bool, err error) {
 	if g.timeout <= 0 {
-		return driver.Unavailable(s.Do(ctx, r))
+		return false, driver.Unavailable(s.Do(ctx, r))
 	}
 	tctx, cancel := context.WithTimeout(ctx, g.timeout)
-	err := s.Do(tctx, r)
+	err = s.Do(tctx, r)
 	if err != nil && ctx.Err() == nil && errors.Is(tctx.Err(), context.DeadlineExceeded) {
 		what := "no answer"
 		if errors.Is(err, ErrLocked) {
 			what = "the lock not released" // not the store's timeout: Stats.Locked counts it
 		} else {
 			g.timeouts.Add(1)
+			timedOut = true
 		}
 		err = fmt.Errorf("%s within the store timeout of %v: %w", what, g.timeout, err)
 	}
 	cancel()
-	return driver.Unavailable(err)
+	return timedOut, driver.Unavailable(err)
 }
 
 // breaker is a consecutive-failure circuit breaker. A nil breaker admits
 // every call. Its times come from the Limiter's clock.
 type breaker struct {
 	cfg CircuitBreaker
+	// onChange is the Limiter's Observer.BreakerChanged, told after
+	// cfg.OnChange.
+	onChange func(from, to BreakerState)
 
 	open  atomic.Bool  // state != BreakerClosed: the fast path reads only this
 	fails atomic.Int64 // failures in a row while closed
@@ -372,5 +395,8 @@ func (b *breaker) wait(now time.Time) time.Duration {
 func (b *breaker) changed(from, to BreakerState) {
 	if b.cfg.OnChange != nil {
 		b.cfg.OnChange(from, to)
+	}
+	if b.onChange != nil {
+		b.onChange(from, to)
 	}
 }

@@ -18,7 +18,8 @@ type Limiter struct {
 	// without a monotonic reading (wallClock, or WithClock's clock cut by
 	// micro), so the hot path cuts nothing.
 	now     func() time.Time
-	guarded *guarded    // nil without WithStoreTimeout, WithCircuitBreaker, WithFallback
+	guarded *guarded    // nil without WithStoreTimeout, WithCircuitBreaker, WithFallback, WithObserver
+	obs     *Observer   // nil without WithObserver
 	sclock  *storeClock // nil without WithStoreClock
 	// leaseKey signs lease strings; nil without WithLeaseKey.
 	leaseKey []byte
@@ -55,6 +56,7 @@ func New(s driver.Store, opts ...Option) *Limiter {
 	for _, o := range opts {
 		o(l)
 	}
+	l.observe()
 	return l
 }
 
@@ -180,6 +182,9 @@ func (l *Limiter) one(ctx context.Context, res *Result, op driver.Op, r Rule, id
 		retry, _ = need(ch, now, n)
 	}
 	setResult(res, ch, now, retry)
+	if l.obs != nil {
+		l.decided(op, ch, n)
+	}
 	return nil
 }
 
@@ -234,6 +239,9 @@ func (l *Limiter) AllowAll(ctx context.Context, id string, rules ...Rule) ([]Res
 	out := make([]Result, len(checks))
 	for i := range checks {
 		setResult(&out[i], &checks[i], now, retry)
+		if l.obs != nil {
+			l.decided(driver.OpAllow, &checks[i], 1)
+		}
 	}
 	return out, nil
 }
@@ -281,6 +289,9 @@ func (l *Limiter) CheckLimit(ctx context.Context, useType UseType, id string, li
 	*ch = driver.Check{UseType: string(useType), Limit: limit, Begin: begin, End: begin.Add(truncMicro(duration))}
 	if err := l.do(ctx, driver.OpAllow, &c.req); err != nil {
 		return false, wrap(driver.OpAllow, useType, err)
+	}
+	if l.obs != nil {
+		l.decided(driver.OpAllow, ch, 1)
 	}
 	return ch.State.Allowed, nil
 }

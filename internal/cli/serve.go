@@ -144,12 +144,15 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			OnChange: breakerLog(log),
 		}))
 	}
+	metrics, observe := server.NewMetrics()
+	opts = append(opts, observe)
 	var purges *server.Purges
 	if st.pg != nil && *purgeInterval > 0 {
 		purges = &server.Purges{}
 	}
 	handler := server.New(server.Config{
 		Limiter:     countlimit.New(st.store, opts...),
+		Metrics:     metrics,
 		Rules:       rf,
 		Ping:        st.ping,
 		Settings:    settings,

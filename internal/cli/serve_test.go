@@ -258,7 +258,7 @@ func TestServeMigrateNeedsTheStore(t *testing.T) {
 
 // With the store down, the circuit breaker opens after --breaker-failures
 // failed checks: later checks are answered without calling the store, the
-// log says so once, and /metrics shows it.
+// log says so once, and /metrics shows it, through the Limiter's observer.
 func TestServeCircuitBreaker(t *testing.T) {
 	t.Parallel()
 	s := launch(t, "--store", "postgres://postgres@127.0.0.1:1/x", "--breaker-failures", "2", "--breaker-cooldown", "1h", "--store-timeout", "2s")
@@ -274,6 +274,7 @@ func TestServeCircuitBreaker(t *testing.T) {
 		"countlimit_breaker_openings_total 1",
 		"countlimit_breaker_rejected_total 4",
 		"countlimit_store_failures_total 2",
+		`countlimit_store_duration_seconds_count{op="allow"} 2`, // the two calls that reached the store
 	} {
 		if !strings.Contains(text, want+"\n") {
 			t.Errorf("/metrics lacks %q", want)

@@ -29,6 +29,7 @@ import (
 
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/driver"
+	"github.com/countlimit/countlimit/countlimit/promlimit"
 	"github.com/countlimit/countlimit/internal/rulefile"
 	"github.com/countlimit/countlimit/internal/ruleops"
 )
@@ -39,6 +40,11 @@ const MaxBodyBytes = 64 << 10
 // Config is what a Server serves.
 type Config struct {
 	Limiter *countlimit.Limiter
+	// Metrics is what /metrics shows of the Limiter (its store calls,
+	// failures, breaker and fallbacks), fed by the Limiter's observer: make
+	// both with NewMetrics. Nil: a Metrics of the server's own, which
+	// counts only the decisions.
+	Metrics *promlimit.Metrics
 	Rules   *rulefile.File
 	// Ping reports whether the store answers; nil means healthy unless
 	// checks fail.
@@ -90,32 +96,17 @@ type Config struct {
 	Purges *Purges
 }
 
-// limiterCollectors export the Limiter's failure counts (see
-// countlimit.Stats): what its store timeout, circuit breaker and fallback
-// did.
-func limiterCollectors(l *countlimit.Limiter) []prometheus.Collector {
-	counter := func(name, help string, v func(countlimit.Stats) uint64) prometheus.Collector {
-		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help},
-			func() float64 { return float64(v(l.Stats())) })
-	}
-	return []prometheus.Collector{
-		counter("countlimit_store_failures_total", "Store calls that failed (timeouts included).",
-			func(s countlimit.Stats) uint64 { return s.Failures }),
-		counter("countlimit_store_timeouts_total", "Store calls that ran out of --store-timeout.",
-			func(s countlimit.Stats) uint64 { return s.Timeouts }),
-		counter("countlimit_breaker_rejected_total", "Checks the open circuit breaker answered without calling the store.",
-			func(s countlimit.Stats) uint64 { return s.Rejected }),
-		counter("countlimit_breaker_openings_total", "Times the circuit breaker opened.",
-			func(s countlimit.Stats) uint64 { return s.BreakerOpenings }),
-		counter("countlimit_fallback_decisions_total", "Checks the fallback store answered.",
-			func(s countlimit.Stats) uint64 { return s.Fallbacks }),
-		counter("countlimit_locked_total", "Checks that waited out their time for an id another transaction held locked (PostgreSQL).",
-			func(s countlimit.Stats) uint64 { return s.Locked }),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "countlimit_breaker_state",
-			Help: "The circuit breaker: 0 closed, 1 open, 2 half-open.",
-		}, func() float64 { return float64(l.Stats().Breaker) }),
-	}
+// NewMetrics returns the Metrics for Config.Metrics and the option that
+// makes a Limiter feed them. They are promlimit's, which an application
+// embedding a Limiter exports too, so the service's names and labels are
+// the library's; but the service counts decisions itself, once per
+// request under the rule or group the request names, not once per rule
+// under its use type, so the observer leaves them out.
+func NewMetrics() (*promlimit.Metrics, countlimit.Option) {
+	m := promlimit.New()
+	o := m.Observer()
+	o.Decided = nil
+	return m, countlimit.WithObserver(o)
 }
 
 // connCollectors export what a ConnLimit does at its cap.
@@ -160,7 +151,7 @@ type Server struct {
 	state   *storeState
 	pinger  *pinger // nil: no Ping
 	reg     *prometheus.Registry
-	decided *prometheus.CounterVec
+	lim     *promlimit.Metrics // the Limiter's metrics, and the decisions
 	latency *prometheus.HistogramVec
 	failed  *prometheus.CounterVec
 }
@@ -187,10 +178,10 @@ func New(cfg Config) *Server {
 	if cfg.Ping != nil || cfg.Settings != nil || cfg.Warnings != nil {
 		s.pinger = &pinger{ping: cfg.Ping, settings: cfg.Settings, warnings: cfg.Warnings, timeout: s.cfg.HealthTimeout}
 	}
-	s.decided = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "countlimit_decisions_total",
-		Help: "Checks answered, by rule (or group) and verdict (allowed, denied).",
-	}, []string{"rule", "verdict"})
+	s.lim = cfg.Metrics
+	if s.lim == nil {
+		s.lim = promlimit.New()
+	}
 	s.latency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "countlimit_request_duration_seconds",
 		Help:    "Time to answer an API request, by endpoint.",
@@ -209,9 +200,8 @@ func New(cfg Config) *Server {
 	if cfg.StartErr != nil {
 		s.state.startDown(cfg.StartErr)
 	}
-	s.reg.MustRegister(s.decided, s.latency, s.failed, up,
+	s.reg.MustRegister(s.lim, s.latency, s.failed, up,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	s.reg.MustRegister(limiterCollectors(cfg.Limiter)...)
 	if cfg.Conns != nil {
 		s.reg.MustRegister(connCollectors(cfg.Conns)...)
 	}
@@ -340,11 +330,7 @@ func (s *Server) check(o driver.Op) http.HandlerFunc {
 			resp.Refunded = *req.Cost
 		}
 		if o == driver.OpAllow {
-			verdict := "denied"
-			if resp.Allowed {
-				verdict = "allowed"
-			}
-			s.decided.WithLabelValues(req.Rule, verdict).Inc()
+			s.lim.Decided(req.Rule, resp.Allowed)
 		}
 		writeJSON(w, http.StatusOK, resp)
 	}
@@ -366,11 +352,7 @@ func (s *Server) acquire(w http.ResponseWriter, r *http.Request) {
 	}
 	s.state.ok()
 	resp := ruleops.NewAcquireResponse(req.Rule, rules, results, ls)
-	verdict := "denied"
-	if resp.Allowed {
-		verdict = "allowed"
-	}
-	s.decided.WithLabelValues(req.Rule, verdict).Inc()
+	s.lim.Decided(req.Rule, resp.Allowed)
 	writeJSON(w, http.StatusOK, resp)
 }
 

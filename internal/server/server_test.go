@@ -294,8 +294,10 @@ func (lockedRow) Do(ctx context.Context, _ *driver.Request) error {
 // locked-check counter shows it.
 func TestLockedIDIsNoOutage(t *testing.T) {
 	var logs bytes.Buffer
+	metrics, observe := server.NewMetrics()
 	srv := server.New(server.Config{
-		Limiter:      countlimit.New(lockedRow{}, countlimit.WithStoreTimeout(20*time.Millisecond)),
+		Limiter:      countlimit.New(lockedRow{}, countlimit.WithStoreTimeout(20*time.Millisecond), observe),
+		Metrics:      metrics,
 		Rules:        rulefile.Default(),
 		Logger:       slog.New(slog.NewTextHandler(&logs, nil)),
 		StoreTimeout: time.Second,

@@ -1,0 +1,112 @@
+package countlimit
+
+import (
+	"time"
+
+	"github.com/countlimit/countlimit/countlimit/driver"
+)
+
+// Observer is told what a Limiter sees, for metrics: what it decided, how
+// its store answered, and what its circuit breaker and fallback store did.
+// Set it with [WithObserver]; package promlimit turns it into Prometheus
+// metrics, and an adapter to another system is a few funcs.
+//
+// Every field is optional; a nil one is never called and costs nothing.
+// The funcs run synchronously on the goroutine of the call that caused
+// the event, concurrently with each other, so they must be safe for
+// concurrent use and must not block: count, and return. None is given
+// the call's id, so none can make one a metric label by mistake (an
+// error's text may name it: never make that a label either).
+//
+// It is a struct of funcs, as net/http/httptrace's ClientTrace is, so that
+// events added later are new fields, which break no Observer already
+// written.
+type Observer struct {
+	// Decided is called once for each rule a call decided: once for
+	// Allow, AllowN, CheckLimit and Acquire, once per rule for AllowAll
+	// (each with the call's verdict). Peek, Refund, Reset and a Lease's
+	// Release and Extend decide nothing, and a call that failed (bad
+	// input, the store unavailable) decided nothing either. A decision the
+	// fallback store made is told like any other.
+	Decided func(Decision)
+	// StoreCalled is called after each call the Limiter made to its store
+	// (not to the fallback store, and not for calls the open breaker
+	// refused), with its operation, how long it took and how it failed.
+	StoreCalled func(StoreCall)
+	// BreakerChanged is called after every change of the circuit
+	// breaker's state, as [CircuitBreaker.OnChange] is (and beside it).
+	BreakerChanged func(from, to BreakerState)
+	// Rejected is called for each call the open circuit breaker answered
+	// without calling the store ([Stats].Rejected).
+	Rejected func(op driver.Op)
+	// FellBack is called for each call the fallback store answered
+	// ([Stats].Fallbacks).
+	FellBack func(op driver.Op)
+}
+
+// Decision is what [Observer.Decided] is told.
+type Decision struct {
+	// Op is driver.OpAllow (Allow, AllowN, AllowAll, CheckLimit) or
+	// driver.OpAcquire.
+	Op      driver.Op
+	UseType UseType
+	// N is the event's weight (AllowN's n); 1 for the other calls.
+	N       int64
+	Allowed bool
+}
+
+// StoreCall is what [Observer.StoreCalled] is told.
+type StoreCall struct {
+	Op driver.Op
+	// Took is how long the store took to answer or fail, read from the
+	// monotonic clock (never the Limiter's clock, which may be stubbed).
+	Took time.Duration
+	// Err is nil when the store answered; otherwise an ErrUnavailable,
+	// which may be ErrLocked or the caller's own context ending.
+	Err error
+	// Failed reports that the store failed the call: Err is not nil, the
+	// caller's context was still live, and it is not ErrLocked. It is what
+	// [Stats].Failures counts and what opens the circuit breaker.
+	Failed bool
+	// TimedOut reports that the call ran out of [WithStoreTimeout]'s bound
+	// ([Stats].Timeouts); Failed is then true too.
+	TimedOut bool
+}
+
+// WithObserver makes the Limiter tell o what it sees (see [Observer]). A
+// Limiter without one tells nothing and pays nothing for it; with one, it
+// allocates nothing more per call than without, and reads the monotonic
+// clock twice per store call when o.StoreCalled is set. A later
+// WithObserver replaces an earlier one.
+func WithObserver(o Observer) Option {
+	return func(l *Limiter) {
+		l.obs = &o
+		l.guard() // store calls are timed and told on the guarded path
+	}
+}
+
+// observe hands the observer to the parts that tell it what they do, once
+// every option is applied, whatever their order.
+func (l *Limiter) observe() {
+	if g := l.guarded; g != nil {
+		g.obs = l.obs
+		if g.breaker != nil && l.obs != nil {
+			g.breaker.onChange = l.obs.BreakerChanged
+		}
+	}
+}
+
+// monoBase is what monotonic counts from.
+var monoBase = time.Now()
+
+// monotonic reads the monotonic clock. time.Since of a reading that has
+// one reads only that clock, where time.Now reads the wall clock too: half
+// the cost of timing a store call with two time.Now (docs/benchmarks.md).
+func monotonic() time.Duration { return time.Since(monoBase) }
+
+// decided tells the observer, if any, the verdict of check c.
+func (l *Limiter) decided(op driver.Op, c *driver.Check, n int64) {
+	if o := l.obs; o != nil && o.Decided != nil && (op == driver.OpAllow || op == driver.OpAcquire) {
+		o.Decided(Decision{Op: op, UseType: UseType(c.UseType), N: n, Allowed: c.State.Allowed})
+	}
+}
