@@ -274,3 +274,28 @@ func TestConcurrentWaitsKeepTheLimit(t *testing.T) {
 		t.Errorf("%d tries in %v (%d windows), want at most %d: Wait polls", tries, elapsed.Round(time.Millisecond), windows, most)
 	}
 }
+
+// Each try of a Wait is a decision of its own, as metrics see it.
+func TestEachTryOfAWaitIsADecision(t *testing.T) {
+	ctx := context.Background()
+	ft := &fakeTime{now: time.Date(2026, 11, 27, 10, 0, 30, 0, time.UTC)}
+	var mu sync.Mutex
+	seen := map[bool]int{}
+	l := countlimit.New(memstore.New(), countlimit.WithClock(ft.Now), countlimit.WithObserver(countlimit.Observer{
+		Decided: func(d countlimit.Decision) {
+			mu.Lock()
+			defer mu.Unlock()
+			seen[d.Allowed]++
+		},
+	}))
+	countlimit.SetSleep(l, ft.sleep)
+	r := countlimit.Rule{UseType: "report.export", Limit: 1, Window: countlimit.Fixed(time.Minute)}
+	for range 2 {
+		if _, err := l.Wait(ctx, r, "u1"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if seen[true] != 2 || seen[false] != 1 {
+		t.Errorf("decisions: %d allowed, %d denied; want 2 and 1 (the second Wait's first try)", seen[true], seen[false])
+	}
+}
