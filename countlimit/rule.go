@@ -89,11 +89,33 @@ func validateLimits(r *Rule) error {
 	if r.Window.kind == kindSliding && r.Limit > MaxSlidingLimit {
 		return invalidf("Rule.Limit", "a Sliding window logs every event: at most %d, got %d (use Fixed or Rolling for more)", MaxSlidingLimit, r.Limit)
 	}
+	if r.Window.kind == kindSmooth {
+		if err := validateSmooth(r); err != nil {
+			return err
+		}
+	}
 	if r.Window.kind == kindConcurrent && r.Limit > MaxConcurrentLimit {
 		return invalidf("Rule.Limit", "a Concurrent window keeps a lease per slot: at most %d, got %d", MaxConcurrentLimit, r.Limit)
 	}
 	if r.Block < 0 || r.Block > MaxDuration {
 		return invalidf("Rule.Block", "must be 0 to 100 years, got %v", r.Block)
+	}
+	return nil
+}
+
+// validateSmooth holds a Smooth rule to what every store computes
+// exactly: at most one event per microsecond (the interval is rounded up
+// to it, and a faster rate would be silently slowed), and a whole burst
+// drained within MaxDuration, so that every time a store compares stays
+// under 2^53 microseconds.
+func validateSmooth(r *Rule) error {
+	w := r.Window
+	if r.Limit > 0 && int64(w.d)/r.Limit < int64(time.Microsecond) {
+		return invalidf("Rule.Limit", "a Smooth window admits at most one event per microsecond: %d per %v is more", r.Limit, w.d)
+	}
+	t := interval(w.d, r.Limit)
+	if w.burst > int64(MaxDuration/t) {
+		return invalidf("Rule.Window", "smooth burst %d takes %d intervals of %v to drain, more than 100 years", w.burst, w.burst, t)
 	}
 	return nil
 }

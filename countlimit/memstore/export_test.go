@@ -78,6 +78,9 @@ func KeyForTest(s *Store, ut, id string) driver.Key {
 	if e.end == forever {
 		k.End = driver.Forever
 	}
+	if e.begin == smooth {
+		k.Count, k.Begin, k.End, k.TAT = 0, 0, 0, e.end
+	}
 	if e.leases != nil {
 		k.Leases = map[string]int64{}
 		for _, l := range e.leases.held {
@@ -103,6 +106,9 @@ func SeedForTest(s *Store, ut, id string, k driver.Key) {
 		e.end = forever
 	}
 	e.events = slices.Clone(k.Log)
+	if k.TAT > 0 {
+		e.count, e.begin, e.end = 0, smooth, k.TAT
+	}
 	for t, x := range k.Leases {
 		if e.leases == nil {
 			e.leases = &leaseSet{}

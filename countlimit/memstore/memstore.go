@@ -247,8 +247,12 @@ type entry struct {
 	id      string
 	next    *entry // the next counter in the chain of the id's hash
 	count   int64
+	// begin and end bound the window of count; end is forever for
+	// lifetime windows. A Smooth check's entry keeps its TAT in end, with
+	// begin forever (smooth) and count 0: no other kind sees a window
+	// there (begin >= end), and the janitor's deadline follows end.
 	begin   int64
-	end     int64 // forever for lifetime windows
+	end     int64
 	blocked int64 // 0 when never blocked
 	denied  int64 // the denial tally, as the Store contract keeps it
 	events  []int64
@@ -449,7 +453,11 @@ type view struct {
 	begin, end int64
 	live       int // sliding: index of the oldest event still in the window
 	blocked    bool
+	ahead      int64 // smooth: max(TAT, now) - now
 }
+
+// smooth marks the entry of a Smooth check: its begin (see entry).
+const smooth = forever
 
 // look sets v to the check's current window as e shows it at now. It
 // writes v in place, as write does: returned by value, views were copied
@@ -457,6 +465,16 @@ type view struct {
 func look(v *view, e *entry, c *driver.Check, now int64) {
 	*v = view{}
 	span := c.Span.Microseconds()
+	if c.Interval > 0 {
+		if e != nil {
+			v.blocked = e.blocked > now
+			if e.begin == smooth && e.end > now {
+				v.ahead = e.end - now
+			}
+		}
+		v.used = drained(c, v.ahead)
+		return
+	}
 	if e != nil {
 		v.blocked = e.blocked > now
 		if span > 0 {
@@ -479,7 +497,26 @@ func look(v *view, e *entry, c *driver.Check, now int64) {
 	v.begin, v.end = c.Begin.UnixMicro(), wire.Micros(c.End, forever)
 }
 
-func (v *view) fits(c *driver.Check, n int64) bool { return !v.blocked && n <= c.Limit-v.used }
+func (v *view) fits(c *driver.Check, n int64) bool {
+	if c.Interval > 0 {
+		return !v.blocked && smoothFits(c, v.ahead, n)
+	}
+	return !v.blocked && n <= c.Limit-v.used
+}
+
+// smoothFits reports whether n more units fit a Smooth check drained
+// ahead after now, the penalty aside (driver.Apply's rule): ahead + n*T
+// <= B*T, with n*T taken only once n <= B.
+func smoothFits(c *driver.Check, ahead, n int64) bool {
+	t := c.Interval.Microseconds()
+	return c.Limit > 0 && n <= c.Burst && ahead+n*t <= c.Burst*t
+}
+
+// drained is a Smooth check's Used: ceil(ahead/T), at most Burst.
+func drained(c *driver.Check, ahead int64) int64 {
+	t := c.Interval.Microseconds()
+	return min(c.Burst, (ahead+t-1)/t)
+}
 
 // slot is one check of a request while apply works on it: its entry and
 // view, and what its State needs from the entry, read under the shard's
@@ -570,6 +607,10 @@ func (s *Store) apply(r *driver.Request) error {
 			if c.Span > 0 && !ok && n <= c.Limit && sl.v.used+n > c.Limit {
 				sl.freeAt, sl.free = e.events[sl.v.live+int(sl.v.used+n-c.Limit)-1], true
 			}
+		}
+		if c.Interval > 0 && !ok && c.Limit > 0 && n <= c.Burst && !smoothFits(c, sl.v.ahead, n) {
+			t := c.Interval.Microseconds()
+			sl.freeAt, sl.free = now+sl.v.ahead+n*t-c.Burst*t, true
 		}
 	}
 	sh.mu.Unlock()
@@ -691,6 +732,11 @@ func (s *Store) write(sh *shard, e *entry, c *driver.Check, v *view, allowed boo
 			e.blocked = now + c.Block.Microseconds()
 			v.blocked = true
 		}
+	case c.Interval > 0:
+		v.ahead += n * c.Interval.Microseconds()
+		v.used = drained(c, v.ahead)
+		e.count, e.begin, e.end = 0, smooth, now+v.ahead
+		e.events = e.events[:0]
 	case span > 0:
 		live := e.events[v.live:]
 		if want := len(live) + int(n); want > cap(e.events) {
@@ -717,6 +763,16 @@ func (s *Store) write(sh *shard, e *entry, c *driver.Check, v *view, allowed boo
 }
 
 func (s *Store) refund(e *entry, c *driver.Check, v *view, n int64) {
+	if c.Interval > 0 {
+		if t := c.Interval.Microseconds(); v.ahead > 0 {
+			if n >= (v.ahead+t-1)/t {
+				e.end -= v.ahead // now: never before it
+			} else {
+				e.end -= n * t
+			}
+		}
+		return
+	}
 	if span := c.Span.Microseconds(); span > 0 {
 		keep := max(0, v.used-n)
 		e.events = append(e.events[:0], e.events[v.live:v.live+int(keep)]...)
@@ -771,7 +827,12 @@ func (s *Store) touch(sh *shard, e *entry, now int64) {
 func state(c *driver.Check, sl *slot, allowed bool, now int64) {
 	st, v := &c.State, &sl.v
 	*st = driver.State{Allowed: allowed, Used: v.used}
-	if c.Span == 0 || v.used > 0 {
+	switch {
+	case c.Interval > 0:
+		if v.ahead > 0 {
+			st.End = time.UnixMicro(now + v.ahead)
+		}
+	case c.Span == 0 || v.used > 0:
 		st.Begin, st.End = time.UnixMicro(v.begin), wire.Time(v.end, forever)
 	}
 	if sl.e != nil && sl.blocked > now {
