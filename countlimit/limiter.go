@@ -302,7 +302,10 @@ func setCheck(c *driver.Check, r *Rule, now time.Time) {
 	case kindConcurrent:
 		c.TTL = truncMicro(r.Window.d)
 	case kindSmooth:
-		c.Interval, c.Burst = interval(r.Window.d, r.Limit), r.Window.burst
+		c.Interval, c.Burst = r.Window.iv, r.Window.burst
+		if c.Interval == 0 { // a rule validated as a copy (AllowAll)
+			c.Interval = interval(r.Window.d, r.Limit)
+		}
 	}
 	c.Block = truncMicro(r.Block)
 	c.Kind = r.Window.kindName()

@@ -2,6 +2,7 @@ package countlimit
 
 import (
 	"fmt"
+	"math/bits"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -110,13 +111,16 @@ func validateLimits(r *Rule) error {
 // under 2^53 microseconds.
 func validateSmooth(r *Rule) error {
 	w := r.Window
-	if r.Limit > 0 && int64(w.d)/r.Limit < int64(time.Microsecond) {
+	// period/Limit < 1µs, without a division: Limit*1000 <= 2^53*1000
+	// does not overflow.
+	if int64(w.d) < r.Limit*int64(time.Microsecond) {
 		return invalidf("Rule.Limit", "a Smooth window admits at most one event per microsecond: %d per %v is more", r.Limit, w.d)
 	}
 	t := interval(w.d, r.Limit)
-	if w.burst > int64(MaxDuration/t) {
+	if hi, lo := bits.Mul64(uint64(w.burst), uint64(t/time.Microsecond)); hi != 0 || lo > uint64(MaxDuration/time.Microsecond) {
 		return invalidf("Rule.Window", "smooth burst %d takes %d intervals of %v to drain, more than 100 years", w.burst, w.burst, t)
 	}
+	r.Window.iv = t
 	return nil
 }
 

@@ -54,6 +54,11 @@ type Window struct {
 	loc  *time.Location
 	// burst is a Smooth window's; 0 for every other kind.
 	burst int64
+	// iv is a Smooth window's interval for the Limit its rule was
+	// validated with, kept on the Limiter's own copy of the rule so that
+	// a call divides once (validateSmooth sets it, setCheck reads it);
+	// 0 in every Window a caller holds.
+	iv time.Duration
 }
 
 // Rolling returns a window of length d that begins at the first counted

@@ -249,8 +249,9 @@ type entry struct {
 	count   int64
 	// begin and end bound the window of count; end is forever for
 	// lifetime windows. A Smooth check's entry keeps its TAT in end, with
-	// begin forever (smooth) and count 0: no other kind sees a window
-	// there (begin >= end), and the janitor's deadline follows end.
+	// begin forever (smooth), so no other kind sees a window there (begin
+	// >= end), and in count the instant its janitor deadline was last set
+	// for (see until).
 	begin   int64
 	end     int64
 	blocked int64 // 0 when never blocked
@@ -458,6 +459,21 @@ type view struct {
 
 // smooth marks the entry of a Smooth check: its begin (see entry).
 const smooth = forever
+
+// smoothSlack is how far past its TAT a smooth entry's janitor deadline is
+// set (µs), so that a key allowed again and again moves the deadline, and
+// reads the monotonic clock, about once a second rather than on every
+// allow. The entry outlives its TAT by at most this.
+const smoothSlack = int64(time.Second / time.Microsecond)
+
+// until is when the entry's window ends, or for a smooth entry the later
+// of its TAT and the instant its janitor deadline was set for (count).
+func (e *entry) until() int64 {
+	if e.begin == smooth {
+		return max(e.end, e.count)
+	}
+	return e.end
+}
 
 // look sets v to the check's current window as e shows it at now. It
 // writes v in place, as write does: returned by value, views were copied
@@ -724,7 +740,7 @@ func (s *Store) reclaim(sh *shard, bytes int64, entries int) bool {
 // write counts n (allowed) or records the denial of an entry, and updates
 // its view v.
 func (s *Store) write(sh *shard, e *entry, c *driver.Check, v *view, allowed bool, n, now int64) {
-	deadline := max(e.end, e.blocked)
+	deadline := max(e.until(), e.blocked)
 	switch span := c.Span.Microseconds(); {
 	case !allowed:
 		e.denied++
@@ -735,8 +751,18 @@ func (s *Store) write(sh *shard, e *entry, c *driver.Check, v *view, allowed boo
 	case c.Interval > 0:
 		v.ahead += n * c.Interval.Microseconds()
 		v.used = drained(c, v.ahead)
-		e.count, e.begin, e.end = 0, smooth, now+v.ahead
+		was := e.begin == smooth
+		e.begin, e.end = smooth, now+v.ahead
 		e.events = e.events[:0]
+		// A smooth entry's count is the instant its janitor deadline was
+		// last set for (see entry.until): it is moved, a clock read, only
+		// once the TAT passes it, by smoothSlack at a time, not on every
+		// allow of a busy key.
+		if !was || e.count < e.end {
+			e.count = e.end + smoothSlack
+			s.touch(sh, e, now)
+		}
+		return
 	case span > 0:
 		live := e.events[v.live:]
 		if want := len(live) + int(n); want > cap(e.events) {
@@ -757,7 +783,7 @@ func (s *Store) write(sh *shard, e *entry, c *driver.Check, v *view, allowed boo
 		e.events = e.events[:0]
 		v.used += n
 	}
-	if e.expires == 0 || max(e.end, e.blocked) != deadline {
+	if e.expires == 0 || max(e.until(), e.blocked) != deadline {
 		s.touch(sh, e, now)
 	}
 }
@@ -813,7 +839,7 @@ func insertSorted(log []int64, t int64, n int) []int64 {
 // is followed at the next write that moves the window or the penalty.
 func (s *Store) touch(sh *shard, e *entry, now int64) {
 	mono := s.mono()
-	ttl := max(e.end, e.blocked, e.leases.last()) - now // µs
+	ttl := max(e.until(), e.blocked, e.leases.last()) - now // µs
 	if ttl >= (forever-mono)/int64(time.Microsecond) {
 		e.expires = forever // lifetime, or beyond what the clock can hold
 		return
