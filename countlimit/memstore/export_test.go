@@ -2,6 +2,7 @@ package memstore
 
 import (
 	"slices"
+	"time"
 
 	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/internal/keystate"
@@ -117,4 +118,17 @@ func SeedForTest(s *Store, ut, id string, k driver.Key) {
 	}
 	sh.add(h, e)
 	s.touch(sh, e, 0)
+}
+
+// DeadlineForTest returns when the janitor may drop the counter of (ut,
+// id), on the store's monotonic scale; 0 when it holds none.
+func DeadlineForTest(s *Store, ut, id string) time.Duration {
+	h := s.hash(id)
+	sh := s.shard(h)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if e := sh.get(h, ut, id); e != nil {
+		return time.Duration(e.expires)
+	}
+	return 0
 }
