@@ -166,6 +166,17 @@ func (w Window) Duration() time.Duration {
 // kind.
 func (w Window) Burst() int64 { return w.burst }
 
+// Interval returns a [Smooth] window's emission interval under a rule of
+// the given limit: period/limit rounded up to the microsecond (the period
+// when limit is 0), what each event takes to drain; 0 for every other
+// kind, or a limit below 0.
+func (w Window) Interval(limit int64) time.Duration {
+	if w.kind != kindSmooth || limit < 0 {
+		return 0
+	}
+	return interval(w.d, limit)
+}
+
 // IsSmooth reports whether w is a [Smooth] window.
 func (w Window) IsSmooth() bool { return w.kind == kindSmooth }
 

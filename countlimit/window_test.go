@@ -234,6 +234,17 @@ func TestSmoothInterval(t *testing.T) {
 		if got := interval(c.period, c.limit); got != c.want {
 			t.Errorf("interval(%v, %d) = %v, want %v", c.period, c.limit, got, c.want)
 		}
+		if got := Smooth(c.period, 1).Interval(c.limit); got != c.want {
+			t.Errorf("Smooth(%v, 1).Interval(%d) = %v, want %v", c.period, c.limit, got, c.want)
+		}
+	}
+	for _, w := range []Window{Fixed(time.Second), Sliding(time.Second), Lifetime(), {}} {
+		if got := w.Interval(10); got != 0 {
+			t.Errorf("%v.Interval(10) = %v, want 0", w, got)
+		}
+	}
+	if got := Smooth(time.Second, 1).Interval(-1); got != 0 {
+		t.Errorf("Interval(-1) = %v, want 0", got)
 	}
 }
 
