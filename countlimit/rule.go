@@ -46,7 +46,9 @@ const (
 // other kind counted in.
 type Rule struct {
 	UseType UseType
-	// Limit is how many events a window allows; 0 allows none.
+	// Limit is how many events a window allows; for a Smooth window, how
+	// many per its period, evenly (the rate; its burst is the window's).
+	// 0 allows none.
 	Limit  int64
 	Window Window
 	// Block, when positive, is a penalty box: a denial puts the id in it for
