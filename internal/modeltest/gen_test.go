@@ -70,8 +70,10 @@ func TestSmoothIsDrawn(t *testing.T) {
 						case b.TAT <= r.Now.UnixMicro():
 						case r.Op == driver.OpReset: // it takes no rule
 							seen["reset"]++
+						case r.Op == driver.OpAllow && c.State.Allowed && c.Span > 0:
+							seen["smooth to sliding"]++
 						case r.Op == driver.OpAllow && c.State.Allowed:
-							seen["smooth to another kind"]++
+							seen["smooth to a window"]++
 						}
 						continue
 					}
@@ -82,12 +84,16 @@ func TestSmoothIsDrawn(t *testing.T) {
 					switch {
 					case r.Op == driver.OpAllow && c.State.Allowed:
 						seen["allowed"]++
-						if b.Begin < b.End || len(b.Log) > 0 {
-							seen["another kind to smooth"]++
+						if len(b.Log) > 0 {
+							seen["sliding to smooth"]++
+						} else if b.Begin < b.End {
+							seen["a window to smooth"]++
 						}
 						if r.N > 1 {
 							seen["weighted"]++
 						}
+					case r.Op == driver.OpAllow && c.Limit == 0:
+						seen["denied, limit 0"]++
 					case r.Op == driver.OpAllow && !c.State.FreeAt.IsZero():
 						seen["denied by the rate"]++
 					case r.Op == driver.OpAllow && !c.State.BlockedUntil.IsZero():
@@ -99,7 +105,8 @@ func TestSmoothIsDrawn(t *testing.T) {
 			}
 		}
 	}
-	for _, what := range []string{"allowed", "weighted", "denied by the rate", "denied by the penalty", "in AllowAll", "peek", "refund", "reset", "smooth to another kind", "another kind to smooth"} {
+	for _, what := range []string{"allowed", "weighted", "denied by the rate", "denied by the penalty", "in AllowAll", "peek", "refund", "reset", "denied, limit 0",
+		"smooth to a window", "a window to smooth", "smooth to sliding", "sliding to smooth"} {
 		if seen[what] == 0 {
 			t.Errorf("no smooth check %s in 4 runs of 600 steps (seen: %v)", what, seen)
 		}

@@ -91,9 +91,10 @@ func Each(do func(context.Context, *driver.Request) error) func(context.Context,
 // rules are the harness's rules, with calendar windows in loc: every kind
 // of window, penalties, a use type whose rule changes kind (sliding and
 // fixed), three sliding logs of different spans, and slots; with smooth,
-// two smooth rates (one whose interval is rounded up, with a penalty)
-// and a use type whose rule changes kind (fixed and smooth). AllowAll
-// draws from the use types that count events.
+// two smooth rates (one whose interval is rounded up, with a penalty; one
+// whose limit may move to 0) and two use types whose rule changes kind
+// (fixed and smooth; sliding, fixed and smooth). AllowAll draws from the
+// use types that count events.
 func rules(loc *time.Location, smooth bool) []countlimit.Rule {
 	rs := []countlimit.Rule{
 		{UseType: "rolling", Limit: 3, Window: countlimit.Rolling(10 * time.Second)},
@@ -110,9 +111,10 @@ func rules(loc *time.Location, smooth bool) []countlimit.Rule {
 	}
 	if smooth {
 		rs = append(rs,
-			countlimit.Rule{UseType: "smooth", Limit: 4, Window: countlimit.Smooth(10*time.Second, 3)},
+			countlimit.Rule{UseType: "smooth", Limit: 1, Window: countlimit.Smooth(2*time.Second, 3)},
 			countlimit.Rule{UseType: "smoothblock", Limit: 3, Window: countlimit.Smooth(7*time.Second, 2), Block: 3 * time.Second},
 			countlimit.Rule{UseType: "fixedfast", Limit: 2, Window: countlimit.Smooth(3*time.Second, 3)}, // the same use type, another kind
+			countlimit.Rule{UseType: "sliding", Limit: 2, Window: countlimit.Smooth(6*time.Second, 2)},
 		)
 	}
 	return rs
