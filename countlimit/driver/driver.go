@@ -54,7 +54,10 @@ func Unavailable(err error) error {
 // Do carries out r atomically and writes each Check's State. A store may
 // gather concurrent calls into one round trip (pipelining, group commit);
 // each still gets the State it would have had alone. When Do returns an
-// error, it must wrap ErrUnavailable (see [Unavailable]). Implementations
+// error, it must wrap ErrUnavailable (see [Unavailable]), unless the store
+// refused r, having written nothing, because it does not support a kind
+// of window of r (see [Request.Smooth]): that error wraps ErrInvalid
+// instead. Implementations
 // must be safe for concurrent use and must not keep r after returning.
 //
 // The semantics of one Request, for each Check c (one per rule, all with
