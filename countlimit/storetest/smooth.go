@@ -3,6 +3,7 @@ package storetest
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -25,6 +26,7 @@ var smoothTests = []struct {
 	{"SmoothKindChanged", testSmoothKindChanged},
 	{"SmoothAllowAll", testSmoothAllowAll},
 	{"SmoothConcurrentExactlyBurst", testSmoothConcurrentExactlyBurst},
+	{"SmoothRealClockNeverAboveTheRate", testSmoothRealClock},
 }
 
 // smoothOK and smoothNo build expected Results of a Smooth rule: Remaining
@@ -233,4 +235,30 @@ func testSmoothRefused(t *testing.T, newStore func(*testing.T) driver.Store) {
 		}
 	}
 	e.run(fixed, "a", []step{{at: at(0), op: peek, want: ok(3, 0, at(time.Hour))}})
+}
+
+// testSmoothRealClock: callers of weight 1 and 2 on the wall clock, two
+// Limiters, never get more than the rate allows over the time they ran:
+// burst + the intervals from the first clock read to the last. (How much
+// less depends on the machine's speed: no lower bound is asserted.)
+func testSmoothRealClock(t *testing.T, newStore func(*testing.T) driver.Store) {
+	ls := []*countlimit.Limiter{countlimit.New(newStore(t)), countlimit.New(newStore(t))}
+	rule := countlimit.Rule{UseType: UseType(t, "smoothreal"), Limit: 1000, Window: countlimit.Smooth(time.Second, 10)} // one a millisecond
+	var weight atomic.Int64
+	begin := ls[0].Now()
+	hammer(t, 16, 50, func(g int) (bool, error) {
+		n := int64(1 + g%2)
+		r, err := ls[g%2].AllowN(context.Background(), rule, "hot-key", n)
+		if r.Allowed {
+			weight.Add(n)
+		}
+		return r.Allowed, err
+	})
+	elapsed := ls[0].Now().Sub(begin)
+	if most := 10 + int64(elapsed/time.Millisecond) + 1; weight.Load() > most {
+		t.Errorf("%d allowed in %v, more than the burst of 10 and one a millisecond allow (%d)", weight.Load(), elapsed, most)
+	}
+	if weight.Load() < 10 {
+		t.Errorf("%d allowed, fewer than the burst of 10 a fresh key takes at once", weight.Load())
+	}
 }
