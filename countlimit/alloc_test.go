@@ -35,6 +35,15 @@ func TestHotPathAllocatesNothing(t *testing.T) {
 		{name: "Allow calendar", rule: countlimit.Rule{Limit: many, Window: countlimit.Calendar(countlimit.Day, shanghai)}},
 		{name: "Allow sliding", rule: countlimit.Rule{Limit: 100, Window: countlimit.Sliding(10 * time.Second)}},
 		{name: "Allow lifetime", rule: countlimit.Rule{Limit: many, Window: countlimit.Lifetime()}},
+		{name: "Allow smooth", rule: countlimit.Rule{Limit: 1000, Window: countlimit.Smooth(time.Second, 5000)}},
+		{name: "Allow denied, smooth", rule: countlimit.Rule{Limit: 1, Window: countlimit.Smooth(time.Hour, 1)}},
+		{name: "AllowN then Refund, smooth", rule: countlimit.Rule{Limit: 10, Window: countlimit.Smooth(time.Second, 5)},
+			call: func(l *countlimit.Limiter, r countlimit.Rule) (countlimit.Result, error) {
+				if _, err := l.AllowN(context.Background(), r, "user-1", 2); err != nil {
+					return countlimit.Result{}, err
+				}
+				return l.Refund(context.Background(), r, "user-1", 2)
+			}},
 		{name: "Allow denied, penalty", rule: countlimit.Rule{Limit: 0, Window: countlimit.Fixed(time.Minute), Block: time.Hour}},
 		{name: "Allow denied, sliding", rule: countlimit.Rule{Limit: 1, Window: countlimit.Sliding(time.Hour)}},
 		{name: "Peek", rule: countlimit.Rule{Limit: 5, Window: countlimit.Fixed(time.Hour)},

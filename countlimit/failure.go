@@ -232,15 +232,18 @@ func (l *Limiter) do(ctx context.Context, op driver.Op, r *driver.Request) error
 		if locked {
 			g.locked.Add(1)
 		}
-		// A lock that another transaction holds is not the store failing.
-		failed := err != nil && ctx.Err() == nil && !locked
+		// A lock that another transaction holds is not the store failing,
+		// nor is a request the store refused as invalid (a kind of window
+		// it does not support): that store answered.
+		refused := errors.Is(err, ErrInvalid)
+		failed := err != nil && ctx.Err() == nil && !locked && !refused
 		if failed {
 			g.failures.Add(1)
 		}
 		if timed {
 			g.obs.StoreCalled(StoreCall{Op: op, Took: monotonic() - start, Err: err, Failed: failed, TimedOut: timedOut})
 		}
-		g.breaker.record(now, probe, err == nil, failed)
+		g.breaker.record(now, probe, err == nil || refused, failed)
 	} else {
 		g.rejected.Add(1)
 		if g.obs != nil && g.obs.Rejected != nil {
@@ -250,9 +253,10 @@ func (l *Limiter) do(ctx context.Context, op driver.Op, r *driver.Request) error
 	}
 	// Only counting calls fall back: not Refund or Reset, nor anything of a
 	// Concurrent rule, whose slots are the store's alone; and only when the
-	// store is unavailable, not when another transaction holds the id.
+	// store is unavailable, not when another transaction holds the id or
+	// the store refused the request.
 	if err == nil || g.fallback == nil || (op != driver.OpAllow && op != driver.OpPeek) || r.Checks[0].TTL > 0 || ctx.Err() != nil ||
-		errors.Is(err, ErrLocked) {
+		errors.Is(err, ErrLocked) || errors.Is(err, ErrInvalid) {
 		return err
 	}
 	if _, ferr := g.call(ctx, g.fallback, r); ferr != nil {

@@ -599,3 +599,39 @@ func TestStoreClockOutOfRangeIsAStoreFailure(t *testing.T) {
 		t.Errorf("after a refresh out of range Now() is %v off, want 1s kept", got)
 	}
 }
+
+// refusingStore refuses every request as a store refuses a kind of window
+// it does not support.
+type refusingStore struct{}
+
+func (refusingStore) Do(context.Context, *driver.Request) error {
+	return fmt.Errorf("refusing: %w: smooth windows are not supported by this store yet", driver.ErrInvalid)
+}
+
+// TestRefusalIsNoStoreFailure: a store that refuses a request (an error
+// wrapping driver.ErrInvalid) answered: the caller gets ErrInvalid, not
+// ErrUnavailable; the breaker counts no failure and stays closed, and the
+// fallback does not answer in its place.
+func TestRefusalIsNoStoreFailure(t *testing.T) {
+	t.Parallel()
+	fallback := memstore.New(memstore.WithJanitorInterval(0))
+	defer fallback.Close()
+	smooth := countlimit.Rule{UseType: "api.smooth", Limit: 10, Window: countlimit.Smooth(time.Second, 5)}
+	for _, l := range []*countlimit.Limiter{
+		countlimit.New(refusingStore{}),
+		countlimit.New(refusingStore{}, countlimit.WithCircuitBreaker(countlimit.CircuitBreaker{Failures: 2}), countlimit.WithFallback(fallback)),
+	} {
+		for i := range 4 {
+			res, err := l.Allow(context.Background(), smooth, "u1")
+			if !errors.Is(err, countlimit.ErrInvalid) || errors.Is(err, countlimit.ErrUnavailable) || res.Allowed {
+				t.Fatalf("call %d: %+v, %v; want ErrInvalid alone", i+1, res, err)
+			}
+		}
+		if s := l.Stats(); s.Breaker != countlimit.BreakerClosed || s.Failures != 0 || s.Fallbacks != 0 {
+			t.Errorf("Stats = %+v; want the breaker closed, no failure or fallback", s)
+		}
+	}
+	if fallback.Len() != 0 {
+		t.Errorf("the fallback store holds %d counters, want none", fallback.Len())
+	}
+}

@@ -97,7 +97,8 @@ func (l *Limiter) Allow(ctx context.Context, r Rule, id string) (Result, error) 
 }
 
 // AllowN is Allow for an event of weight n: all n are counted, or none.
-// n > r.Limit is denied with RetryAfter -1; n < 1 is ErrInvalid.
+// n > r.Limit (for a Smooth window, n above its burst) is denied with
+// RetryAfter -1; n < 1 is ErrInvalid.
 func (l *Limiter) AllowN(ctx context.Context, r Rule, id string, n int64) (Result, error) {
 	var res Result
 	err := l.one(ctx, &res, driver.OpAllow, r, id, n, "")
@@ -307,12 +308,17 @@ func setCheck(c *driver.Check, r *Rule, now time.Time) {
 	c.UseType = string(r.UseType)
 	c.Limit = r.Limit
 	c.Begin, c.End = bounds(now, r.Window)
-	c.Span, c.TTL = 0, 0
+	c.Span, c.TTL, c.Interval, c.Burst = 0, 0, 0, 0
 	switch r.Window.kind {
 	case kindSliding:
 		c.Span = truncMicro(r.Window.d)
 	case kindConcurrent:
 		c.TTL = truncMicro(r.Window.d)
+	case kindSmooth:
+		c.Interval, c.Burst = r.Window.iv, r.Window.burst
+		if c.Interval == 0 { // a rule validated as a copy (AllowAll)
+			c.Interval = interval(r.Window.d, r.Limit)
+		}
 	}
 	c.Block = truncMicro(r.Block)
 	c.Kind = r.Window.kindName()

@@ -12,20 +12,26 @@ type Result struct {
 	Allowed bool
 	Limit   int64
 	// Used is what the current window has counted after this call; for a
-	// Concurrent window, the slots held.
+	// Concurrent window, the slots held; for a Smooth window, the events
+	// not yet drained at its rate (rounded up).
 	Used int64
-	// Remaining is Limit - Used, never below 0.
+	// Remaining is Limit - Used, never below 0; for a Smooth window, its
+	// burst - Used: how many events fit at once now (0 when Limit is 0).
 	Remaining int64
 	// ResetAt is when room comes back: the window's end, or for Sliding
 	// windows when the oldest counted event leaves (now when none is
 	// counted), or for Concurrent windows when the earliest lease expires
-	// (now when none is held). Zero for Lifetime windows.
+	// (now when none is held), or for Smooth windows when every counted
+	// event is drained and the whole burst fits again (now when it does).
+	// Zero for Lifetime windows.
 	ResetAt time.Time
 	// RetryAfter is 0 when Allowed, else how long until the same call can
 	// succeed (the later of the penalty's end and room in every window), or
-	// -1 when no wait helps: a full Lifetime window, or n > Limit. For a
-	// Concurrent window it is the wait until the earliest lease expires; a
-	// Release may free a slot sooner.
+	// -1 when no wait helps: a full Lifetime window, or n > Limit (for a
+	// Smooth window, n above its burst, or Limit 0). For a Smooth window it
+	// is exact: the call's weight fits at its end. For a Concurrent window
+	// it is the wait until the earliest lease expires; a Release may free a
+	// slot sooner.
 	RetryAfter time.Duration
 	// BlockedUntil is the end of the penalty while the id sits in it.
 	BlockedUntil time.Time
@@ -40,6 +46,15 @@ func need(c *driver.Check, now time.Time, n int64) (wait time.Duration, never bo
 	}
 	if !s.BlockedUntil.IsZero() {
 		wait = s.BlockedUntil.Sub(now)
+	}
+	if c.Smooth() {
+		switch {
+		case n > c.Burst || c.Limit == 0:
+			return -1, true
+		case !s.FreeAt.IsZero(): // the rate does not fit yet: FreeAt is when it does
+			return max(wait, s.FreeAt.Sub(now)), false
+		}
+		return wait, false
 	}
 	if n <= c.Limit-s.Used { // not s.Used+n: that may overflow
 		return wait, false
@@ -76,6 +91,14 @@ func setResult(r *Result, c *driver.Check, now time.Time, retry time.Duration) {
 	r.Remaining = max(0, c.Limit-s.Used)
 	r.ResetAt = s.End
 	switch {
+	case c.Smooth():
+		r.Remaining = max(0, c.Burst-s.Used)
+		if c.Limit == 0 {
+			r.Remaining = 0 // nothing ever fits
+		}
+		if s.End.IsZero() {
+			r.ResetAt = now
+		}
 	case c.Span > 0:
 		r.ResetAt = now
 		if s.Used > 0 {

@@ -2,6 +2,7 @@ package countlimit
 
 import (
 	"fmt"
+	"math/bits"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -45,7 +46,9 @@ const (
 // other kind counted in.
 type Rule struct {
 	UseType UseType
-	// Limit is how many events a window allows; 0 allows none.
+	// Limit is how many events a window allows; for a Smooth window, how
+	// many per its period, evenly (the rate; its burst is the window's).
+	// 0 allows none.
 	Limit  int64
 	Window Window
 	// Block, when positive, is a penalty box: a denial puts the id in it for
@@ -89,12 +92,37 @@ func validateLimits(r *Rule) error {
 	if r.Window.kind == kindSliding && r.Limit > MaxSlidingLimit {
 		return invalidf("Rule.Limit", "a Sliding window logs every event: at most %d, got %d (use Fixed or Rolling for more)", MaxSlidingLimit, r.Limit)
 	}
+	if r.Window.kind == kindSmooth {
+		if err := validateSmooth(r); err != nil {
+			return err
+		}
+	}
 	if r.Window.kind == kindConcurrent && r.Limit > MaxConcurrentLimit {
 		return invalidf("Rule.Limit", "a Concurrent window keeps a lease per slot: at most %d, got %d", MaxConcurrentLimit, r.Limit)
 	}
 	if r.Block < 0 || r.Block > MaxDuration {
 		return invalidf("Rule.Block", "must be 0 to 100 years, got %v", r.Block)
 	}
+	return nil
+}
+
+// validateSmooth holds a Smooth rule to what every store computes
+// exactly: at most one event per microsecond (the interval is rounded up
+// to it, and a faster rate would be silently slowed), and a whole burst
+// drained within MaxDuration, so that every time a store compares stays
+// under 2^53 microseconds.
+func validateSmooth(r *Rule) error {
+	w := r.Window
+	// period/Limit < 1µs, without a division: Limit*1000 <= 2^53*1000
+	// does not overflow.
+	if int64(w.d) < r.Limit*int64(time.Microsecond) {
+		return invalidf("Rule.Limit", "a Smooth window admits at most one event per microsecond: %d per %v is more", r.Limit, w.d)
+	}
+	t := interval(w.d, r.Limit)
+	if hi, lo := bits.Mul64(uint64(w.burst), uint64(t/time.Microsecond)); hi != 0 || lo > uint64(MaxDuration/time.Microsecond) {
+		return invalidf("Rule.Window", "smooth burst %d takes %d intervals of %v to drain, more than 100 years", w.burst, w.burst, t)
+	}
+	r.Window.iv = t
 	return nil
 }
 

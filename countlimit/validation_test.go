@@ -56,6 +56,20 @@ func TestInvalidInput(t *testing.T) {
 		{"Sliding Limit over 10000", allowWith(with(func(r *countlimit.Rule) {
 			r.Window, r.Limit = countlimit.Sliding(time.Minute), countlimit.MaxSlidingLimit+1
 		}), "id", 1), "Limit"},
+		{"Smooth period 0", allowWith(with(func(r *countlimit.Rule) { r.Window = countlimit.Smooth(0, 5) }), "id", 1), "Window"},
+		{"Smooth period over 100 years", allowWith(with(func(r *countlimit.Rule) { r.Window = countlimit.Smooth(countlimit.MaxDuration+1, 5) }), "id", 1), "Window"},
+		{"Smooth burst 0", allowWith(with(func(r *countlimit.Rule) { r.Window = countlimit.Smooth(time.Second, 0) }), "id", 1), "Window"},
+		{"Smooth burst over 2^53", allowWith(with(func(r *countlimit.Rule) { r.Window = countlimit.Smooth(time.Second, countlimit.MaxLimit+1) }), "id", 1), "Window"},
+		{"Smooth faster than one a microsecond", allowWith(with(func(r *countlimit.Rule) {
+			r.Window, r.Limit = countlimit.Smooth(time.Second, 5), 1_000_001
+		}), "id", 1), "Limit"},
+		{"Smooth burst drained in over 100 years", allowWith(with(func(r *countlimit.Rule) {
+			r.Window, r.Limit = countlimit.Smooth(365*24*time.Hour, 101), 1
+		}), "id", 1), "Window"},
+		{"Smooth in AllowAll", func() error {
+			_, err := l.AllowAll(ctx, "id", good, with(func(r *countlimit.Rule) { r.UseType += ".2"; r.Window = countlimit.Smooth(time.Second, -1) }))
+			return err
+		}, "Window"},
 		{"AllowN n over 2^53", allowWith(good, "id", countlimit.MaxLimit+1), "n"},
 		{"AllowN n=0", allowWith(good, "id", 0), "n"},
 		{"AllowN n=-3", allowWith(good, "id", -3), "n"},

@@ -2,6 +2,7 @@ package countlimit
 
 import (
 	"fmt"
+	"strconv"
 	"time"
 )
 
@@ -40,6 +41,7 @@ const (
 	kindSliding
 	kindLifetime
 	kindConcurrent
+	kindSmooth
 )
 
 // Window says when counted events stop counting. Windows are small values,
@@ -50,6 +52,13 @@ type Window struct {
 	unit Unit
 	d    time.Duration
 	loc  *time.Location
+	// burst is a Smooth window's; 0 for every other kind.
+	burst int64
+	// iv is a Smooth window's interval for the Limit its rule was
+	// validated with, kept on the Limiter's own copy of the rule so that
+	// a call divides once (validateSmooth sets it, setCheck reads it);
+	// 0 in every Window a caller holds.
+	iv time.Duration
 }
 
 // Rolling returns a window of length d that begins at the first counted
@@ -87,6 +96,37 @@ func Lifetime() Window { return Window{kind: kindLifetime} }
 // Concurrent rule; Peek and Reset take it.
 func Concurrent(ttl time.Duration) Window { return Window{kind: kindConcurrent, d: ttl} }
 
+// Smooth returns a smooth rate with bursts, decided by GCRA as
+// go-redis/redis_rate decides: the rule's Limit events per period, evenly,
+// one every period/Limit (the emission interval), with up to burst at
+// once. Rule{Limit: 10, Window: Smooth(time.Second, 20)} is 10 a second
+// with bursts of up to 20: a fresh id may take 20 at once, then one more
+// every 100ms, and one that rests for 2s may take 20 at once again.
+//
+// Each id keeps one instant, the theoretical arrival time (TAT): when its
+// events so far are drained at the rule's rate. An event of weight n fits
+// when the TAT, moved n intervals on, is at most burst intervals past now;
+// counted, it moves the TAT so. So the stored state is O(1) per id,
+// whatever the rate.
+//
+// The interval is rounded up to the microsecond, the stores' precision,
+// so a rule never admits more than its rate: 3 per second is one every
+// 333334µs. A rate of more than one per microsecond (period/Limit under
+// 1µs) is ErrInvalid. period must be 1µs to 100 years, burst 1 to 2^53,
+// and draining a whole burst (burst intervals) must take at most 100
+// years; otherwise calls fail with ErrInvalid naming Rule.Window. A weight
+// n above burst never fits: AllowN denies it with RetryAfter -1, as other
+// kinds deny n above Limit. Limit 0 allows nothing.
+//
+// In a Result, Used is the events not yet drained (rounded up), Remaining
+// is burst - Used (how many fit at once now), ResetAt is when the id is
+// fully drained (now when it is), and RetryAfter is exact: the wait until
+// the call's weight fits. Refund moves the TAT back n intervals, never
+// before now. Denials change nothing but the denial tally and the penalty.
+func Smooth(period time.Duration, burst int64) Window {
+	return Window{kind: kindSmooth, d: period, burst: burst}
+}
+
 // String describes the window, e.g. "fixed 1h0m0s" or "calendar day Asia/Shanghai".
 func (w Window) String() string {
 	switch w.kind {
@@ -98,6 +138,8 @@ func (w Window) String() string {
 		return "sliding " + w.d.String()
 	case kindConcurrent:
 		return "concurrent " + w.d.String()
+	case kindSmooth:
+		return "smooth " + w.d.String() + " burst " + strconv.FormatInt(w.burst, 10)
 	case kindLifetime:
 		return "lifetime"
 	case kindCalendar:
@@ -110,15 +152,33 @@ func (w Window) String() string {
 }
 
 // Duration returns the length of a Rolling, Fixed or Sliding window, the
-// lease ttl of a Concurrent one, and 0 for Calendar windows (a day or a
-// month has no single length) and Lifetime.
+// lease ttl of a Concurrent one, the period of a Smooth one, and 0 for
+// Calendar windows (a day or a month has no single length) and Lifetime.
 func (w Window) Duration() time.Duration {
 	switch w.kind {
-	case kindRolling, kindFixed, kindSliding, kindConcurrent:
+	case kindRolling, kindFixed, kindSliding, kindConcurrent, kindSmooth:
 		return w.d
 	}
 	return 0
 }
+
+// Burst returns the burst of a [Smooth] window, and 0 for every other
+// kind.
+func (w Window) Burst() int64 { return w.burst }
+
+// Interval returns a [Smooth] window's emission interval under a rule of
+// the given limit: period/limit rounded up to the microsecond (the period
+// when limit is 0), what each event takes to drain; 0 for every other
+// kind, or a limit below 0.
+func (w Window) Interval(limit int64) time.Duration {
+	if w.kind != kindSmooth || limit < 0 {
+		return 0
+	}
+	return interval(w.d, limit)
+}
+
+// IsSmooth reports whether w is a [Smooth] window.
+func (w Window) IsSmooth() bool { return w.kind == kindSmooth }
 
 // IsConcurrent reports whether w is a [Concurrent] window, whose rules take
 // slots with Acquire instead of counting events with Allow.
@@ -131,6 +191,13 @@ func (w Window) validate() error {
 		if w.d < time.Microsecond || w.d > MaxDuration {
 			return invalidf("Rule.Window", "%s duration must be 1µs to 100 years, got %v", w.kindName(), w.d)
 		}
+	case kindSmooth:
+		if w.d < time.Microsecond || w.d > MaxDuration {
+			return invalidf("Rule.Window", "smooth period must be 1µs to 100 years, got %v", w.d)
+		}
+		if w.burst < 1 || w.burst > MaxLimit {
+			return invalidf("Rule.Window", "smooth burst must be 1 to 2^53, got %d", w.burst)
+		}
 	case kindCalendar:
 		if w.unit < Day || w.unit > Year {
 			return invalidf("Rule.Window", "calendar unit %d is not Day, Week, Month or Year", int(w.unit))
@@ -140,7 +207,7 @@ func (w Window) validate() error {
 		}
 	case kindLifetime:
 	default:
-		return invalidf("Rule.Window", "zero Window; use Rolling, Fixed, Calendar, Sliding, Lifetime or Concurrent")
+		return invalidf("Rule.Window", "zero Window; use Rolling, Fixed, Calendar, Sliding, Lifetime, Concurrent or Smooth")
 	}
 	return nil
 }
@@ -155,6 +222,8 @@ func (w Window) kindName() string {
 		return "sliding"
 	case kindConcurrent:
 		return "concurrent"
+	case kindSmooth:
+		return "smooth"
 	case kindCalendar:
 		return "calendar"
 	case kindLifetime:
@@ -165,7 +234,7 @@ func (w Window) kindName() string {
 
 // bounds returns the window a counted event at now would open: [begin, end).
 // end is the zero Time for Lifetime windows. Sliding and Concurrent windows
-// have no bounds: both are zero for them. now must already be truncated to
+// and Smooth windows have no bounds: both are zero for them. now must already be truncated to
 // microseconds and w must be valid.
 func bounds(now time.Time, w Window) (begin, end time.Time) {
 	switch w.kind {
@@ -178,7 +247,7 @@ func bounds(now time.Time, w Window) (begin, end time.Time) {
 		return time.UnixMicro(b).UTC(), time.UnixMicro(b + d).UTC()
 	case kindCalendar:
 		return calendarBounds(now, w.unit, w.loc)
-	case kindSliding, kindConcurrent:
+	case kindSliding, kindConcurrent, kindSmooth:
 		return time.Time{}, time.Time{}
 	}
 	return now, time.Time{}
@@ -256,6 +325,18 @@ func floorMod(a, b int64) int64 {
 		m += b
 	}
 	return m
+}
+
+// interval is a valid Smooth rule's emission interval: period/Limit
+// rounded up to the microsecond (period when Limit is 0, which allows
+// nothing). Two roundings up are one: ceil(ceil(p/L)/1000) = ceil(p/1000L),
+// without the product, which may overflow.
+func interval(period time.Duration, limit int64) time.Duration {
+	ns := int64(period)
+	if limit > 1 {
+		ns = (ns + limit - 1) / limit
+	}
+	return time.Duration((ns+999)/1000) * time.Microsecond
 }
 
 func truncMicro(d time.Duration) time.Duration { return d.Truncate(time.Microsecond) }

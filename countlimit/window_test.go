@@ -138,14 +138,15 @@ func TestWindowString(t *testing.T) {
 		t.Fatal(err)
 	}
 	for w, want := range map[Window]string{
-		Rolling(time.Minute):  "rolling 1m0s",
-		Fixed(time.Hour):      "fixed 1h0m0s",
-		Sliding(time.Second):  "sliding 1s",
-		Lifetime():            "lifetime",
-		Calendar(Month, sh):   "calendar month Asia/Shanghai",
-		{}:                    "invalid window",
-		Calendar(Week, nil):   "calendar week",
-		Calendar(Unit(7), sh): "calendar Unit(7) Asia/Shanghai",
+		Rolling(time.Minute):    "rolling 1m0s",
+		Fixed(time.Hour):        "fixed 1h0m0s",
+		Sliding(time.Second):    "sliding 1s",
+		Smooth(time.Second, 20): "smooth 1s burst 20",
+		Lifetime():              "lifetime",
+		Calendar(Month, sh):     "calendar month Asia/Shanghai",
+		{}:                      "invalid window",
+		Calendar(Week, nil):     "calendar week",
+		Calendar(Unit(7), sh):   "calendar Unit(7) Asia/Shanghai",
 	} {
 		if got := w.String(); got != want {
 			t.Errorf("String() = %q, want %q", got, want)
@@ -209,5 +210,59 @@ func BenchmarkCalendarBounds(b *testing.B) {
 	now := time.Date(2026, 11, 27, 15, 4, 5, 0, time.UTC)
 	for b.Loop() {
 		bounds(now, w)
+	}
+}
+
+// TestSmoothInterval: a Smooth rule's emission interval is period/Limit
+// rounded up to the microsecond, never down (a rule never admits more
+// than its rate), computed without overflow for the largest limits.
+func TestSmoothInterval(t *testing.T) {
+	for _, c := range []struct {
+		period time.Duration
+		limit  int64
+		want   time.Duration
+	}{
+		{time.Second, 10, 100 * time.Millisecond},
+		{time.Second, 3, 333334 * time.Microsecond},
+		{time.Second, 1_000_000, time.Microsecond},
+		{time.Second, 999_999, 2 * time.Microsecond},      // 1.000001µs
+		{1500 * time.Nanosecond, 1, 2 * time.Microsecond}, // a period finer than the stores keep
+		{time.Minute, 0, time.Minute},
+		{time.Minute, 1, time.Minute},
+		{MaxDuration, MaxLimit, time.Microsecond},
+	} {
+		if got := interval(c.period, c.limit); got != c.want {
+			t.Errorf("interval(%v, %d) = %v, want %v", c.period, c.limit, got, c.want)
+		}
+		if got := Smooth(c.period, 1).Interval(c.limit); got != c.want {
+			t.Errorf("Smooth(%v, 1).Interval(%d) = %v, want %v", c.period, c.limit, got, c.want)
+		}
+	}
+	for _, w := range []Window{Fixed(time.Second), Sliding(time.Second), Lifetime(), {}} {
+		if got := w.Interval(10); got != 0 {
+			t.Errorf("%v.Interval(10) = %v, want 0", w, got)
+		}
+	}
+	if got := Smooth(time.Second, 1).Interval(-1); got != 0 {
+		t.Errorf("Interval(-1) = %v, want 0", got)
+	}
+}
+
+// TestSmoothBoundsAreExact: the largest Smooth rules validation takes
+// keep every time a store compares within 100 years, so under 2^53
+// microseconds.
+func TestSmoothBoundsAreExact(t *testing.T) {
+	for _, r := range []Rule{
+		{UseType: "u", Limit: 1, Window: Smooth(365*24*time.Hour, 100)},
+		{UseType: "u", Limit: 1_000_000, Window: Smooth(time.Second, int64(MaxDuration/time.Microsecond))},
+		{UseType: "u", Limit: int64(MaxDuration / time.Microsecond), Window: Smooth(MaxDuration, 1)},
+	} {
+		if err := r.Validate(); err != nil {
+			t.Errorf("%v limit %d: %v", r.Window, r.Limit, err)
+			continue
+		}
+		if bt := r.Window.burst * interval(r.Window.d, r.Limit).Microseconds(); bt > int64(MaxDuration/time.Microsecond) || bt >= 1<<53 {
+			t.Errorf("%v limit %d: burst*interval = %dµs", r.Window, r.Limit, bt)
+		}
 	}
 }

@@ -25,10 +25,19 @@ var ErrUnavailable = errors.New("store unavailable")
 // ended first. It wraps ErrUnavailable. It is countlimit.ErrLocked.
 var ErrLocked = fmt.Errorf("%w: the id's state is locked by another transaction", ErrUnavailable)
 
+// ErrInvalid is in the error of a request a store refuses as it is, having
+// written nothing: a check of a kind of window the store does not support
+// (see [Request.Smooth]). It is countlimit.ErrInvalid, so the caller sees
+// a bad argument, not an outage: such an error is not wrapped with
+// ErrUnavailable, trips no circuit breaker and falls back to no other
+// store.
+var ErrInvalid = errors.New("invalid argument")
+
 // Unavailable wraps a store's error so that errors.Is(err, ErrUnavailable)
-// holds. A nil err stays nil.
+// holds. A nil err stays nil, and so does an error that wraps ErrInvalid
+// (a refusal, not a failure).
 func Unavailable(err error) error {
-	if err == nil || errors.Is(err, ErrUnavailable) {
+	if err == nil || errors.Is(err, ErrUnavailable) || errors.Is(err, ErrInvalid) {
 		return err
 	}
 	return fmt.Errorf("%w: %w", ErrUnavailable, err)
@@ -45,7 +54,10 @@ func Unavailable(err error) error {
 // Do carries out r atomically and writes each Check's State. A store may
 // gather concurrent calls into one round trip (pipelining, group commit);
 // each still gets the State it would have had alone. When Do returns an
-// error, it must wrap ErrUnavailable (see [Unavailable]). Implementations
+// error, it must wrap ErrUnavailable (see [Unavailable]), unless the store
+// refused r, having written nothing, because it does not support a kind
+// of window of r (see [Request.Smooth]): that error wraps ErrInvalid
+// instead. Implementations
 // must be safe for concurrent use and must not keep r after returning.
 //
 // The semantics of one Request, for each Check c (one per rule, all with
@@ -76,7 +88,37 @@ func Unavailable(err error) error {
 //     sliding check drops its N newest events); then Allowed is computed as
 //     for OpPeek.
 //   - OpReset: forgets every check's state, penalty included: its count,
-//     its sliding log and its leases (below), whatever the check's kind.
+//     its sliding log, its smooth instant and its leases (below), whatever
+//     the check's kind.
+//
+// A Smooth check (Interval > 0) is decided by GCRA, as go-redis/redis_rate
+// decides, and keeps one instant instead of a count: TAT (the theoretical
+// arrival time, driver.Key.TAT), when the key is fully drained; a key with
+// none, or with TAT at or before Now, is drained. Let T = c.Interval, B =
+// c.Burst and tat = max(TAT, Now). Times are whole microseconds, as
+// everywhere here. Compared as differences from Now (tat - Now + N*T <=
+// B*T), every quantity stays within 100 years, under 2^53 (the Limiter
+// keeps B*T within 100 years, and N is multiplied only once N <= B), so a
+// Redis script computes it exactly in doubles.
+//
+//   - The check fits when it is not blocked, c.Limit > 0, N <= B and
+//     tat + N*T - B*T <= Now: after N more units, no more than B are
+//     undrained. A check with Limit 0 never fits.
+//   - OpAllow: if every check of the request fits, TAT becomes tat + N*T.
+//     Counting with a smooth check clears the count, the window and the
+//     sliding log other kinds keep (Count, Begin, End, Log become zero),
+//     and counting with any other kind clears TAT. A denial changes
+//     nothing but the denial tally and the penalty, as for other kinds.
+//   - OpPeek: like OpAllow with N = 1, writing nothing.
+//   - OpRefund: TAT goes back N*T, never before Now (a drained key stays
+//     as it is); then Allowed as for OpPeek.
+//
+// Its State after the request: Used is ceil((TAT-Now)/T), the units not
+// yet drained, between 0 and B; Begin is zero; End is TAT when it is after
+// Now, else zero; FreeAt, when the check itself does not fit (blocked or
+// not) but could (Limit > 0, N <= B), is tat + N*T - B*T: the instant N
+// more fit, so that the wait is exact; zero otherwise. BlockedUntil and
+// Allowed are as for every check.
 //
 // A Concurrent check (TTL > 0) keeps leases instead of a count: each lease
 // is a token (Request.Lease) with an expiry, and is live while Now is before
@@ -182,13 +224,21 @@ type Check struct {
 	Begin, End time.Time
 	// Span is the length of a Sliding window; zero for every other kind.
 	Span time.Duration
+	// Interval and Burst make a Smooth window (GCRA; see Store): Interval
+	// is the emission interval, the rule's period over its Limit rounded
+	// up to the microsecond (one per period when Limit is 0), and Burst
+	// how many fit at once; Burst*Interval is at most 100 years. Both are
+	// zero for every other kind, and Begin and End are zero when they are
+	// set.
+	Interval time.Duration
+	Burst    int64
 	// TTL is the lease length of a Concurrent window; zero for every other
 	// kind. Begin and End are zero when Span or TTL is set.
 	TTL time.Duration
 	// Block is the penalty a denial sets; zero for none.
 	Block time.Duration
 	// Kind names the rule's window: "rolling", "fixed", "calendar",
-	// "sliding", "lifetime" or "concurrent"; empty for CheckLimit's window.
+	// "sliding", "lifetime", "concurrent" or "smooth"; empty for CheckLimit's window.
 	// It never changes a decision: a store may keep it for people to read
 	// (pgstore's count_limit.window_kind) or ignore it.
 	Kind string
@@ -200,20 +250,39 @@ type Check struct {
 type State struct {
 	// Allowed is the request's verdict, the same for every Check.
 	Allowed bool
-	// Used is the count in the current window after the request.
+	// Used is the count in the current window after the request; for a
+	// smooth check, the units not yet drained.
 	Used int64
 	// Begin and End bound the current window (End zero for lifetime). For
 	// sliding checks Begin is the oldest logged event and End the newest plus
 	// Span; both are zero when the log is empty. For concurrent checks they
 	// are the earliest and the latest expiry of a live lease, zero when none
-	// is live.
+	// is live. For smooth checks Begin is zero and End is when the key is
+	// drained (its TAT), zero when it is.
 	Begin, End time.Time
 	// BlockedUntil is the penalty's end when it is after Now, else zero.
 	BlockedUntil time.Time
 	// FreeAt is set for a sliding check that did not fit: the logged event
 	// whose expiry makes room for N (the (Used+N-Limit)-th oldest). Zero when
-	// no expiry can make room (N > Limit).
+	// no expiry can make room (N > Limit). For a smooth check that did not
+	// fit, it is the instant N more fit; zero when none ever will (N >
+	// Burst, or Limit 0).
 	FreeAt time.Time
+}
+
+// Smooth reports whether c is a check of a Smooth window (Interval > 0).
+func (c *Check) Smooth() bool { return c.Interval > 0 }
+
+// Smooth reports whether any check of r is of a Smooth window: a store
+// that does not support them yet refuses r with an error that wraps
+// ErrInvalid and says so, and writes nothing.
+func (r *Request) Smooth() bool {
+	for i := range r.Checks {
+		if r.Checks[i].Interval > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // StoreClock is implemented by stores that can tell their own time:

@@ -39,6 +39,10 @@ type Key struct {
 	Blocked int64
 	// Leases are a Concurrent check's leases: token to expiry.
 	Leases map[string]int64
+	// TAT is a Smooth check's theoretical arrival time: when the key is
+	// drained. 0 when none is kept; a TAT at or before now is drained as
+	// well, and a store may drop it.
+	TAT int64
 }
 
 func us(t time.Time) int64 { return t.UnixMicro() }
@@ -65,10 +69,16 @@ type view struct {
 	begin, end int64
 	live       []int64 // a sliding check's events still in its window
 	blocked    bool
+	ahead      int64 // a smooth check's max(TAT, now) - now
 }
 
 func look(k *Key, c *Check, now int64) view {
 	v := view{blocked: k.Blocked > now}
+	if c.Smooth() {
+		v.ahead = max(k.TAT, now) - now
+		v.used = drained(c, v.ahead)
+		return v
+	}
 	if span := c.Span.Microseconds(); span > 0 {
 		for _, e := range k.Log {
 			if e > now-span {
@@ -89,7 +99,27 @@ func look(k *Key, c *Check, now int64) view {
 	return v
 }
 
-func (v *view) fits(c *Check, n int64) bool { return !v.blocked && n <= c.Limit-v.used }
+func (v *view) fits(c *Check, n int64) bool {
+	if c.Smooth() {
+		return !v.blocked && smoothFits(c, v.ahead, n)
+	}
+	return !v.blocked && n <= c.Limit-v.used
+}
+
+// smoothFits reports whether n more units fit a smooth check whose key
+// is drained ahead after now, the penalty aside: ahead + n*T <= B*T,
+// with n*T taken only once n <= B, so nothing overflows.
+func smoothFits(c *Check, ahead, n int64) bool {
+	t := c.Interval.Microseconds()
+	return c.Limit > 0 && n <= c.Burst && ahead+n*t <= c.Burst*t
+}
+
+// drained is a smooth check's Used: the units not yet drained,
+// ceil(ahead/T), between 0 and Burst.
+func drained(c *Check, ahead int64) int64 {
+	t := c.Interval.Microseconds()
+	return min(c.Burst, (ahead+t-1)/t)
+}
 
 // Apply carries out r at r.Now on keys, the stored state of r's checks in
 // order (keys[i] is that of r.Checks[i]), in place, and writes each
@@ -129,6 +159,10 @@ func Apply(r *Request, keys []*Key) {
 		st := State{Allowed: ok}
 		if r.Op == OpAllow {
 			switch {
+			case ok && c.Smooth():
+				v.ahead += n * c.Interval.Microseconds()
+				v.used = drained(c, v.ahead)
+				*k = Key{Denied: k.Denied, Blocked: k.Blocked, Leases: k.Leases, TAT: now + v.ahead}
 			case ok && c.Span > 0:
 				span := c.Span.Microseconds()
 				log := slices.Clone(v.live)
@@ -136,10 +170,12 @@ func Apply(r *Request, keys []*Key) {
 				log = slices.Insert(log, at, slices.Repeat([]int64{now}, int(n))...)
 				k.Log, k.Count = log, int64(len(log))
 				k.Begin, k.End = log[0], log[len(log)-1]+span
+				k.TAT = 0 // counting with another kind drops a smooth instant
 				*v = view{used: k.Count, begin: k.Begin, end: k.End, live: log}
 			case ok:
 				k.Count, k.Begin, k.End = v.used+n, v.begin, v.end
 				k.Log = nil // counting with a window drops a sliding log
+				k.TAT = 0
 				v.used += n
 			case !v.fits(c, n):
 				k.Denied++
@@ -149,7 +185,12 @@ func Apply(r *Request, keys []*Key) {
 			}
 		}
 		st.Used = v.used
-		if c.Span == 0 || v.used > 0 {
+		switch {
+		case c.Smooth():
+			if v.ahead > 0 {
+				st.End = tm(now + v.ahead)
+			}
+		case c.Span == 0 || v.used > 0:
 			st.Begin, st.End = tm(v.begin), tm(v.end)
 		}
 		if k.Blocked > now {
@@ -158,6 +199,10 @@ func Apply(r *Request, keys []*Key) {
 		if c.Span > 0 && !ok && n <= c.Limit && v.used+n > c.Limit {
 			st.FreeAt = tm(v.live[v.used+n-c.Limit-1])
 		}
+		if c.Smooth() && !ok && c.Limit > 0 && n <= c.Burst && !smoothFits(c, v.ahead, n) {
+			t := c.Interval.Microseconds()
+			st.FreeAt = tm(now + v.ahead + n*t - c.Burst*t)
+		}
 		c.State = st
 	}
 }
@@ -165,6 +210,16 @@ func Apply(r *Request, keys []*Key) {
 // refund gives n events back to the current window of c's key, never
 // below 0; a sliding check drops its n newest events.
 func refund(k *Key, c *Check, now, n int64) {
+	if c.Smooth() {
+		if ahead, t := k.TAT-now, c.Interval.Microseconds(); ahead > 0 {
+			if n >= (ahead+t-1)/t {
+				k.TAT = now
+			} else {
+				k.TAT -= n * t
+			}
+		}
+		return
+	}
 	v := look(k, c, now)
 	if span := c.Span.Microseconds(); span > 0 {
 		keep := v.live[:max(0, v.used-n)]

@@ -49,10 +49,17 @@
 //     and Sliding windows. Calendar windows (a month is 28 to 31 days, a day
 //     23 to 25 hours) and Lifetime windows have no single length, so w is
 //     left out.
+//   - A Smooth window is stated as a quota that refills over a window: q
+//     is its burst and w the seconds, rounded up, a whole burst takes to
+//     drain (burst × Window.Interval), so q/w is the rule's rate (less
+//     where w rounds up: 10 a second with bursts of 3 is q=3;w=1), r is at
+//     most q and t at most w. A smooth rule of Limit 0 has q=0 and no w.
 //   - r is Result.Remaining, or 0 while the key sits in the penalty box
-//     (Rule.Block), since nothing is allowed then.
+//     (Rule.Block), since nothing is allowed then. For a Smooth window, how
+//     many fit at once.
 //   - t is the seconds, rounded up, until Result.ResetAt, or until the
-//     penalty ends if that is later; 0 once that time has passed. A Lifetime
+//     penalty ends if that is later; 0 once that time has passed. For a
+//     Smooth window, until the whole burst fits again. A Lifetime
 //     window never resets, so outside a penalty t is left out rather than
 //     invite a retry.
 //

@@ -180,9 +180,15 @@ func (c *config) setHeaders(h http.Header, now time.Time, rules []countlimit.Rul
 		}
 		name := sfString(c.name(rule))
 		policy = append(policy, name...)
+		q, w, ok := rule.Limit, int64(0), false
+		if rule.Window.IsSmooth() {
+			q, w, ok = smoothPolicy(rule)
+		} else {
+			w, ok = windowSeconds(rule.Window)
+		}
 		policy = append(policy, ";q="...)
-		policy = strconv.AppendInt(policy, rule.Limit, 10)
-		if w, ok := windowSeconds(rule.Window); ok {
+		policy = strconv.AppendInt(policy, q, 10)
+		if ok {
 			policy = append(policy, ";w="...)
 			policy = strconv.AppendInt(policy, w, 10)
 		}
@@ -225,6 +231,24 @@ func seconds(d time.Duration) int64 {
 func windowSeconds(w countlimit.Window) (int64, bool) {
 	d := w.Duration()
 	return seconds(d), d > 0 && !w.IsConcurrent()
+}
+
+// smoothPolicy states a Smooth rule as a quota that refills over a
+// window: its burst, over the time a whole burst takes to drain (rounded
+// up to seconds), so that the RateLimit field's r (what fits at once,
+// Result.Remaining) is at most q and its t (until the id is drained,
+// Result.ResetAt) at most w, and q/w is the rule's rate, or less where
+// w rounds up. A rule of Limit 0 has quota 0 and no window.
+func smoothPolicy(rule countlimit.Rule) (q, w int64, ok bool) {
+	if rule.Limit == 0 {
+		return 0, 0, false
+	}
+	b := rule.Window.Burst()
+	iv := rule.Window.Interval(rule.Limit)
+	if b > int64(countlimit.MaxDuration/iv) { // an invalid rule: the check fails with ErrInvalid
+		return b, 0, false
+	}
+	return b, seconds(time.Duration(b) * iv), true
 }
 
 // sfString quotes s as a Structured Field String (RFC 9651, section

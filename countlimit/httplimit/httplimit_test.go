@@ -170,6 +170,30 @@ func TestMiddleware(t *testing.T) {
 			},
 		},
 		{
+			// 10 a second with bursts of 3: a quota of 3 that refills in
+			// 300ms, stated as 1s; r is what fits at once, t the wait
+			// until all of it does, Retry-After the wait for one.
+			name:  "smooth",
+			rules: []countlimit.Rule{{UseType: "api", Limit: 10, Window: countlimit.Smooth(time.Second, 3)}},
+			steps: []step{
+				{0, want{200, "", `"api";q=3;w=1`, `"api";r=2;t=1`}},
+				{0, want{200, "", `"api";q=3;w=1`, `"api";r=1;t=1`}},
+				{0, want{200, "", `"api";q=3;w=1`, `"api";r=0;t=1`}},
+				{0, want{429, "1", `"api";q=3;w=1`, `"api";r=0;t=1`}},
+				{250 * time.Millisecond, want{200, "", `"api";q=3;w=1`, `"api";r=1;t=1`}},
+				{5 * sec, want{200, "", `"api";q=3;w=1`, `"api";r=2;t=1`}},
+			},
+		},
+		{
+			name:  "smooth, slow, with a penalty",
+			rules: []countlimit.Rule{{UseType: "pw", Limit: 1, Window: countlimit.Smooth(time.Minute, 2), Block: 10 * time.Minute}},
+			steps: []step{
+				{0, want{200, "", `"pw";q=2;w=120`, `"pw";r=1;t=60`}},
+				{30 * sec, want{200, "", `"pw";q=2;w=120`, `"pw";r=0;t=90`}},
+				{40 * sec, want{429, "600", `"pw";q=2;w=120`, `"pw";r=0;t=600`}},
+			},
+		},
+		{
 			name:  "names are Structured Field Strings",
 			rules: []countlimit.Rule{{UseType: `sms "code"\短信`, Limit: 1, Window: countlimit.Fixed(time.Minute)}},
 			steps: []step{
@@ -205,6 +229,9 @@ func TestPolicyWindow(t *testing.T) {
 		{countlimit.Rolling(36 * time.Hour), `"w";q=5;w=129600`},
 		{countlimit.Calendar(countlimit.Month, time.UTC), `"w";q=5`},
 		{countlimit.Lifetime(), `"w";q=5`},
+		{countlimit.Smooth(time.Second, 20), `"w";q=20;w=4`},
+		{countlimit.Smooth(time.Hour, 1), `"w";q=1;w=720`},
+		{countlimit.Smooth(time.Second, 1), `"w";q=1;w=1`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.window.String(), func(t *testing.T) {

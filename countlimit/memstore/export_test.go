@@ -2,6 +2,7 @@ package memstore
 
 import (
 	"slices"
+	"time"
 
 	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/internal/keystate"
@@ -78,6 +79,9 @@ func KeyForTest(s *Store, ut, id string) driver.Key {
 	if e.end == forever {
 		k.End = driver.Forever
 	}
+	if e.begin == smooth {
+		k.Count, k.Begin, k.End, k.TAT = 0, 0, 0, e.end
+	}
 	if e.leases != nil {
 		k.Leases = map[string]int64{}
 		for _, l := range e.leases.held {
@@ -103,6 +107,9 @@ func SeedForTest(s *Store, ut, id string, k driver.Key) {
 		e.end = forever
 	}
 	e.events = slices.Clone(k.Log)
+	if k.TAT > 0 {
+		e.count, e.begin, e.end = 0, smooth, k.TAT
+	}
 	for t, x := range k.Leases {
 		if e.leases == nil {
 			e.leases = &leaseSet{}
@@ -111,4 +118,17 @@ func SeedForTest(s *Store, ut, id string, k driver.Key) {
 	}
 	sh.add(h, e)
 	s.touch(sh, e, 0)
+}
+
+// DeadlineForTest returns when the janitor may drop the counter of (ut,
+// id), on the store's monotonic scale; 0 when it holds none.
+func DeadlineForTest(s *Store, ut, id string) time.Duration {
+	h := s.hash(id)
+	sh := s.shard(h)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if e := sh.get(h, ut, id); e != nil {
+		return time.Duration(e.expires)
+	}
+	return 0
 }

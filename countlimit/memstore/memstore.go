@@ -247,8 +247,13 @@ type entry struct {
 	id      string
 	next    *entry // the next counter in the chain of the id's hash
 	count   int64
+	// begin and end bound the window of count; end is forever for
+	// lifetime windows. A Smooth check's entry keeps its TAT in end, with
+	// begin forever (smooth), so no other kind sees a window there (begin
+	// >= end), and in count the instant its janitor deadline was last set
+	// for (see until).
 	begin   int64
-	end     int64 // forever for lifetime windows
+	end     int64
 	blocked int64 // 0 when never blocked
 	denied  int64 // the denial tally, as the Store contract keeps it
 	events  []int64
@@ -449,6 +454,25 @@ type view struct {
 	begin, end int64
 	live       int // sliding: index of the oldest event still in the window
 	blocked    bool
+	ahead      int64 // smooth: max(TAT, now) - now
+}
+
+// smooth marks the entry of a Smooth check: its begin (see entry).
+const smooth = forever
+
+// smoothSlack is how far past its TAT a smooth entry's janitor deadline is
+// set (µs), so that a key allowed again and again moves the deadline, and
+// reads the monotonic clock, about once a second rather than on every
+// allow. The entry outlives its TAT by at most this.
+const smoothSlack = int64(time.Second / time.Microsecond)
+
+// until is when the entry's window ends, or for a smooth entry the later
+// of its TAT and the instant its janitor deadline was set for (count).
+func (e *entry) until() int64 {
+	if e.begin == smooth {
+		return max(e.end, e.count)
+	}
+	return e.end
 }
 
 // look sets v to the check's current window as e shows it at now. It
@@ -457,6 +481,16 @@ type view struct {
 func look(v *view, e *entry, c *driver.Check, now int64) {
 	*v = view{}
 	span := c.Span.Microseconds()
+	if c.Interval > 0 {
+		if e != nil {
+			v.blocked = e.blocked > now
+			if e.begin == smooth && e.end > now {
+				v.ahead = e.end - now
+			}
+		}
+		v.used = drained(c, v.ahead)
+		return
+	}
 	if e != nil {
 		v.blocked = e.blocked > now
 		if span > 0 {
@@ -479,7 +513,26 @@ func look(v *view, e *entry, c *driver.Check, now int64) {
 	v.begin, v.end = c.Begin.UnixMicro(), wire.Micros(c.End, forever)
 }
 
-func (v *view) fits(c *driver.Check, n int64) bool { return !v.blocked && n <= c.Limit-v.used }
+func (v *view) fits(c *driver.Check, n int64) bool {
+	if c.Interval > 0 {
+		return !v.blocked && smoothFits(c, v.ahead, n)
+	}
+	return !v.blocked && n <= c.Limit-v.used
+}
+
+// smoothFits reports whether n more units fit a Smooth check drained
+// ahead after now, the penalty aside (driver.Apply's rule): ahead + n*T
+// <= B*T, with n*T taken only once n <= B.
+func smoothFits(c *driver.Check, ahead, n int64) bool {
+	t := c.Interval.Microseconds()
+	return c.Limit > 0 && n <= c.Burst && ahead+n*t <= c.Burst*t
+}
+
+// drained is a Smooth check's Used: ceil(ahead/T), at most Burst.
+func drained(c *driver.Check, ahead int64) int64 {
+	t := c.Interval.Microseconds()
+	return min(c.Burst, (ahead+t-1)/t)
+}
 
 // slot is one check of a request while apply works on it: its entry and
 // view, and what its State needs from the entry, read under the shard's
@@ -570,6 +623,10 @@ func (s *Store) apply(r *driver.Request) error {
 			if c.Span > 0 && !ok && n <= c.Limit && sl.v.used+n > c.Limit {
 				sl.freeAt, sl.free = e.events[sl.v.live+int(sl.v.used+n-c.Limit)-1], true
 			}
+		}
+		if c.Interval > 0 && !ok && c.Limit > 0 && n <= c.Burst && !smoothFits(c, sl.v.ahead, n) {
+			t := c.Interval.Microseconds()
+			sl.freeAt, sl.free = now+sl.v.ahead+n*t-c.Burst*t, true
 		}
 	}
 	sh.mu.Unlock()
@@ -683,7 +740,7 @@ func (s *Store) reclaim(sh *shard, bytes int64, entries int) bool {
 // write counts n (allowed) or records the denial of an entry, and updates
 // its view v.
 func (s *Store) write(sh *shard, e *entry, c *driver.Check, v *view, allowed bool, n, now int64) {
-	deadline := max(e.end, e.blocked)
+	deadline := max(e.until(), e.blocked)
 	switch span := c.Span.Microseconds(); {
 	case !allowed:
 		e.denied++
@@ -691,6 +748,21 @@ func (s *Store) write(sh *shard, e *entry, c *driver.Check, v *view, allowed boo
 			e.blocked = now + c.Block.Microseconds()
 			v.blocked = true
 		}
+	case c.Interval > 0:
+		v.ahead += n * c.Interval.Microseconds()
+		v.used = drained(c, v.ahead)
+		was := e.begin == smooth
+		e.begin, e.end = smooth, now+v.ahead
+		e.events = e.events[:0]
+		// A smooth entry's count is the instant its janitor deadline was
+		// last set for (see entry.until): it is moved, a clock read, only
+		// once the TAT passes it, by smoothSlack at a time, not on every
+		// allow of a busy key.
+		if !was || e.count < e.end {
+			e.count = e.end + smoothSlack
+			s.touch(sh, e, now)
+		}
+		return
 	case span > 0:
 		live := e.events[v.live:]
 		if want := len(live) + int(n); want > cap(e.events) {
@@ -711,12 +783,22 @@ func (s *Store) write(sh *shard, e *entry, c *driver.Check, v *view, allowed boo
 		e.events = e.events[:0]
 		v.used += n
 	}
-	if e.expires == 0 || max(e.end, e.blocked) != deadline {
+	if e.expires == 0 || max(e.until(), e.blocked) != deadline {
 		s.touch(sh, e, now)
 	}
 }
 
 func (s *Store) refund(e *entry, c *driver.Check, v *view, n int64) {
+	if c.Interval > 0 {
+		if t := c.Interval.Microseconds(); v.ahead > 0 {
+			if n >= (v.ahead+t-1)/t {
+				e.end -= v.ahead // now: never before it
+			} else {
+				e.end -= n * t
+			}
+		}
+		return
+	}
 	if span := c.Span.Microseconds(); span > 0 {
 		keep := max(0, v.used-n)
 		e.events = append(e.events[:0], e.events[v.live:v.live+int(keep)]...)
@@ -757,7 +839,7 @@ func insertSorted(log []int64, t int64, n int) []int64 {
 // is followed at the next write that moves the window or the penalty.
 func (s *Store) touch(sh *shard, e *entry, now int64) {
 	mono := s.mono()
-	ttl := max(e.end, e.blocked, e.leases.last()) - now // µs
+	ttl := max(e.until(), e.blocked, e.leases.last()) - now // µs
 	if ttl >= (forever-mono)/int64(time.Microsecond) {
 		e.expires = forever // lifetime, or beyond what the clock can hold
 		return
@@ -771,7 +853,12 @@ func (s *Store) touch(sh *shard, e *entry, now int64) {
 func state(c *driver.Check, sl *slot, allowed bool, now int64) {
 	st, v := &c.State, &sl.v
 	*st = driver.State{Allowed: allowed, Used: v.used}
-	if c.Span == 0 || v.used > 0 {
+	switch {
+	case c.Interval > 0:
+		if v.ahead > 0 {
+			st.End = time.UnixMicro(now + v.ahead)
+		}
+	case c.Span == 0 || v.used > 0:
 		st.Begin, st.End = time.UnixMicro(v.begin), wire.Time(v.end, forever)
 	}
 	if sl.e != nil && sl.blocked > now {

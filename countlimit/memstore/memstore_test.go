@@ -173,3 +173,49 @@ func TestAllowExistingKeyAllocatesNothing(t *testing.T) {
 		t.Errorf("Allow on an existing key: %v allocations, want 0", allocs)
 	}
 }
+
+// TestJanitorDropsDrainedSmoothState: the janitor drops a smooth key once
+// it is drained (and its slack past that is over), and keeps one that is
+// not.
+func TestJanitorDropsDrainedSmoothState(t *testing.T) {
+	s := memstore.New(memstore.WithJanitorInterval(10 * time.Millisecond))
+	defer s.Close()
+	l := countlimit.New(s)
+	ctx := context.Background()
+	short := countlimit.Rule{UseType: "short", Limit: 1000, Window: countlimit.Smooth(time.Second, 1)}
+	long := countlimit.Rule{UseType: "long", Limit: 1, Window: countlimit.Smooth(time.Hour, 1)}
+	for _, r := range []countlimit.Rule{short, long} {
+		if _, err := l.Allow(ctx, r, "id"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, func() bool { return s.Len() == 1 }, "the drained smooth key to be dropped")
+	if r, _ := l.Peek(ctx, long, "id"); r.Used != 1 {
+		t.Fatalf("the smooth key drained in an hour has Used %d, want 1: the janitor must keep it", r.Used)
+	}
+}
+
+// TestSmoothDeadlineFollowsTheTAT: a smooth key's janitor deadline is
+// moved when its TAT passes it, though an allow reads no monotonic clock
+// while it does not, so the janitor never drops a key that is not
+// drained.
+func TestSmoothDeadlineFollowsTheTAT(t *testing.T) {
+	s := memstore.New(memstore.WithJanitorInterval(0))
+	defer s.Close()
+	now := time.Date(2026, 11, 28, 9, 0, 0, 0, time.UTC)
+	l := countlimit.New(s, countlimit.WithClock(func() time.Time { return now }))
+	ctx := context.Background()
+	rule := countlimit.Rule{UseType: "smooth", Limit: 100, Window: countlimit.Smooth(time.Second, 1000)} // 10ms each
+	if r, err := l.AllowN(ctx, rule, "id", 150); err != nil || !r.Allowed {
+		t.Fatalf("AllowN(150) = %+v, %v", r, err)
+	}
+	first := memstore.DeadlineForTest(s, "smooth", "id") // the TAT, 1.5s on, and a second
+	if r, err := l.AllowN(ctx, rule, "id", 850); err != nil || !r.Allowed {
+		t.Fatalf("AllowN(850) = %+v, %v", r, err)
+	}
+	// The TAT is now 10s on: the deadline moved by at least 10s+1s-2.5s,
+	// however long the calls took.
+	if moved := memstore.DeadlineForTest(s, "smooth", "id") - first; moved < 8500*time.Millisecond {
+		t.Errorf("the deadline moved by %v after the TAT moved 8.5s past it, want at least 8.5s", moved)
+	}
+}

@@ -143,3 +143,62 @@ func BenchmarkDoThroughModel(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkSmoothVersusRate runs a Smooth rule's Allow on a memstore
+// against golang.org/x/time/rate as users write one limiter per key: a
+// map of *rate.Limiter under a mutex, the key's limiter made on first
+// use, then its Allow. Both have the same rate and burst (a million a
+// second, bursts of a billion: no call is denied) and take calls for
+// 1024 keys in turn, every key existing, with one goroutine and with two
+// (each on its own half of the keys, as two requests at once are mostly
+// of two users).
+func BenchmarkSmoothVersusRate(b *testing.B) {
+	const keys = 1024
+	ids := make([]string, keys)
+	for i := range ids {
+		ids[i] = fmt.Sprint("user-", i)
+	}
+	const perSecond, burst = 1_000_000, 1_000_000_000
+	for _, g := range []int{1, 2} {
+		b.Run(fmt.Sprintf("rate/goroutines=%d", g), func(b *testing.B) {
+			var mu sync.Mutex
+			lims := map[string]*rate.Limiter{}
+			allow := func(id string) bool {
+				mu.Lock()
+				l := lims[id]
+				if l == nil {
+					l = rate.NewLimiter(perSecond, burst)
+					lims[id] = l
+				}
+				mu.Unlock()
+				return l.Allow()
+			}
+			for _, id := range ids {
+				allow(id)
+			}
+			next := make([]int, g)
+			goroutines(b, g, func(i int) bool {
+				next[i] = (next[i] + g) % keys
+				return allow(ids[next[i]+i])
+			})
+		})
+		b.Run(fmt.Sprintf("memstore/goroutines=%d", g), func(b *testing.B) {
+			s := memstore.New()
+			defer s.Close()
+			l := countlimit.New(s)
+			ctx := context.Background()
+			rule := countlimit.Rule{UseType: "api", Limit: perSecond, Window: countlimit.Smooth(time.Second, burst)}
+			for _, id := range ids {
+				if _, err := l.Allow(ctx, rule, id); err != nil {
+					b.Fatal(err)
+				}
+			}
+			next := make([]int, g)
+			goroutines(b, g, func(i int) bool {
+				next[i] = (next[i] + g) % keys
+				r, err := l.Allow(ctx, rule, ids[next[i]+i])
+				return err == nil && r.Allowed
+			})
+		})
+	}
+}

@@ -182,8 +182,17 @@ func New(d DBTX, opts ...Option) *Store {
 	return s
 }
 
-// Do implements driver.Store.
+// errNoSmooth refuses a request with a Smooth check: this store has no
+// statement for them yet. It wraps driver.ErrInvalid (countlimit.ErrInvalid).
+var errNoSmooth = fmt.Errorf("pgstore: %w: smooth windows are not supported by this store yet", driver.ErrInvalid)
+
+// Do implements driver.Store. A request with a Smooth check is refused
+// with an error wrapping driver.ErrInvalid, and nothing is written: smooth
+// windows are not supported here yet.
 func (s *Store) Do(ctx context.Context, r *driver.Request) error {
+	if r.Smooth() {
+		return errNoSmooth
+	}
 	if s.pool == nil {
 		// The caller's connection or transaction: a lock is waited for, as
 		// its other statements wait.

@@ -74,7 +74,7 @@ func TestCluster(t *testing.T) {
 	}
 
 	var n atomic.Int64
-	storetest.Run(t, func(*testing.T) driver.Store { return redisstore.New(clients[n.Add(1)%2]) })
+	storetest.RunWith(t, func(*testing.T) driver.Store { return redisstore.New(clients[n.Add(1)%2]) }, storetest.Options{NoSmooth: noSmooth})
 	// Pipelines of calls on ids of every node: go-redis sends each script to
 	// the node of its slot.
 	t.Run("many ids pipelined", func(t *testing.T) { testManyIDs(t, redisstore.New(clients[0])) })

@@ -439,8 +439,18 @@ func escape(s string) string {
 	return escaper.Replace(s)
 }
 
-// Do implements driver.Store: r joins a pipeline (see the package doc).
+// errNoSmooth refuses a request with a Smooth check: this store has no
+// script for them yet. It wraps driver.ErrInvalid (countlimit.ErrInvalid).
+var errNoSmooth = fmt.Errorf("redisstore: %w: smooth windows are not supported by this store yet", driver.ErrInvalid)
+
+// Do implements driver.Store: r joins a pipeline (see the package doc). A
+// request with a Smooth check is refused with an error wrapping
+// driver.ErrInvalid, and nothing is written: smooth windows are not
+// supported here yet.
 func (s *Store) Do(ctx context.Context, r *driver.Request) error {
+	if r.Smooth() {
+		return errNoSmooth
+	}
 	if s.gather != nil {
 		return wrap(s.gather.Do(ctx, r))
 	}

@@ -22,6 +22,9 @@ type Inspector struct {
 	// Seed makes the store keep k for (useType, id), replacing what it
 	// kept. k.End is driver.Forever for a lifetime window.
 	Seed func(ctx context.Context, useType, id string, k driver.Key) error
+	// NoSmooth leaves out the cases of Smooth checks, for a store that
+	// does not support them yet (see Options.NoSmooth).
+	NoSmooth bool
 }
 
 // RunContract checks store against the contract's reference model,
@@ -33,6 +36,9 @@ type Inspector struct {
 func RunContract(t *testing.T, store driver.Store, in Inspector) {
 	t.Helper()
 	for _, c := range contractCases() {
+		if in.NoSmooth && c.req("").Smooth() {
+			continue
+		}
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
@@ -94,6 +100,14 @@ func contractCases() []contractCase {
 	window := func(count int64, begin, end time.Duration) driver.Key {
 		return driver.Key{Count: count, Begin: us(begin), End: us(end)}
 	}
+	// 10 a second (one every 100ms) with bursts of 3.
+	smooth := func(op driver.Op, n, limit int64, block time.Duration) func(string) *driver.Request {
+		return func(ut string) *driver.Request {
+			return &driver.Request{Op: op, ID: "id", Now: now, N: n, Checks: []driver.Check{{
+				UseType: ut, Limit: limit, Interval: 100 * time.Millisecond, Burst: 3, Block: block, Kind: "smooth"}}}
+		}
+	}
+	tat := func(d time.Duration) driver.Key { return driver.Key{TAT: us(d)} }
 	tok := func(c byte) string { return string(slices.Repeat([]byte{c}, 22)) }
 	return []contractCase{
 		{name: "AllowCountsInTheCurrentWindow", seed: window(2, -10*time.Minute, 50*time.Minute), req: fixed(driver.OpAllow, 1, 5, 0)},
@@ -129,6 +143,22 @@ func contractCases() []contractCase {
 		{name: "ReleaseOfAnExpiredLeaseFreesNothing", seed: driver.Key{Leases: map[string]int64{tok('A'): us(0), tok('B'): us(time.Second)}},
 			req: slot(driver.OpRelease, tok('A'), 2)},
 		{name: "ExtendMovesTheExpiry", seed: driver.Key{Leases: map[string]int64{tok('A'): us(time.Second)}}, req: slot(driver.OpExtend, tok('A'), 2)},
+		{name: "SmoothAllowsFromNowOnADrainedKey", seed: tat(-time.Second), req: smooth(driver.OpAllow, 2, 10, 0)},
+		{name: "SmoothAllowMovesTheInstant", seed: tat(150 * time.Millisecond), req: smooth(driver.OpAllow, 1, 10, 0)},
+		{name: "SmoothFitsExactlyAtTheBurst", seed: tat(200 * time.Millisecond), req: smooth(driver.OpAllow, 1, 10, 0)},
+		{name: "SmoothDenialNamesWhenItFits", seed: driver.Key{TAT: us(250 * time.Millisecond), Denied: 2}, req: smooth(driver.OpAllow, 2, 10, 0)},
+		{name: "SmoothDenialSetsThePenalty", seed: tat(300 * time.Millisecond), req: smooth(driver.OpAllow, 1, 10, time.Hour)},
+		{name: "SmoothMoreThanTheBurstNeverFits", req: smooth(driver.OpAllow, 4, 10, 0)},
+		{name: "SmoothLimitZeroNeverFits", req: smooth(driver.OpAllow, 1, 0, time.Minute)},
+		{name: "SmoothPeekWritesNothing", seed: tat(300 * time.Millisecond), req: smooth(driver.OpPeek, 1, 10, time.Hour)},
+		{name: "SmoothRefundMovesTheInstantBack", seed: tat(250 * time.Millisecond), req: smooth(driver.OpRefund, 1, 10, 0)},
+		{name: "SmoothRefundNeverBeforeNow", seed: tat(250 * time.Millisecond), req: smooth(driver.OpRefund, 5, 10, 0)},
+		{name: "SmoothResetForgetsTheInstant", seed: driver.Key{TAT: us(time.Second), Denied: 1, Blocked: us(time.Hour)}, req: smooth(driver.OpReset, 1, 10, 0)},
+		{name: "SmoothCountingDropsAWindowAndALog", span: time.Minute.Microseconds(),
+			seed: driver.Key{Count: 2, Begin: us(-30 * time.Second), End: us(40 * time.Second), Log: []int64{us(-30 * time.Second), us(-20 * time.Second)}},
+			req:  smooth(driver.OpAllow, 1, 10, 0)},
+		{name: "CountingAWindowDropsASmoothInstant", seed: tat(time.Minute), req: fixed(driver.OpAllow, 1, 5, 0)},
+		{name: "ASmoothDenialLeavesAWindow", seed: window(2, -time.Minute, time.Minute), req: smooth(driver.OpAllow, 4, 10, 0)},
 		{name: "LeasesAndCountsAreApart", seed: driver.Key{Count: 2, Begin: us(-time.Minute), End: us(time.Minute), Leases: map[string]int64{tok('A'): us(time.Second)}},
 			req: slot(driver.OpPeek, "", 1)},
 	}
@@ -145,14 +175,19 @@ func stateText(s driver.State) string {
 }
 
 // keyText is what must be equal of a key's stored state at now: a sliding
-// log and the leases by what is live, a window only when it is not empty.
+// log and the leases by what is live, a window only when it is not empty,
+// a smooth instant only when it is after now.
 func keyText(k driver.Key, span, now int64) string {
 	k = keystate.Live(k, span, now)
 	window := "none"
 	if k.Begin < k.End {
 		window = fmt.Sprintf("%d [%d, %d)", k.Count, k.Begin, k.End)
 	}
-	return fmt.Sprintf("{window %s log %v denied %d blocked %d leases %v}", window, k.Log, k.Denied, k.Blocked, leaseText(k.Leases, 4))
+	tat := "none"
+	if k.TAT > now {
+		tat = fmt.Sprint(k.TAT)
+	}
+	return fmt.Sprintf("{window %s log %v tat %s denied %d blocked %d leases %v}", window, k.Log, tat, k.Denied, k.Blocked, leaseText(k.Leases, 4))
 }
 
 // leaseText lists leases as "token@expiry", sorted, each token cut to

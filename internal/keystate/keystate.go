@@ -11,10 +11,10 @@ import (
 	"github.com/countlimit/countlimit/countlimit/driver"
 )
 
-// Empty reports whether k holds nothing: no window, log, tally, penalty
-// or lease.
+// Empty reports whether k holds nothing: no window, log, tally, penalty,
+// lease or smooth instant.
 func Empty(k *driver.Key) bool {
-	return k == nil || k.Begin >= k.End && len(k.Log) == 0 && k.Denied == 0 && k.Blocked == 0 && len(k.Leases) == 0
+	return k == nil || k.Begin >= k.End && len(k.Log) == 0 && k.Denied == 0 && k.Blocked == 0 && len(k.Leases) == 0 && k.TAT == 0
 }
 
 // Live returns what of k is live at now, for a check whose sliding span

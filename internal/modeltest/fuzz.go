@@ -20,15 +20,23 @@ func fuzzUT(j int) string { return fmt.Sprintf("f%d", j) }
 func fuzzSpan(j int) time.Duration { return time.Duration(2+j) * time.Second }
 
 // fuzzRule decodes rule j (of use type fuzzUT(j)) from three bytes: its
-// kind, its limit (0 to 7) and its penalty (none most of the time).
-func fuzzRule(j int, kind, limit, block byte, loc *time.Location) countlimit.Rule {
+// kind, its limit (0 to 7; and a smooth rule's burst, 1 to 4) and its
+// penalty (none most of the time). A run without smooth rules takes
+// sliding ones for them.
+func fuzzRule(j int, kind, limit, block byte, loc *time.Location, smooth bool) countlimit.Rule {
 	r := countlimit.Rule{UseType: countlimit.UseType(fuzzUT(j)), Limit: int64(limit % 8)}
 	switch kind % 8 {
 	case 0:
 		r.Window = countlimit.Fixed(time.Duration(1+kind/8%8) * time.Second)
 	case 1:
 		r.Window = countlimit.Rolling(time.Duration(1+kind/8%8) * time.Second)
-	case 2, 3:
+	case 3:
+		if smooth {
+			r.Window = countlimit.Smooth(time.Duration(1+kind/8%8)*time.Second, int64(1+limit/8%4))
+			break
+		}
+		r.Window = countlimit.Sliding(fuzzSpan(j))
+	case 2:
 		r.Window = countlimit.Sliding(fuzzSpan(j))
 	case 4:
 		r.Window = countlimit.Calendar(countlimit.Day, loc)
@@ -49,8 +57,9 @@ func fuzzRule(j int, kind, limit, block byte, loc *time.Location) countlimit.Rul
 // (up to fuzzUseTypes, each of any kind, limit and penalty), weighted
 // AllowN, Peek, Refund and Reset of one rule, for two ids, on a clock that
 // starts a minute before Amman's second midnight of 2021-10-29 and moves
-// as data says. Every input is a valid run; bytes past the end read as 0.
-func fuzzSteps(data []byte) []Step {
+// as data says; with smooth rules or without. Every input is a valid run;
+// bytes past the end read as 0.
+func fuzzSteps(data []byte, smooth bool) []Step {
 	at := 0
 	next := func() byte {
 		if at >= len(data) {
@@ -80,7 +89,7 @@ func fuzzSteps(data []byte) []Step {
 			var parts []string
 			for i := range k {
 				j := (first + i) % fuzzUseTypes
-				r := fuzzRule(j, next(), next(), next(), loc)
+				r := fuzzRule(j, next(), next(), next(), loc, smooth)
 				rules = append(rules, r)
 				parts = append(parts, fmt.Sprintf("%s %v limit %d block %v", r.UseType, r.Window, r.Limit, r.Block))
 			}
@@ -88,7 +97,7 @@ func fuzzSteps(data []byte) []Step {
 			l.AllowAll(ctx, id, rules...)
 		default:
 			j := int(next()) % fuzzUseTypes
-			r := fuzzRule(j, next(), next(), next(), loc)
+			r := fuzzRule(j, next(), next(), next(), loc, smooth)
 			n := int64(1 + next()%4)
 			switch op % 8 {
 			case 4, 5:
@@ -120,7 +129,7 @@ func fuzzSteps(data []byte) []Step {
 // fuzzer's bytes.
 func Fuzz(t *testing.T, p Path, data []byte) {
 	t.Helper()
-	steps := fuzzSteps(data)
+	steps := fuzzSteps(data, !p.NoSmooth)
 	ks := keyspace{ids: []string{"a", "b{c}"}, spans: map[string]int64{}}
 	for j := range fuzzUseTypes {
 		ks.uts = append(ks.uts, fuzzUT(j))

@@ -322,7 +322,7 @@ func (p *parser) rule(name string, n *yaml.Node) (*Rule, error) {
 				return p.errf(v, field, "%v", err)
 			}
 			r.Window, sawWindow = w, true
-			return valid(v, field, countlimit.Rule{UseType: "x", Window: w})
+			return valid(v, field, countlimit.Rule{UseType: "x", Window: w, Limit: anyLimit(w)})
 		case "limit":
 			l, err := p.limit(v, field)
 			if err != nil {
@@ -363,7 +363,7 @@ func (p *parser) rule(name string, n *yaml.Node) (*Rule, error) {
 	if r.Limit == nil && len(r.Tiers) == 0 {
 		return nil, p.errf(n, at+".limit", "missing: give a limit, tiers, or both")
 	}
-	if err := valid(n, at, countlimit.Rule{UseType: r.UseType, Window: r.Window}); err != nil {
+	if err := valid(n, at, countlimit.Rule{UseType: r.UseType, Window: r.Window, Limit: anyLimit(r.Window)}); err != nil {
 		return nil, err // a name too long or odd to be a use type
 	}
 	if r.Limit != nil {
@@ -378,6 +378,17 @@ func (p *parser) rule(name string, n *yaml.Node) (*Rule, error) {
 		}
 	}
 	return r, nil
+}
+
+// anyLimit is a limit that w takes whatever else it holds, for checking w
+// before the rule's limits are known: 0, or for a smooth window the
+// fastest rate its period allows (what depends on the limit is checked
+// with each limit).
+func anyLimit(w countlimit.Window) int64 {
+	if w.IsSmooth() {
+		return int64(w.Duration() / time.Microsecond)
+	}
+	return 0
 }
 
 func (p *parser) group(name string, n *yaml.Node) (*Group, error) {
@@ -435,9 +446,11 @@ func (p *parser) limit(n *yaml.Node, field string) (int64, error) {
 }
 
 // ParseWindow parses "rolling 5m", "fixed 1h", "sliding 30s",
-// "calendar day|week|month|year [Time/Zone]" (default UTC), "lifetime", or
+// "calendar day|week|month|year [Time/Zone]" (default UTC), "lifetime",
 // "concurrent 10m": at most limit held at once, each slot a lease that frees
-// itself 10m after it was taken or last extended.
+// itself 10m after it was taken or last extended, or "smooth 1s burst 20":
+// limit per 1s, evenly, with bursts of up to 20 (countlimit.Smooth), as
+// the window's String writes it.
 func ParseWindow(s string) (countlimit.Window, error) {
 	f := strings.Fields(s)
 	if len(f) == 0 {
@@ -466,6 +479,19 @@ func ParseWindow(s string) (countlimit.Window, error) {
 	case "concurrent":
 		d, err := dur()
 		return countlimit.Concurrent(d), err
+	case "smooth":
+		if len(f) != 4 || f[2] != "burst" {
+			return countlimit.Window{}, errors.New(`want "smooth" followed by a period and a burst, like "smooth 1s burst 20"`)
+		}
+		d, err := ParseDuration(f[1])
+		if err != nil || d < time.Microsecond {
+			return countlimit.Window{}, fmt.Errorf("bad period %q: want a positive Go duration (1s, 15m, 1h) or days (7d)", f[1])
+		}
+		b, err := strconv.ParseInt(f[3], 10, 64)
+		if err != nil || b < 1 {
+			return countlimit.Window{}, fmt.Errorf("bad burst %q: want a whole number >= 1", f[3])
+		}
+		return countlimit.Smooth(d, b), nil
 	case "lifetime":
 		if len(f) != 1 {
 			return countlimit.Window{}, errors.New("lifetime takes nothing after it")
@@ -492,7 +518,7 @@ func ParseWindow(s string) (countlimit.Window, error) {
 		}
 		return countlimit.Calendar(u, loc), nil
 	}
-	return countlimit.Window{}, fmt.Errorf("unknown window kind %q: want rolling, fixed, sliding, calendar, lifetime or concurrent", f[0])
+	return countlimit.Window{}, fmt.Errorf("unknown window kind %q: want rolling, fixed, sliding, calendar, lifetime, concurrent or smooth", f[0])
 }
 
 // ParseDuration is time.ParseDuration that also takes whole days: "7d".

@@ -84,7 +84,7 @@ func TestParseErrorsNameFileLineAndField(t *testing.T) {
 		{"bad duration value", "rules:\n  a:\n    window: fixed 5x\n    limit: 1\n", `r.yaml:3: rules.a.window: bad duration "5x"`},
 		{"unknown zone", "rules:\n  a:\n    window: calendar day Asia/Shangai\n    limit: 1\n", `r.yaml:3: rules.a.window: unknown time zone "Asia/Shangai"`},
 		{"unknown unit", "rules:\n  a:\n    window: calendar fortnight\n    limit: 1\n", `r.yaml:3: rules.a.window: unknown calendar unit "fortnight"`},
-		{"unknown kind", "rules:\n  a:\n    window: leaky 1m\n    limit: 1\n", `r.yaml:3: rules.a.window: unknown window kind "leaky": want rolling, fixed, sliding, calendar, lifetime or concurrent`},
+		{"unknown kind", "rules:\n  a:\n    window: leaky 1m\n    limit: 1\n", `r.yaml:3: rules.a.window: unknown window kind "leaky": want rolling, fixed, sliding, calendar, lifetime, concurrent or smooth`},
 		{"concurrent without a ttl", "rules:\n  a:\n    window: concurrent\n    limit: 1\n", `r.yaml:3: rules.a.window: want "concurrent" followed by a duration, like "concurrent 5m"`},
 		{"concurrent bad ttl", "rules:\n  a:\n    window: concurrent 10 minutes\n    limit: 1\n", `r.yaml:3: rules.a.window: want "concurrent" followed by a duration`},
 		{"concurrent zero ttl", "rules:\n  a:\n    window: concurrent 0s\n    limit: 1\n", `r.yaml:3: rules.a.window: bad duration "0s"`},
@@ -92,6 +92,12 @@ func TestParseErrorsNameFileLineAndField(t *testing.T) {
 		{"concurrent limit over 10000", "rules:\n  a:\n    window: concurrent 1m\n    limit: 20000\n", "r.yaml:4: rules.a.limit: Rule.Limit: a Concurrent window keeps a lease per slot: at most 10000"},
 		{"concurrent tier over 10000", "rules:\n  a:\n    window: concurrent 1m\n    tiers: {gold: 20000}\n", "r.yaml:4: rules.a.tiers.gold: Rule.Limit: a Concurrent window keeps a lease per slot"},
 		{"concurrent rule in a group", "rules:\n  a: {window: fixed 1m, limit: 1}\n  b: {window: concurrent 1m, limit: 1}\ngroups:\n  g: {rules: [a, b]}\n", "r.yaml:5: groups.g.rules: b has a concurrent window: a group counts events all-or-nothing"},
+		{"smooth without a burst", "rules:\n  a:\n    window: smooth 1s\n    limit: 1\n", `r.yaml:3: rules.a.window: want "smooth" followed by a period and a burst, like "smooth 1s burst 20"`},
+		{"smooth bad period", "rules:\n  a:\n    window: smooth 0s burst 2\n    limit: 1\n", `r.yaml:3: rules.a.window: bad period "0s"`},
+		{"smooth bad burst", "rules:\n  a:\n    window: smooth 1s burst 0\n    limit: 1\n", `r.yaml:3: rules.a.window: bad burst "0"`},
+		{"smooth burst over 2^53", "rules:\n  a:\n    window: smooth 1s burst 9007199254740993\n    limit: 1\n", "r.yaml:3: rules.a.window: Rule.Window: smooth burst must be 1 to 2^53"},
+		{"smooth faster than a microsecond", "rules:\n  a:\n    window: smooth 1s burst 5\n    limit: 2000000\n", "r.yaml:4: rules.a.limit: Rule.Limit: a Smooth window admits at most one event per microsecond"},
+		{"smooth tier drains in over 100 years", "rules:\n  a:\n    window: smooth 365d burst 101\n    tiers: {free: 1, pro: 2}\n", "r.yaml:4: rules.a.tiers.free: Rule.Window: smooth burst 101 takes 101 intervals"},
 		{"negative limit", "rules:\n  a:\n    window: fixed 1m\n    limit: -1\n", `r.yaml:4: rules.a.limit: want a whole number >= 0, got "-1"`},
 		{"bad tier limit", "rules:\n  a:\n    window: fixed 1m\n    tiers:\n      gold: lots\n", `r.yaml:5: rules.a.tiers.gold: want a whole number >= 0, got "lots"`},
 		{"bad block", "rules:\n  a:\n    window: fixed 1m\n    limit: 1\n    block: forever\n", `r.yaml:5: rules.a.block: want a positive duration`},
@@ -231,5 +237,45 @@ groups:
 	}
 	if _, err := f.ResolveUseTypes("nope"); !errors.Is(err, rulefile.ErrUnknown) {
 		t.Errorf("ResolveUseTypes(nope) = %v", err)
+	}
+}
+
+// TestSmoothWindow: "smooth 1s burst 20" is Smooth(time.Second, 20), as
+// the window's String writes it, with a limit or tiers, and in a group
+// beside other kinds.
+func TestSmoothWindow(t *testing.T) {
+	f, err := rulefile.Parse("r.yaml", []byte(`
+rules:
+  api.calls:
+    window: smooth 1s burst 20
+    limit: 10
+  uploads: {window: smooth 1h burst 5, tiers: {free: 2, pro: 20}, block: 10m}
+  api.daily: {window: calendar day, limit: 10000}
+groups:
+  api: {rules: [api.calls, api.daily]}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name, tier string
+		want       countlimit.Rule
+	}{
+		{"api.calls", "", countlimit.Rule{UseType: "api.calls", Limit: 10, Window: countlimit.Smooth(time.Second, 20)}},
+		{"uploads", "pro", countlimit.Rule{UseType: "uploads", Limit: 20, Window: countlimit.Smooth(time.Hour, 5), Block: 10 * time.Minute}},
+	} {
+		rs, err := f.Resolve(tc.name, tc.tier)
+		if err != nil || len(rs) != 1 || rs[0] != tc.want {
+			t.Errorf("Resolve(%q, %q) = %+v, %v; want %+v", tc.name, tc.tier, rs, err, tc.want)
+		}
+	}
+	if rs, err := f.Resolve("api", ""); err != nil || len(rs) != 2 || !rs[0].Window.IsSmooth() {
+		t.Errorf("Resolve(api) = %+v, %v; want the smooth rule and the daily one", rs, err)
+	}
+	for _, text := range []string{"smooth 1s burst 20", "smooth 1m30s burst 1"} {
+		w, err := rulefile.ParseWindow(text)
+		if err != nil || w.String() != text {
+			t.Errorf("ParseWindow(%q) = %v, %v; want it back", text, w, err)
+		}
 	}
 }
