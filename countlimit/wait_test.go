@@ -62,11 +62,15 @@ func TestWaitSleepsTheRetryAfterItWasTold(t *testing.T) {
 	for _, tc := range []struct {
 		window countlimit.Window
 		sleep  time.Duration // from 10:00:30 with two events counted at once
+		used   int64         // after the third
 	}{
-		{countlimit.Fixed(time.Minute), 30 * time.Second},
-		{countlimit.Rolling(time.Minute), time.Minute},
-		{countlimit.Calendar(countlimit.Day, time.UTC), 13*time.Hour + 59*time.Minute + 30*time.Second},
-		{countlimit.Sliding(time.Minute), time.Minute},
+		{countlimit.Fixed(time.Minute), 30 * time.Second, 1},
+		{countlimit.Rolling(time.Minute), time.Minute, 1},
+		{countlimit.Calendar(countlimit.Day, time.UTC), 13*time.Hour + 59*time.Minute + 30*time.Second, 1},
+		{countlimit.Sliding(time.Minute), time.Minute, 1},
+		// 2 a minute, bursts of 2: the burst drains one every 30 s, and the
+		// third fits once one has drained; two are undrained after it.
+		{countlimit.Smooth(time.Minute, 2), 30 * time.Second, 2},
 	} {
 		t.Run(tc.window.String(), func(t *testing.T) {
 			l, ft := fakeLimiter(t)
@@ -80,8 +84,8 @@ func TestWaitSleepsTheRetryAfterItWasTold(t *testing.T) {
 				t.Fatalf("Wait slept %s with room", ft.sleeps())
 			}
 			res, err := l.Wait(ctx, r, "u1")
-			if err != nil || !res.Allowed || res.Used != 1 {
-				t.Fatalf("third Wait: %+v, %v; want allowed as the first of a new window", res, err)
+			if err != nil || !res.Allowed || res.Used != tc.used {
+				t.Fatalf("third Wait: %+v, %v; want allowed with Used %d", res, err, tc.used)
 			}
 			if len(ft.slept) != 1 || ft.slept[0] != tc.sleep {
 				t.Errorf("third Wait slept %s, want [%v]", ft.sleeps(), tc.sleep)
