@@ -54,13 +54,55 @@ local tok = ARGV[1]
 local guard = tok ~= '0'
 local repeated = guard and ARGV[2] == '1'
 
+-- rate applies the commonest smooth call, if it is one: n more that fit
+-- the rate of a hash h (fields f) that holds nothing of another kind and
+-- no running penalty, as smoothAllow does. It writes the instant and the
+-- record with one HSET, sets the TTL, and returns the reply's values, or
+-- nil, having written nothing, for any other call; an error as count
+-- does.
+local function rate(h, f, a)
+  if f[1] or f[2] or f[3] or f[5] or f[6] then return nil end
+  local now, x, t = tonumber(ARGV[a]), f[4], f[8]
+  if x then
+    x = tonumber(x)
+    if x == nil or x > now then return nil end
+  end
+  local ahead = 0
+  if t then
+    t = tonumber(t)
+    if t == nil then return nil end
+    if t > now then ahead = t - now end
+  end
+  local n, limit, burst, iv = tonumber(ARGV[a+1]), tonumber(ARGV[a+2]), tonumber(ARGV[a+3]), tonumber(ARGV[a+4])
+  if limit <= 0 or n > burst or ahead + n * iv > burst * iv then return nil end
+  ahead = ahead + n * iv
+  local w
+  if guard then
+    w = redis.pcall('HSET', h, 't', string.format('%.0f', now + ahead), 'r', tok)
+  else
+    w = redis.pcall('HSET', h, 't', string.format('%.0f', now + ahead))
+  end
+  if type(w) == 'table' and w.err then return w end
+  -- Until it is drained: an expired penalty ends before.
+  local ms = math.ceil(ahead / 1000)
+  if ms < 1 then ms = 1 end
+  redis.call('PEXPIRE', h, ms)
+  -- ceil(ahead/iv), exactly (see ceildiv).
+  local used = math.floor(ahead / iv)
+  if used * iv < ahead then used = used + 1 elseif used > 0 and (used - 1) * iv >= ahead then used = used - 1 end
+  if used > burst then used = burst end
+  return used, NONE, now + ahead, NONE, NONE, 1
+end
+
 -- count applies the commonest call, if it is one: counting n more in the
 -- current window of the hash h (fields f) under the limit last applied,
 -- with no log and no penalty, as allow's first branch does. It writes the
 -- count and the record with one HSET and returns the reply's values, or
 -- nil, having written nothing, for any other call. An error (a write
 -- refused: OOM, READONLY) is returned as such, to fail the call alone.
+-- A smooth call is rate's.
 local function count(h, f, a)
+  if ARGV[a+6] == '-1' then return rate(h, f, a) end
   if not f[2] or f[5] or f[8] or f[6] ~= ARGV[a+2] or ARGV[a+6] ~= '0' then return nil end
   -- A field that is no number (a hand edit) leaves the call to allow,
   -- which fails it as it always has.
