@@ -14,7 +14,8 @@
 //
 // Keys are "countlimit:<use_type>:{<id>}", a hash holding the count, the
 // window, the denial tally, the penalty and the record of the script that
-// wrote it last (field r, see Lost replies); sliding windows add a sorted set
+// wrote it last (field r, see Lost replies); a Smooth window keeps its
+// instant (TAT, field t) instead of the count and window; sliding windows add a sorted set
 // "countlimit:<use_type>:{<id>}:log" of the counted events, and Concurrent
 // windows a sorted set "countlimit:<use_type>:{<id>}:lease" of lease tokens
 // by expiry (see leaseKey and lease.lua). The hash tag
@@ -24,8 +25,10 @@
 // share a key.
 //
 // Every key carries a TTL, set relative to the Limiter's clock, that ends
-// with its window, penalty or newest sliding event; updates never drop it.
-// Lifetime counters are the exception: they have no end, so no TTL.
+// with its window, penalty or newest sliding event, or for a Smooth window
+// when the id is drained (its instant) or its penalty ends, whichever is
+// later; updates never drop it. Lifetime counters are the exception: they
+// have no end, so no TTL.
 //
 // # Eviction
 //
