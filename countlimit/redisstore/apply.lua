@@ -11,12 +11,17 @@
 -- ARGV: op ('allow' | 'peek' | 'refund'), now (µs), n, the script's token
 -- ('0' for peek), its attempt ('0' the first time the command is written to
 -- a connection, '1' when go-redis sends it again), then per check: limit,
--- begin (µs), length (µs; 0 = lifetime), span (µs; 0 = not sliding), block
--- (µs; 0 = none). A sliding check's begin and length are 0: its log is its
--- window.
+-- begin (µs), length (µs; 0 = lifetime), span (µs; 0 = not sliding; -1 =
+-- smooth), block (µs; 0 = none). A sliding check's begin and length are 0:
+-- its log is its window. A smooth check (GCRA) has no window: its begin is
+-- its burst and its length its emission interval (µs).
 -- Hash fields: c count, b window begin, e window end (absent = lifetime),
 -- l limit last applied, d denied tally, x blocked until, s log sequence,
--- r the last script that wrote the hash (see fast.lua).
+-- t a smooth check's instant (the TAT: when the key is drained), r the
+-- last script that wrote the hash (see fast.lua). Counting with a smooth
+-- check drops c, b, e, l, s and the log; counting with another kind drops
+-- t. The hash lives as long as the latest of its window, its penalty and
+-- its instant.
 -- Returns per check: {used, begin, end, blocked_until, free_at}, NONE for
 -- none, then the verdict (1 or 0) as the last element; -2 for a repeat
 -- that cannot tell whether it ran (see below).
@@ -56,6 +61,37 @@ local need = n
 if op ~= 'allow' then need = 1 end
 
 local function s(x) return string.format('%.0f', x) end
+
+-- ceildiv is ceil(p/q) for whole p >= 0 and q > 0 below 2^53, exactly:
+-- the quotient of doubles is corrected by products, which are exact.
+local function ceildiv(p, q)
+  local k = math.floor(p / q)
+  if k * q < p then k = k + 1 elseif k > 0 and (k - 1) * q >= p then k = k - 1 end
+  return k
+end
+
+-- gcra sets a smooth check's view of its instant c.t at now: c.ahead
+-- (max(t, now) - now), c.used (the units not yet drained), c.wend (the
+-- instant, when it is after now), c.room (whether need more fit the rate)
+-- and c.free (when they do, if they do not yet but can).
+local function gcra(c)
+  c.ahead = 0
+  if c.t ~= nil and c.t > now then c.ahead = c.t - now end
+  c.used = math.min(c.burst, ceildiv(c.ahead, c.iv))
+  c.wbegin, c.wend, c.free = nil, nil, nil
+  if c.ahead > 0 then c.wend = now + c.ahead end
+  c.room = c.limit > 0 and need <= c.burst and c.ahead + need * c.iv <= c.burst * c.iv
+  if not c.room and c.limit > 0 and need <= c.burst then
+    c.free = now + c.ahead + need * c.iv - c.burst * c.iv
+  end
+end
+
+-- later returns the later of at and t, for a hash's TTL; at nil (never)
+-- stays nil.
+local function later(at, t)
+  if at ~= nil and t ~= nil and t > at then return t end
+  return at
+end
 
 -- expire sets a key's TTL so it vanishes when its window and penalty are
 -- over; nil means never (a lifetime count).
@@ -100,18 +136,41 @@ for i = 1, cnt do
     limit = tonumber(ARGV[a + 1]), begin = tonumber(ARGV[a + 2]), len = tonumber(ARGV[a + 3]),
     span = tonumber(ARGV[a + 4]), block = tonumber(ARGV[a + 5]),
   }
-  local f = redis.call('HMGET', c.h, 'c', 'b', 'e', 'x', 's')
+  local f = redis.call('HMGET', c.h, 'c', 'b', 'e', 'x', 's', 't')
   c.exists = f[2] ~= false
   c.hadlog = f[5] ~= false
+  c.counted = f[1] ~= false or c.exists or c.hadlog
   local x = tonumber(f[4])
-  c.x, c.e = x, tonumber(f[3])
-  -- A hash that exists expires no sooner than the later of its e and x (the
-  -- write that last moved either set its TTL so; a sliding refund only
-  -- shortens e), and never when it has no e (a lifetime count).
+  c.x, c.e, c.t = x, tonumber(f[3]), tonumber(f[6])
+  -- A hash that exists expires no sooner than the latest of its e, x and t
+  -- (the write that last moved either set its TTL so; a sliding refund
+  -- only shortens e), and never when it has no e (a lifetime count).
   c.oldat = c.e
   if c.e ~= nil and x ~= nil and x > c.e then c.oldat = x end
+  c.oldat = later(c.oldat, c.t)
   if x ~= nil and x > now then c.blocked = x end
-  if c.span > 0 then
+  if c.span < 0 then
+    c.burst, c.iv = c.begin, c.len
+    if op == 'refund' and c.t ~= nil and c.t > now then
+      -- Back n intervals, never before now: a drained instant is dropped.
+      if n >= ceildiv(c.t - now, c.iv) then
+        c.t = nil
+        redis.call('HDEL', c.h, 't')
+        redis.call('HSET', c.h, 'r', tok)
+      else
+        c.t = c.t - n * c.iv
+        redis.call('HSET', c.h, 't', s(c.t), 'r', tok)
+      end
+      wrote(c.h)
+      -- Its TTL follows: the latest of a window's end, the penalty's and
+      -- the instant (a lifetime count keeps none).
+      if not c.exists or c.e ~= nil then
+        local at = later(later(math.max(c.e or now, now), x), c.t)
+        expire(c.h, at)
+      end
+    end
+    gcra(c)
+  elseif c.span > 0 then
     if op == 'refund' then
       local drop = math.min(n, redis.call('ZCOUNT', c.z, '(' .. s(now - c.span), '+inf'))
       if drop > 0 then redis.call('ZPOPMAX', c.z, drop) end
@@ -139,7 +198,11 @@ for i = 1, cnt do
       if c.len > 0 then c.wend = c.begin + c.len end
     end
   end
-  c.fits = c.blocked == nil and need <= c.limit - c.used
+  if c.span < 0 then
+    c.fits = c.blocked == nil and c.room
+  else
+    c.fits = c.blocked == nil and need <= c.limit - c.used
+  end
   allok = allok and c.fits
   checks[i] = c
 end
@@ -147,7 +210,35 @@ end
 if op == 'allow' then
   for i = 1, cnt do
     local c = checks[i]
-    if allok then
+    if c.span < 0 then
+      if allok then
+        c.ahead = c.ahead + n * c.iv
+        c.t = now + c.ahead
+        c.used, c.wend = math.min(c.burst, ceildiv(c.ahead, c.iv)), c.t
+        redis.call('HSET', c.h, 't', s(c.t), 'r', tok)
+        wrote(c.h)
+        -- Counting at a rate drops the count, window and log of other
+        -- kinds.
+        if c.counted then redis.call('HDEL', c.h, 'c', 'b', 'e', 'l', 's') end
+        if c.hadlog then redis.call('DEL', c.z) end
+        expire(c.h, later(c.t, c.x))
+      elseif not c.fits then
+        local set = {'HSET', c.h, 'r', tok}
+        if c.blocked == nil and c.block > 0 then
+          c.blocked = now + c.block
+          set[5], set[6] = 'x', s(c.blocked)
+        end
+        redis.call(unpack(set))
+        wrote(c.h)
+        redis.call('HINCRBY', c.h, 'd', 1)
+        -- Kept as long as anything in it lives: a window another kind
+        -- counted in (a lifetime count for good), the penalty, the
+        -- instant.
+        if not c.exists or c.e ~= nil then
+          expire(c.h, later(later(math.max(c.e or now, now), c.blocked), c.wend))
+        end
+      end
+    elseif allok then
       if c.span > 0 then
         redis.call('ZREMRANGEBYSCORE', c.z, '-inf', s(now - c.span))
         local seq = redis.call('HINCRBY', c.h, 's', n)
@@ -168,6 +259,9 @@ if op == 'allow' then
         c.used = c.used + n
         redis.call('HSET', c.h, 'c', s(c.used), 'b', s(c.wbegin), 'e', s(c.wend), 'l', s(c.limit), 'r', tok)
         wrote(c.h)
+        -- Counting with another kind of window drops a smooth instant.
+        if c.t ~= nil then redis.call('HDEL', c.h, 't') end
+        c.t = nil
         expire(c.z, c.wend)
         c.e = c.wend
       else
@@ -184,6 +278,8 @@ if op == 'allow' then
           redis.call('HSET', c.h, 'c', s(c.used), 'b', s(c.wbegin), 'e', s(c.wend), 'l', s(c.limit), 'r', tok)
         end
         wrote(c.h)
+        if c.t ~= nil then redis.call('HDEL', c.h, 't') end
+        c.t = nil
         c.e = c.wend
       end
     elseif not c.fits then
@@ -203,12 +299,14 @@ if op == 'allow' then
       wrote(c.h)
       redis.call('HINCRBY', c.h, 'd', 1)
     end
-    if allok or not c.fits then
-      -- The hash lives as long as its window and its penalty (c.e nil: a
-      -- lifetime count, kept for good). A count in a window whose end is
-      -- unchanged leaves its TTL as it is.
+    if c.span >= 0 and (allok or not c.fits) then
+      -- The hash lives as long as its window, its penalty and a smooth
+      -- instant a denial left (c.e nil: a lifetime count, kept for good).
+      -- A count in a window whose end is unchanged leaves its TTL as it
+      -- is.
       local at = c.e
       if at ~= nil and c.x ~= nil and c.x > at then at = c.x end
+      at = later(at, c.t)
       if c.span > 0 or not c.exists or at ~= c.oldat then expire(c.h, at) end
     end
   end

@@ -22,11 +22,13 @@ import (
 	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/countlimit/redisstore"
 	"github.com/countlimit/countlimit/countlimit/storetest"
+	"github.com/countlimit/countlimit/internal/modeltest"
 	"github.com/countlimit/countlimit/internal/testbackend"
 )
 
 // TestCluster starts a three-node Redis Cluster from the local redis-server
-// and runs the conformance suite through redis.NewClusterClient.
+// and runs the model harness and the conformance suite through
+// redis.NewClusterClient.
 func TestCluster(t *testing.T) {
 	server, err := exec.LookPath("redis-server")
 	if err != nil {
@@ -72,6 +74,20 @@ func TestCluster(t *testing.T) {
 			}
 		}
 	}
+
+	// The model harness through the Cluster client, smooth rules included:
+	// a call alone, and pipelines of a script a call, which go-redis
+	// splits by node. A subtest of its own, so that the scripts' padded
+	// TTLs (see TestModel) are restored before the suite below runs.
+	t.Run("model", func(t *testing.T) {
+		t.Cleanup(redisstore.PadTTLsForTest(time.Minute))
+		s := redisstore.New(clients[0])
+		read := func(ctx context.Context, ut, id string) (driver.Key, error) { return readKey(ctx, clients[0], ut, id) }
+		modeltest.Run(t, []modeltest.Path{
+			{Name: "lone", Do: modeltest.Each(s.Do), Read: read, Expires: true, NoSmooth: noSmooth},
+			{Name: "pipeline", Do: s.PipelineForTest, Read: read, Expires: true, NoSmooth: noSmooth},
+		})
+	})
 
 	var n atomic.Int64
 	storetest.RunWith(t, func(*testing.T) driver.Store { return redisstore.New(clients[n.Add(1)%2]) }, storetest.Options{NoSmooth: noSmooth})

@@ -1,5 +1,6 @@
 -- countlimit: the fast path, apply.lua for the common call: an Allow of
--- one rule (rolling, fixed, calendar, lifetime, sliding, CheckLimit). It
+-- one rule (rolling, fixed, calendar, lifetime, sliding, smooth,
+-- CheckLimit). It
 -- decides as apply.lua does for such a call, in straight code without
 -- apply.lua's tables, loops and branches for other ops and for several
 -- rules, and counts an event in the current window under an unchanged
@@ -22,7 +23,8 @@
 -- written to a connection, '1' when go-redis sends it again), then for each
 -- call: now (µs), n, limit, begin (µs), length (µs; 0 = lifetime), block
 -- (µs; 0 = none), span (µs; 0 = not sliding; begin and length are 0 when
--- it is not).
+-- it is not; -1 = smooth, whose begin is then its burst and length its
+-- emission interval, µs; see apply.lua).
 -- Returns apply.lua's reply for each call, one after another: {used,
 -- begin, end, blocked_until, free_at, verdict}.
 --
@@ -52,14 +54,56 @@ local tok = ARGV[1]
 local guard = tok ~= '0'
 local repeated = guard and ARGV[2] == '1'
 
+-- rate applies the commonest smooth call, if it is one: n more that fit
+-- the rate of a hash h (fields f) that holds nothing of another kind and
+-- no running penalty, as smoothAllow does. It writes the instant and the
+-- record with one HSET, sets the TTL, and returns the reply's values, or
+-- nil, having written nothing, for any other call; an error as count
+-- does.
+local function rate(h, f, a)
+  if f[1] or f[2] or f[3] or f[5] or f[6] then return nil end
+  local now, x, t = tonumber(ARGV[a]), f[4], f[8]
+  if x then
+    x = tonumber(x)
+    if x == nil or x > now then return nil end
+  end
+  local ahead = 0
+  if t then
+    t = tonumber(t)
+    if t == nil then return nil end
+    if t > now then ahead = t - now end
+  end
+  local n, limit, burst, iv = tonumber(ARGV[a+1]), tonumber(ARGV[a+2]), tonumber(ARGV[a+3]), tonumber(ARGV[a+4])
+  if limit <= 0 or n > burst or ahead + n * iv > burst * iv then return nil end
+  ahead = ahead + n * iv
+  local w
+  if guard then
+    w = redis.pcall('HSET', h, 't', string.format('%.0f', now + ahead), 'r', tok)
+  else
+    w = redis.pcall('HSET', h, 't', string.format('%.0f', now + ahead))
+  end
+  if type(w) == 'table' and w.err then return w end
+  -- Until it is drained: an expired penalty ends before.
+  local ms = math.ceil(ahead / 1000)
+  if ms < 1 then ms = 1 end
+  redis.call('PEXPIRE', h, ms)
+  -- ceil(ahead/iv), exactly (see ceildiv).
+  local used = math.floor(ahead / iv)
+  if used * iv < ahead then used = used + 1 elseif used > 0 and (used - 1) * iv >= ahead then used = used - 1 end
+  if used > burst then used = burst end
+  return used, NONE, now + ahead, NONE, NONE, 1
+end
+
 -- count applies the commonest call, if it is one: counting n more in the
 -- current window of the hash h (fields f) under the limit last applied,
 -- with no log and no penalty, as allow's first branch does. It writes the
 -- count and the record with one HSET and returns the reply's values, or
 -- nil, having written nothing, for any other call. An error (a write
 -- refused: OOM, READONLY) is returned as such, to fail the call alone.
+-- A smooth call is rate's.
 local function count(h, f, a)
-  if not f[2] or f[5] or f[6] ~= ARGV[a+2] or ARGV[a+6] ~= '0' then return nil end
+  if ARGV[a+6] == '-1' then return rate(h, f, a) end
+  if not f[2] or f[5] or f[8] or f[6] ~= ARGV[a+2] or ARGV[a+6] ~= '0' then return nil end
   -- A field that is no number (a hand edit) leaves the call to allow,
   -- which fails it as it always has.
   local now, x, e = tonumber(ARGV[a]), f[4], f[3]
@@ -87,7 +131,7 @@ end
 -- Anything else goes on below with the fields read here.
 local f1
 if #KEYS == 2 and not repeated then
-  f1 = redis.call('HMGET', KEYS[1], 'c', 'b', 'e', 'x', 's', 'l', 'r')
+  f1 = redis.call('HMGET', KEYS[1], 'c', 'b', 'e', 'x', 's', 'l', 'r', 't')
   local used, b, e = count(KEYS[1], f1, 3)
   if type(used) == 'table' then return redis.error_reply(used.err) end
   if used then return {used, b, e, NONE, NONE, 1} end
@@ -164,6 +208,16 @@ local function expire(h, at, now)
   end
 end
 
+-- later returns the later of at and the smooth instant t (a field, or
+-- false), for a hash's TTL; at nil (never) stays nil.
+local function later(at, t)
+  if at ~= nil and t then
+    t = tonumber(t)
+    if t ~= nil and t > at then return t end
+  end
+  return at
+end
+
 -- deny writes the denial of the call whose hash is h and arguments
 -- ARGV[a..a+6], at now, blocked the penalty's end or nil: the tally, the
 -- limit, an empty window on a new hash, a penalty when the rule has one
@@ -218,12 +272,15 @@ local function slideAllow(h, lg, f, a)
     local set = {'HSET', h, 'c', s(used), 'b', s(wb), 'e', s(we), 'l', ARGV[a+2]}
     record(set, tok)
     redis.call(unpack(set))
+    -- Counting with another kind of window drops a smooth instant.
+    if f[8] then redis.call('HDEL', h, 't') end
     expire(lg, we, now)
     e, free = we, nil
   else
     local de, dx
     de, dx, blocked = deny(h, a, exists, now, blocked)
     e, x = de or e, dx or x
+    e = later(e, f[8])
   end
   -- A sliding hash's TTL is set on every write: a refund may have
   -- shortened its window.
@@ -233,17 +290,96 @@ local function slideAllow(h, lg, f, a)
   return used, wb or NONE, we or NONE, blocked or NONE, free or NONE, ok and 1 or 0
 end
 
+-- ceildiv is ceil(p/q) for whole p >= 0 and q > 0 below 2^53, exactly:
+-- the quotient of doubles is corrected by products, which are exact.
+local function ceildiv(p, q)
+  local k = math.floor(p / q)
+  if k * q < p then k = k + 1 elseif k > 0 and (k - 1) * q >= p then k = k - 1 end
+  return k
+end
+
+-- gcra works out a smooth call (span -1) whose fields are f and arguments
+-- ARGV[a..a+6] as the hash stands, writing nothing: apply.lua's decision
+-- for one smooth check. ahead is max(t, now) - now; room, whether n more
+-- fit the rate (the penalty aside).
+local function gcra(f, a)
+  local now, n, limit = tonumber(ARGV[a]), tonumber(ARGV[a+1]), tonumber(ARGV[a+2])
+  local burst, iv = tonumber(ARGV[a+3]), tonumber(ARGV[a+4])
+  local x, t = f[4], f[8]
+  if x then x = tonumber(x) else x = nil end
+  if t then t = tonumber(t) else t = nil end
+  local blocked
+  if x ~= nil and x > now then blocked = x end
+  local ahead = 0
+  if t ~= nil and t > now then ahead = t - now end
+  local room = limit > 0 and n <= burst and ahead + n * iv <= burst * iv
+  return room and blocked == nil, room, now, n, limit, burst, iv, x, blocked, ahead
+end
+
+-- rated is a smooth call's reply: used the units not yet drained, no
+-- begin, the end when the key is drained (none when it is), and when
+-- the call did not fit the rate but could, the instant it does.
+local function rated(ok, room, now, n, limit, burst, iv, blocked, ahead)
+  local used = math.min(burst, ceildiv(ahead, iv))
+  local e, free = NONE, NONE
+  if ahead > 0 then e = now + ahead end
+  if not ok and not room and limit > 0 and n <= burst then free = now + ahead + n * iv - burst * iv end
+  return used, NONE, e, blocked or NONE, free, ok and 1 or 0
+end
+
+-- smoothAllow applies a smooth call, as allow does others: counted, the
+-- hash keeps the new instant in t, and drops the count, window and log
+-- of other kinds; denied, the tally and the penalty, as for every kind.
+-- The hash lives until it is drained and its penalty is over.
+local function smoothAllow(h, lg, f, a)
+  local ok, room, now, n, limit, burst, iv, x, blocked, ahead = gcra(f, a)
+  if ok then
+    ahead = ahead + n * iv
+    local set = {'HSET', h, 't', s(now + ahead)}
+    record(set, tok)
+    redis.call(unpack(set))
+    if f[1] or f[2] or f[3] or f[5] or f[6] then redis.call('HDEL', h, 'c', 'b', 'e', 'l', 's') end
+    if f[5] then redis.call('DEL', lg) end
+    local at = now + ahead
+    if x ~= nil and x > at then at = x end
+    expire(h, at, now)
+  else
+    -- The tally first, the one write that can fail (see deny).
+    redis.call('HINCRBY', h, 'd', 1)
+    local set = {'HSET', h}
+    local block = tonumber(ARGV[a+5])
+    if blocked == nil and block > 0 then
+      blocked = now + block
+      set[3], set[4] = 'x', s(blocked)
+    end
+    record(set, denied)
+    if #set > 2 then redis.call(unpack(set)) end
+    -- Kept as long as anything in it lives: a window another kind
+    -- counted in (a lifetime count for good), the penalty, the instant.
+    local at = now
+    if f[2] then at = f[3] and math.max(now, tonumber(f[3])) or nil end
+    if at ~= nil then
+      if blocked ~= nil and blocked > at then at = blocked end
+      if now + ahead > at then at = now + ahead end
+      expire(h, at, now)
+    end
+  end
+  return rated(ok, room, now, n, limit, burst, iv, blocked, ahead)
+end
+
 -- allow applies the call whose hash is h, log lg, fields f and arguments
 -- ARGV[a..a+6] and returns its reply's values.
 local function allow(h, lg, f, a)
+  if ARGV[a+6] == '-1' then return smoothAllow(h, lg, f, a) end
   if ARGV[a+6] ~= '0' then return slideAllow(h, lg, f, a) end
   local ok, now, n, exists, cur, e, x, blocked, used, wb, we = decide(f, a)
-  -- The hash's TTL now: the later of e and x (apply.lua's oldat).
+  -- The hash's TTL now: the latest of e, x and t (apply.lua's oldat).
   local oldat = e
   if e ~= nil and x ~= nil and x > e then oldat = x end
+  oldat = later(oldat, f[8])
   if ok then
     used = used + n
-    if cur and f[6] == ARGV[a+2] and not f[5] then
+    if cur and f[6] == ARGV[a+2] and not f[5] and not f[8] then
       -- One more in the current window, the limit as last applied: the
       -- window, the limit and the TTL stay as they are. One HSET writes
       -- the count and the record (a call into Redis costs more than
@@ -259,6 +395,8 @@ local function allow(h, lg, f, a)
       redis.call('DEL', lg)
       redis.call('HDEL', h, 's')
     end
+    -- Counting with another kind of window drops a smooth instant.
+    if f[8] then redis.call('HDEL', h, 't') end
     local set = {'HSET', h, 'c', string.format('%.0f', used), 'b', string.format('%.0f', wb), 'l', ARGV[a+2]}
     if we ~= nil then set[9], set[10] = 'e', string.format('%.0f', we) end
     record(set, tok)
@@ -269,10 +407,12 @@ local function allow(h, lg, f, a)
     local de, dx
     de, dx, blocked = deny(h, a, exists, now, blocked)
     e, x = de or e, dx or x
+    e = later(e, f[8])
   end
 
-  -- The hash lives as long as its window and its penalty (nil: a lifetime
-  -- count, kept for good); a TTL that would not change is left alone.
+  -- The hash lives as long as its window, its penalty and a smooth
+  -- instant a denial left (nil: a lifetime count, kept for good); a TTL
+  -- that would not change is left alone.
   local at = e
   if at ~= nil and x ~= nil and x > at then at = x end
   if not exists or at ~= oldat then expire(h, at, now) end
@@ -282,6 +422,14 @@ end
 -- again answers, without writing, the call whose hash (and log) is as
 -- this script left it (fields f, record r) from an earlier attempt.
 local function again(lg, f, a, r)
+  if ARGV[a+6] == '-1' then
+    local ok, room, now, n, limit, burst, iv, _, blocked, ahead = gcra(f, a)
+    if r == tok then
+      -- Counted: t is the instant the call left, and it was not blocked.
+      return rated(true, true, now, n, limit, burst, iv, nil, ahead)
+    end
+    return rated(ok, room, now, n, limit, burst, iv, blocked, ahead)
+  end
   if r == tok then
     -- Counted: the hash holds the count and the window it left (for a
     -- sliding call too); a counted call was not blocked.
@@ -308,7 +456,7 @@ if repeated then
   for i = 1, calls do last[KEYS[2 * i - 1]] = i end
   for i = 1, calls do
     local h, o = KEYS[2 * i - 1], 6 * (i - 1)
-    local f = redis.pcall('HMGET', h, 'c', 'b', 'e', 'x', 's', 'l', 'r')
+    local f = redis.pcall('HMGET', h, 'c', 'b', 'e', 'x', 's', 'l', 'r', 't')
     if last[h] == i and not f.err and (f[7] == tok or f[7] == denied) then
       out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5], out[o + 6] = again(KEYS[2 * i], f, 7 * i - 4, f[7])
     else
@@ -319,7 +467,7 @@ if repeated then
 end
 
 if calls == 1 then
-  return {allow(KEYS[1], KEYS[2], f1 or redis.call('HMGET', KEYS[1], 'c', 'b', 'e', 'x', 's', 'l', 'r'), 3)}
+  return {allow(KEYS[1], KEYS[2], f1 or redis.call('HMGET', KEYS[1], 'c', 'b', 'e', 'x', 's', 'l', 'r', 't'), 3)}
 end
 
 -- Many calls, one after another, each reading its hash as the one before
@@ -327,7 +475,7 @@ end
 local out = {}
 for i = 1, calls do
   local h, o = KEYS[2 * i - 1], 6 * (i - 1)
-  local f = redis.pcall('HMGET', h, 'c', 'b', 'e', 'x', 's', 'l', 'r')
+  local f = redis.pcall('HMGET', h, 'c', 'b', 'e', 'x', 's', 'l', 'r', 't')
   local fine, used, wb, we, blocked, free, ok = false
   if not f.err then
     fine, used, wb, we, blocked, free, ok = true, count(h, f, 7 * i - 4)

@@ -21,13 +21,14 @@ var fastSeed = flag.Uint64("fastseed", 0, "TestFastScriptIsApplyForOneRule: repl
 
 // TestFastScriptIsApplyForOneRule runs fast.lua and apply.lua side by side
 // on two keys, with the same random Allows of one rule (fixed, rolling,
-// lifetime and sliding windows, limits that change, up to 2^53, weights,
+// lifetime, sliding and smooth windows, limits that change, up to 2^53, weights,
 // penalties, a clock that sometimes steps back), and demands the same
 // reply, the same hash (but for the record of the script that wrote it
 // last, which each keeps in its own form) and log, the same TTL, and the
 // same reply again from a repeat of the script (go-redis's retry after a
 // lost reply), which changes nothing, after every step. Between steps, on
-// both keys alike: now and then apply.lua's refund takes events back, the
+// both keys alike: now and then apply.lua's refund takes events back (or
+// moves a smooth instant back), the
 // hash is deleted (a Reset) or replaced by what lease.lua alone writes (a
 // tally and a penalty), so that fast.lua meets every state the other
 // scripts leave. A failure names its seed: go test -run
@@ -97,6 +98,8 @@ func TestFastScriptIsApplyForOneRule(t *testing.T) {
 		}
 		op := rng.IntN(25)
 		leaseX := now + rng.Int64N(2*sec) - sec
+		// A smooth rule's burst and emission interval (µs).
+		burst, iv := 1+rng.Int64N(4), 1+rng.Int64N(2*sec)
 		var desc string
 		got, hashes, agains := make([]string, len(sides)), make([]string, len(sides)), make([]string, len(sides)) // reply, hash, repeat's reply
 		ttls := make([]time.Duration, len(sides))
@@ -116,6 +119,13 @@ func TestFastScriptIsApplyForOneRule(t *testing.T) {
 			case op == 1:
 				desc, oneRule = "refund (apply.lua on both)", false
 				args[0] = "refund"
+			case op == 7 || op == 8:
+				desc = "smooth allow"
+				lim, b, l, span = limit, burst, iv, -1
+				args = []any{"allow", now, n, tok, "0", lim, b, l, span, block}
+			case op == 9:
+				desc, oneRule = fmt.Sprintf("smooth refund of %d, burst %d, interval %d (apply.lua on both)", n, burst, iv), false
+				args = []any{"refund", now, n, tok, "0", limit, burst, iv, -1, block}
 			case op == 5:
 				desc = "allow after a reset"
 				prepare = func(p redis.Pipeliner) { p.Del(ctx, s.hash, s.log) }
@@ -166,7 +176,7 @@ func TestFastScriptIsApplyForOneRule(t *testing.T) {
 			// denial; apply.lua's token and its packed reply.
 			hv := h.Val()
 			if r, ok := hv["r"]; ok {
-				if r != tok && r != "-"+tok && !strings.HasPrefix(r, tok+" ") && op != 1 { // a refund may write nothing
+				if r != tok && r != "-"+tok && !strings.HasPrefix(r, tok+" ") && op != 1 && op != 9 { // a refund may write nothing
 					t.Fatalf("seed %d step %d: %s on %s: record r = %q, want token %s", seed, step, desc, s.name, r, tok)
 				}
 				delete(hv, "r")
@@ -183,7 +193,7 @@ func TestFastScriptIsApplyForOneRule(t *testing.T) {
 			}
 			// A script that wrote nothing (a refund of nothing) cannot
 			// tell its repeat from a script that never ran: lost (-2).
-			if agains[i] != got[i] && (op != 1 || !lost) {
+			if agains[i] != got[i] && (op != 1 && op != 9 || !lost) {
 				t.Fatalf("seed %d step %d: %s on %s: repeat got %s, want %s", seed, step, desc, s.name, agains[i], got[i])
 			}
 			ttls[i] = ttl.Val()

@@ -20,9 +20,9 @@ import (
 
 // noSmooth leaves Smooth rules out of the model harness and the contract
 // suite (modeltest.Path.NoSmooth, storetest.Options.NoSmooth,
-// storetest.Inspector.NoSmooth): the scripts have none yet, and the store
-// refuses them (TestSmoothRefused). Set it to false when they do.
-const noSmooth = true
+// storetest.Inspector.NoSmooth) when true. The scripts decide them on
+// every path, so it is false: every path and the suite draw them.
+const noSmooth = false
 
 // TestModel holds every Redis path to the reference model
 // (internal/modeltest): a lone call (fast.lua for an Allow of one rule,
@@ -76,7 +76,8 @@ func TestContract(t *testing.T) {
 
 // readKey reads what Redis keeps of (ut, id), in the model's terms: the
 // counter hash (c count, b and e the window, d the denial tally, x the
-// penalty's end; apply.lua's header), the sliding log and the leases.
+// penalty's end, t a smooth check's instant; apply.lua's header), the
+// sliding log and the leases.
 func readKey(ctx context.Context, client redis.Cmdable, ut, id string) (driver.Key, error) {
 	var k driver.Key
 	h, err := client.HGetAll(ctx, redisstore.Key(countlimit.UseType(ut), id)).Result()
@@ -114,6 +115,9 @@ func readKey(ctx context.Context, client redis.Cmdable, ut, id string) (driver.K
 		return k, err
 	}
 	if k.Blocked, _, err = field("x"); err != nil {
+		return k, err
+	}
+	if k.TAT, _, err = field("t"); err != nil {
 		return k, err
 	}
 	log, err := client.ZRangeWithScores(ctx, redisstore.LogKey(countlimit.UseType(ut), id), 0, -1).Result()
@@ -162,6 +166,9 @@ func seedKey(ctx context.Context, client redis.Cmdable, ut, id string, k driver.
 	}
 	if k.Blocked > 0 {
 		set = append(set, "x", k.Blocked)
+	}
+	if k.TAT > 0 {
+		set = append(set, "t", k.TAT)
 	}
 	if len(k.Log) > 0 {
 		set = append(set, "s", len(k.Log))

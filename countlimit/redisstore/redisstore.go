@@ -14,7 +14,8 @@
 //
 // Keys are "countlimit:<use_type>:{<id>}", a hash holding the count, the
 // window, the denial tally, the penalty and the record of the script that
-// wrote it last (field r, see Lost replies); sliding windows add a sorted set
+// wrote it last (field r, see Lost replies); a Smooth window keeps its
+// instant (TAT, field t) instead of the count and window; sliding windows add a sorted set
 // "countlimit:<use_type>:{<id>}:log" of the counted events, and Concurrent
 // windows a sorted set "countlimit:<use_type>:{<id>}:lease" of lease tokens
 // by expiry (see leaseKey and lease.lua). The hash tag
@@ -24,8 +25,10 @@
 // share a key.
 //
 // Every key carries a TTL, set relative to the Limiter's clock, that ends
-// with its window, penalty or newest sliding event; updates never drop it.
-// Lifetime counters are the exception: they have no end, so no TTL.
+// with its window, penalty or newest sliding event, or for a Smooth window
+// when the id is drained (its instant) or its penalty ends, whichever is
+// later; updates never drop it. Lifetime counters are the exception: they
+// have no end, so no TTL.
 //
 // # Eviction
 //
@@ -439,18 +442,8 @@ func escape(s string) string {
 	return escaper.Replace(s)
 }
 
-// errNoSmooth refuses a request with a Smooth check: this store has no
-// script for them yet. It wraps driver.ErrInvalid (countlimit.ErrInvalid).
-var errNoSmooth = fmt.Errorf("redisstore: %w: smooth windows are not supported by this store yet", driver.ErrInvalid)
-
-// Do implements driver.Store: r joins a pipeline (see the package doc). A
-// request with a Smooth check is refused with an error wrapping
-// driver.ErrInvalid, and nothing is written: smooth windows are not
-// supported here yet.
+// Do implements driver.Store: r joins a pipeline (see the package doc).
 func (s *Store) Do(ctx context.Context, r *driver.Request) error {
-	if r.Smooth() {
-		return errNoSmooth
-	}
 	if s.gather != nil {
 		return wrap(s.gather.Do(ctx, r))
 	}
@@ -735,14 +728,26 @@ func applyCommand(ctx context.Context, r *driver.Request) redis.Cmder {
 		args = append(args, opArg[r.Op], r.Now.UnixMicro(), r.N, tok, &attempt{})
 		for i := range r.Checks {
 			c := &r.Checks[i]
-			begin, length := wire.Window(c)
-			args = append(args, c.Limit, wire.Micros(begin, 0), length, c.Span.Microseconds(), c.Block.Microseconds())
+			begin, length, span := shape(c)
+			args = append(args, c.Limit, begin, length, span, c.Block.Microseconds())
 		}
 		c := redis.NewIntSliceCmd(ctx, args...)
 		c.SetFirstKeyPos(3)
 		cmd = c
 	}
 	return cmd
+}
+
+// shape returns what the scripts take for c's kind of window: its begin
+// (µs), its length (µs; 0 = lifetime) and its sliding span (µs; 0 = not
+// sliding), or for a Smooth check its burst, its emission interval (µs)
+// and span -1 (see apply.lua).
+func shape(c *driver.Check) (begin, length, span int64) {
+	if c.Smooth() {
+		return c.Burst, c.Interval.Microseconds(), -1
+	}
+	b, l := wire.Window(c)
+	return wire.Micros(b, 0), l, c.Span.Microseconds()
 }
 
 // isFast reports whether r is fast.lua's: an Allow of one rule.
@@ -761,8 +766,8 @@ func fastCommand(ctx context.Context, rs ...*driver.Request) redis.Cmder {
 	args = append(args, token(), &attempt{})
 	for _, r := range rs {
 		c := &r.Checks[0]
-		begin, length := wire.Window(c)
-		args = append(args, r.Now.UnixMicro(), r.N, c.Limit, wire.Micros(begin, 0), length, c.Block.Microseconds(), c.Span.Microseconds())
+		begin, length, span := shape(c)
+		args = append(args, r.Now.UnixMicro(), r.N, c.Limit, begin, length, c.Block.Microseconds(), span)
 	}
 	cmd := redis.NewIntSliceCmd(ctx, args...)
 	cmd.SetFirstKeyPos(3)

@@ -339,3 +339,66 @@ func runCallers(b *testing.B, callers int, call func(id string) error) float64 {
 	b.Helper()
 	return runCallersOver(b, callers, benchIDs, call)
 }
+
+// TestSmoothKeysExpire: a Smooth rule's hash lives until the id is drained
+// (its instant), or until its penalty ends if that is later, on the real
+// clock: a count, a weighted count and a refund each set it so, and the
+// hash is gone once both are over. Only upper bounds are checked, and
+// absence after the longest of them: a slow machine can only make them
+// truer.
+func TestSmoothKeysExpire(t *testing.T) {
+	t.Parallel()
+	c := client(t)
+	ctx := context.Background()
+	l := countlimit.New(redisstore.New(c))
+	// One every 100ms, bursts of 5.
+	smooth := countlimit.Rule{UseType: storetest.UseType(t, "ttl.smooth"), Limit: 10, Window: countlimit.Smooth(time.Second, 5)}
+	// One every 100ms, and a denial blocks for 800ms.
+	penalty := countlimit.Rule{UseType: storetest.UseType(t, "ttl.smoothblock"), Limit: 1, Window: countlimit.Smooth(100*time.Millisecond, 1), Block: 800 * time.Millisecond}
+	ttl := func(step string, r countlimit.Rule, atMost time.Duration) {
+		t.Helper()
+		d, err := c.PTTL(ctx, redisstore.Key(r.UseType, "id")).Result()
+		switch {
+		case err != nil:
+			t.Fatal(err)
+		case d == -1*time.Nanosecond:
+			t.Errorf("%s: the hash has no TTL", step)
+		case d > atMost:
+			t.Errorf("%s: TTL %v, want at most %v", step, d, atMost)
+		}
+	}
+	allow := func(r countlimit.Rule, n int64) countlimit.Result {
+		t.Helper()
+		res, err := l.AllowN(ctx, r, "id", n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	for range 3 {
+		allow(smooth, 1)
+	}
+	ttl("3 counted", smooth, 300*time.Millisecond)
+	allow(smooth, 2)
+	ttl("5 counted", smooth, 500*time.Millisecond)
+	if _, err := l.Refund(ctx, smooth, "id", 3); err != nil {
+		t.Fatal(err)
+	}
+	ttl("3 refunded", smooth, 200*time.Millisecond)
+	allow(penalty, 1)
+	ttl("counted", penalty, 100*time.Millisecond)
+	if res := allow(penalty, 1); res.Allowed {
+		t.Fatalf("a second call within the interval: %+v, want denied", res)
+	}
+	ttl("denied, penalty", penalty, 800*time.Millisecond)
+	time.Sleep(time.Second)
+	for _, r := range []countlimit.Rule{smooth, penalty} {
+		n, err := c.Exists(ctx, redisstore.Key(r.UseType, "id"), redisstore.LogKey(r.UseType, "id")).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n != 0 {
+			t.Errorf("%s: %d keys remain a second on, past drain and penalty", r.UseType, n)
+		}
+	}
+}

@@ -69,9 +69,8 @@ type Path struct {
 	Expires bool
 	// NoSmooth leaves Smooth rules out of the path's run (its steps are
 	// drawn without them), for a store that does not support them yet and
-	// refuses them (pgstore and redisstore until issue 35 gives them
-	// smooth windows). Every path of a store that supports them leaves it
-	// false.
+	// refuses them (pgstore until issue 35 gives it smooth windows).
+	// Every path of a store that supports them leaves it false.
 	NoSmooth bool
 }
 

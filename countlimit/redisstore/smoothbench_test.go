@@ -1,0 +1,230 @@
+package redisstore_test
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-redis/redis_rate/v10"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/countlimit/countlimit/countlimit"
+	"github.com/countlimit/countlimit/countlimit/redisstore"
+)
+
+// smoothRate is what both sides of the smooth benchmarks allow: 10 000 an
+// hour with bursts of 10 000 (redis_rate.PerHour), room for every call.
+const smoothRate = 10000
+
+// BenchmarkSmoothVersusRedisRate runs, at 1, 4, 16 and 64 callers and
+// through one client, go-redis/redis_rate's Allow and countlimit's Allow
+// under a Smooth rule of the same rate and burst (both GCRA), over the
+// same 10 000 ids, with no denials, and, as a yardstick, countlimit's
+// Allow under a Fixed window of the same limit an hour. Each side makes
+// b.N calls, in 10 rounds whose order rotates (redis_rate, smooth, fixed;
+// then smooth, fixed, redis_rate; ...), so that the load of a shared
+// machine, which drifts over seconds, weighs on all alike. It reports
+// each side's calls/s, the smooth Allow's over redis_rate's
+// (x-redis_rate) and over the fixed Allow's (x-fixed); run it with
+// -benchtime Nx (N calls a side, say 20000x).
+func BenchmarkSmoothVersusRedisRate(b *testing.B) {
+	c := client(b)
+	ctx := context.Background()
+	run := strconv.FormatInt(time.Now().UnixNano(), 36)
+	rr := redis_rate.NewLimiter(c)
+	perHour := redis_rate.PerHour(smoothRate)
+	l := countlimit.New(redisstore.New(c))
+	rule := countlimit.Rule{UseType: countlimit.UseType("bench.smooth." + run), Limit: smoothRate, Window: countlimit.Smooth(time.Hour, smoothRate)}
+	fixed := countlimit.Rule{UseType: countlimit.UseType("bench.smoothfixed." + run), Limit: 1 << 40, Window: countlimit.Fixed(time.Hour)}
+	b.Cleanup(func() {
+		deleteMatching(b, c, "rate:"+string(rule.UseType)+":*")
+		deleteMatching(b, c, redisstore.Key(rule.UseType, "*"))
+		deleteMatching(b, c, redisstore.Key(fixed.UseType, "*"))
+	})
+	theirs := func(id string) error {
+		res, err := rr.Allow(ctx, string(rule.UseType)+":"+id, perHour)
+		if err == nil && res.Allowed != 1 {
+			err = fmt.Errorf("redis_rate denied %s", id)
+		}
+		return err
+	}
+	allow := func(rule countlimit.Rule) func(string) error {
+		return func(id string) error {
+			res, err := l.Allow(ctx, rule, id)
+			if err == nil && !res.Allowed {
+				err = fmt.Errorf("countlimit denied %s", id)
+			}
+			return err
+		}
+	}
+	for _, callers := range []int{1, 4, 16, 64} {
+		b.Run(fmt.Sprintf("callers=%d", callers), func(b *testing.B) {
+			const rounds = 10
+			var spent [3]time.Duration // redis_rate's, smooth's, fixed's
+			sides := [3]func(string) error{theirs, allow(rule), allow(fixed)}
+			var next int64 // the ids go on from round to round
+			b.ResetTimer()
+			for r := range rounds {
+				calls := b.N / rounds
+				if r < b.N%rounds {
+					calls++
+				}
+				for k := range 3 {
+					side := (r + k) % 3
+					start := time.Now()
+					next = callOver(b, callers, next, calls, sides[side])
+					spent[side] += time.Since(start)
+				}
+			}
+			b.StopTimer()
+			rate := float64(b.N) / spent[0].Seconds()
+			cl := float64(b.N) / spent[1].Seconds()
+			fx := float64(b.N) / spent[2].Seconds()
+			b.ReportMetric(rate, "redis_rate-calls/s")
+			b.ReportMetric(cl, "smooth-calls/s")
+			b.ReportMetric(fx, "fixed-calls/s")
+			b.ReportMetric(cl/rate, "x-redis_rate")
+			b.ReportMetric(cl/fx, "x-fixed")
+		})
+	}
+}
+
+// callOver makes calls calls of call from callers goroutines, each on the
+// next of versusIDs from first on, and returns where the ids stopped.
+func callOver(b *testing.B, callers int, first int64, calls int, call func(id string) error) int64 {
+	b.Helper()
+	var next atomic.Int64
+	next.Store(first)
+	last := first + int64(calls)
+	var wg sync.WaitGroup
+	for range callers {
+		wg.Go(func() {
+			for {
+				i := next.Add(1)
+				if i > last {
+					return
+				}
+				if err := call(versusIDs[i%int64(len(versusIDs))]); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return last
+}
+
+// BenchmarkSmoothMemoryVersusRedisRate measures what Redis keeps per key
+// under a Smooth rule and under go-redis/redis_rate, same rate and burst
+// (100 an hour, bursts of 100: three calls keep a key 108 s, past the
+// measurement; at 10 000 an hour it would drain, and go, in about a
+// second), once each of the 10 000 ids has been allowed three times on
+// each side: MEMORY USAGE (SAMPLES 0) summed
+// over every key, per key (B/key-countlimit, B/key-redis_rate), and
+// INFO memory's used_memory, but for its clients' buffers, before and
+// after each side's calls, per key (B/key-used-*). redis_rate's keys are
+// "rate:" and the same use type and id countlimit's hold
+// ("countlimit:<use type>:{<id>}"), so they differ only by the prefix and
+// the braces of the hash tag. Run it with -benchtime 1x against a Redis
+// that nothing else uses (used_memory is the server's); 20 000 keys of
+// its own, with TTLs, size the key tables first, as in
+// BenchmarkMemoryVersusRedisRate.
+func BenchmarkSmoothMemoryVersusRedisRate(b *testing.B) {
+	c := client(b)
+	ctx := context.Background()
+	run := strconv.FormatInt(time.Now().UnixNano(), 36)
+	filler := "countlimit-bench:filler:" + run + ":"
+	p := c.Pipeline()
+	for i := range 20000 {
+		p.Set(ctx, filler+strconv.Itoa(i), "x", time.Hour)
+	}
+	if _, err := p.Exec(ctx); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { deleteMatching(b, c, filler+"*") })
+	ut := countlimit.UseType("bench.smoothmem." + run)
+	rule := countlimit.Rule{UseType: ut, Limit: 100, Window: countlimit.Smooth(time.Hour, 100)}
+	l := countlimit.New(redisstore.New(c))
+	rr := redis_rate.NewLimiter(c)
+	perHour := redis_rate.PerHour(100)
+	// phase calls each id three times, from 16 callers, and returns the
+	// bytes of used_memory it added and the MEMORY USAGE of the keys
+	// matching pattern, summed, with their count; the keys are deleted
+	// after.
+	phase := func(pattern string, call func(id string) error) (used, usage, keys int64) {
+		mem, _ := memoryOf(b, c)
+		ids := make([]string, 0, 3*len(versusIDs))
+		for range 3 {
+			ids = append(ids, versusIDs...)
+		}
+		runOver(b, 16, ids, call)
+		mem1, _ := memoryOf(b, c)
+		var cmds []redis.Cmder
+		q := c.Pipeline()
+		for it := c.Scan(ctx, 0, pattern, 1000).Iterator(); it.Next(ctx); {
+			cmds = append(cmds, q.MemoryUsage(ctx, it.Val(), 0))
+		}
+		if _, err := q.Exec(ctx); err != nil {
+			b.Fatal(err)
+		}
+		for _, cmd := range cmds {
+			usage += cmd.(*redis.IntCmd).Val()
+		}
+		deleteMatching(b, c, pattern)
+		return mem1 - mem, usage, int64(len(cmds))
+	}
+	for range b.N {
+		clUsed, clUsage, clKeys := phase(redisstore.Key(ut, "*"), func(id string) error {
+			res, err := l.Allow(ctx, rule, id)
+			if err == nil && !res.Allowed {
+				err = fmt.Errorf("countlimit denied %s", id)
+			}
+			return err
+		})
+		rrUsed, rrUsage, rrKeys := phase("rate:"+string(ut)+":*", func(id string) error {
+			res, err := rr.Allow(ctx, string(ut)+":"+id, perHour)
+			if err == nil && res.Allowed != 1 {
+				err = fmt.Errorf("redis_rate denied %s", id)
+			}
+			return err
+		})
+		if clKeys != int64(len(versusIDs)) || rrKeys != int64(len(versusIDs)) {
+			b.Fatalf("%d keys on countlimit's side and %d on redis_rate's, want %d each", clKeys, rrKeys, len(versusIDs))
+		}
+		b.ReportMetric(float64(clUsage)/float64(clKeys), "B/key-countlimit")
+		b.ReportMetric(float64(rrUsage)/float64(rrKeys), "B/key-redis_rate")
+		b.ReportMetric(float64(clUsage)/float64(rrUsage), "x-redis_rate-usage")
+		b.ReportMetric(float64(clUsed)/float64(clKeys), "B/key-used-countlimit")
+		b.ReportMetric(float64(rrUsed)/float64(rrKeys), "B/key-used-redis_rate")
+		b.ReportMetric(float64(clUsed)/float64(rrUsed), "x-redis_rate-used")
+	}
+}
+
+// runOver calls call for each of ids, from callers goroutines.
+func runOver(b *testing.B, callers int, ids []string, call func(id string) error) {
+	b.Helper()
+	next := make(chan string)
+	done := make(chan struct{})
+	for range callers {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			for id := range next {
+				if err := call(id); err != nil {
+					b.Error(err)
+				}
+			}
+		}()
+	}
+	for _, id := range ids {
+		next <- id
+	}
+	close(next)
+	for range callers {
+		<-done
+	}
+}
