@@ -4,7 +4,10 @@
 -- For DBAs, in short: run "countlimit migrate up" (or pgstore.Migrate).
 -- It adds two nullable columns to count_limit with no default (a change of
 -- the catalog only: no table rewrite, no scan, an ACCESS EXCLUSIVE lock
--- held for an instant, once the statements in flight on the table end),
+-- held for an instant, once the statements in flight on the table end;
+-- while it waits for a long transaction that reads count_limit, every
+-- check queues behind it, as for any ALTER TABLE: run it when none is
+-- open, or with a lock_timeout, and again if it times out),
 -- adds a function, and replaces the view count_limit_status and the DBA's
 -- countlimit_adjust_count. Its Down returns exactly to 00001's schema,
 -- dropping what smooth keys kept (see Down below).
