@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"runtime"
+	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -29,7 +31,24 @@ import (
 //
 // Run the variants in one invocation, several times over (-count), and
 // compare their medians: docs/benchmarks.md has the command and a run.
-func BenchmarkSmooth(b *testing.B) {
+func BenchmarkSmooth(b *testing.B) { benchSmooth(b, false) }
+
+// BenchmarkSmoothInterleaved is BenchmarkSmooth's variants measured in
+// one run, alternated so that the machine's load falls on each alike:
+// rounds of smoothCell each, in the order upsert, fixed@v0.1.0,
+// fixed@head, smooth@head, then backwards, and so on (ABCD DCBA ...), at
+// 1 and at 16 callers. It runs once whatever b.N (run it with -benchtime
+// 1x), logs each variant's median calls a second over its rounds and
+// their ratios, and reports them as metrics. It asserts nothing: the
+// numbers are for docs/benchmarks.md.
+func BenchmarkSmoothInterleaved(b *testing.B) { benchSmooth(b, true) }
+
+const (
+	smoothCell   = 2 * time.Second
+	smoothRounds = 6
+)
+
+func benchSmooth(b *testing.B, interleaved bool) {
 	ctx := context.Background()
 	schema := func(version int64) *pgxpool.Pool {
 		cfg, err := pgxpool.ParseConfig(testbackend.FreshSchemaURL(b))
@@ -86,10 +105,7 @@ func BenchmarkSmooth(b *testing.B) {
 			return err
 		}
 	}
-	variants := []struct {
-		name string
-		call func(context.Context, string) error
-	}{
+	variants := []benchVariant{
 		{"upsert", upsertCall},
 		{"fixed@v0.1.0", allow(v010, fixed)},
 		{"fixed@head", allow(head, fixed)},
@@ -107,6 +123,10 @@ func BenchmarkSmooth(b *testing.B) {
 		if _, err := pool.Exec(ctx, `ANALYZE`); err != nil {
 			b.Fatal(err)
 		}
+	}
+	if interleaved {
+		runInterleaved(b, variants)
+		return
 	}
 	for _, callers := range []int{1, 16} {
 		for _, v := range variants {
@@ -132,4 +152,63 @@ func BenchmarkSmooth(b *testing.B) {
 			})
 		}
 	}
+}
+
+// benchVariant is one way to count a call of id.
+type benchVariant struct {
+	name string
+	call func(context.Context, string) error
+}
+
+// runInterleaved is BenchmarkSmoothInterleaved's run.
+func runInterleaved(b *testing.B, variants []benchVariant) {
+	ctx := context.Background()
+	for _, callers := range []int{1, 16} {
+		rates := make([][]float64, len(variants))
+		for round := range smoothRounds {
+			for j := range variants {
+				i := j
+				if round%2 == 1 {
+					i = len(variants) - 1 - j
+				}
+				var calls, next atomic.Int64
+				stop := time.Now().Add(smoothCell)
+				start := time.Now()
+				var wg sync.WaitGroup
+				for range callers {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						for time.Now().Before(stop) {
+							if err := variants[i].call(ctx, fmt.Sprint("user-", next.Add(1)%256)); err != nil {
+								b.Error(err)
+								return
+							}
+							calls.Add(1)
+						}
+					}()
+				}
+				wg.Wait()
+				rates[i] = append(rates[i], float64(calls.Load())/time.Since(start).Seconds())
+			}
+		}
+		med := make([]float64, len(variants))
+		for i := range variants {
+			slices.Sort(rates[i])
+			med[i] = rates[i][len(rates[i])/2]
+			b.Logf("callers %2d  %-13s median %7.0f calls/s  rounds, sorted %v", callers, variants[i].name, med[i], roundRates(rates[i]))
+			b.ReportMetric(med[i], fmt.Sprintf("calls/s-%d-%s", callers, variants[i].name))
+		}
+		// variants: upsert, fixed@v0.1.0, fixed@head, smooth@head.
+		b.Logf("callers %2d  fixed@head / fixed@v0.1.0 %.2f; smooth@head / upsert %.2f; smooth@head / fixed@head %.2f; fixed@head / upsert %.2f",
+			callers, med[2]/med[1], med[3]/med[0], med[3]/med[2], med[2]/med[0])
+	}
+}
+
+func roundRates(rs []float64) []int {
+	out := make([]int, len(rs))
+	for i, r := range rs {
+		out[i] = int(r)
+	}
+	return out
 }
