@@ -346,3 +346,52 @@ func TestSmoothConcurrentAllows(t *testing.T) {
 		t.Errorf("%d of %d calls allowed at one instant, want the burst, %d", n, callers, burst)
 	}
 }
+
+// TestSmoothPurge: the purge deletes a drained smooth key (its TAT, in
+// end_time, has passed; no penalty) as it deletes an ended window, and
+// keeps one that is not drained, and one drained but blocked.
+func TestSmoothPurge(t *testing.T) {
+	pool := dbaSchema(t, 4, nil)
+	ctx := context.Background()
+	now := time.Now()
+	at := func(d time.Duration) *countlimit.Limiter {
+		return countlimit.New(pgstore.New(pool), countlimit.WithClock(func() time.Time { return now.Add(d) }))
+	}
+	rule := countlimit.Rule{UseType: "purge.smooth", Limit: 1, Window: countlimit.Smooth(time.Minute, 2), Block: time.Hour}
+	if r, err := at(-time.Hour).AllowN(ctx, rule, "drained", 2); err != nil || !r.Allowed {
+		t.Fatalf("AllowN an hour ago: %+v, %v", r, err)
+	}
+	if r, err := at(0).AllowN(ctx, rule, "live", 2); err != nil || !r.Allowed {
+		t.Fatalf("AllowN now: %+v, %v", r, err)
+	}
+	// Denied an hour less a minute ago, after its burst: blocked until an
+	// hour later, drained long before.
+	if r, err := at(-time.Hour+time.Minute).AllowN(ctx, rule, "blocked", 2); err != nil || !r.Allowed {
+		t.Fatalf("AllowN: %+v, %v", r, err)
+	}
+	if r, err := at(-time.Hour+time.Minute).Allow(ctx, rule, "blocked"); err != nil || r.Allowed {
+		t.Fatalf("Allow past the burst: %+v, %v; want denied", r, err)
+	}
+	n, err := pgstore.New(pool).Purge(ctx, now, 100)
+	if err != nil || n != 1 {
+		t.Fatalf("Purge = %d, %v; want 1 (the drained key)", n, err)
+	}
+	var left []string
+	rows, err := pool.Query(ctx, `SELECT unique_id FROM count_limit WHERE use_type = $1 ORDER BY 1`, string(rule.UseType))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		left = append(left, id)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(left) != "[blocked live]" {
+		t.Errorf("after the purge: %v, want [blocked live]", left)
+	}
+}
