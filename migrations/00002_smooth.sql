@@ -9,8 +9,8 @@
 -- check queues behind it, as for any ALTER TABLE: run it when none is
 -- open, or with a lock_timeout, and again if it times out),
 -- adds a function, and replaces the view count_limit_status and the DBA's
--- countlimit_adjust_count. Its Down returns exactly to 00001's schema,
--- dropping what smooth keys kept (see Down below).
+-- countlimit_adjust_count. Its Down returns exactly to 00001's schema:
+-- the two columns go, the smooth keys' rows stay (see Down below).
 --
 -- How a smooth key is kept. A smooth rule keeps one instant per key, the
 -- TAT (theoretical arrival time): when the key's events so far are
@@ -47,8 +47,10 @@
 -- smooth_interval and smooth_burst are for people and for
 -- count_limit_status, which needs them for used and remaining: no check
 -- reads them (each check carries its rule). They are set by every smooth
--- check that writes the row, and left as they are by checks of other
--- kinds: they mean something only while the row is smooth. ADD COLUMN
+-- check that counts in the row or creates it (a denial writes only the
+-- tally and the penalty, as for every kind), and left as they are by
+-- checks of other kinds: they mean something only while the row is
+-- smooth. ADD COLUMN
 -- without a default is instant on every PostgreSQL countlimit supports.
 --
 -- Smooth checks are decided only by countlimit_apply (the new overload):
@@ -66,9 +68,9 @@ ALTER TABLE count_limit
 -- +goose StatementEnd
 
 COMMENT ON COLUMN count_limit.smooth_interval IS
-    'Smooth limits only (window_kind smooth): the rule''s emission interval, period / limit rounded up to the microsecond; one event drains in this long. Written by every smooth check that writes the row; meaningful only while window_kind is smooth. For people and count_limit_status; no check reads it.';
+    'Smooth limits only (window_kind smooth): the rule''s emission interval, period / limit rounded up to the microsecond; one event drains in this long. Written by every smooth check that counts in the row or creates it; meaningful only while window_kind is smooth. For people and count_limit_status; no check reads it.';
 COMMENT ON COLUMN count_limit.smooth_burst IS
-    'Smooth limits only (window_kind smooth): the rule''s burst, how many events fit at once when the key is drained. Written by every smooth check that writes the row; meaningful only while window_kind is smooth. For people and count_limit_status; no check reads it.';
+    'Smooth limits only (window_kind smooth): the rule''s burst, how many events fit at once when the key is drained. Written by every smooth check that counts in the row or creates it; meaningful only while window_kind is smooth. For people and count_limit_status; no check reads it.';
 COMMENT ON COLUMN count_limit.window_kind IS
     'The window kind of the rule that last counted here, or created the row: rolling, fixed, calendar, sliding, lifetime or smooth; NULL for CheckLimit''s window of the caller''s own. A smooth row (window_kind smooth, begin_time = end_time) keeps its TAT in end_time; otherwise for people, no check reads it.';
 COMMENT ON COLUMN count_limit.end_time IS

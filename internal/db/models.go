@@ -36,9 +36,9 @@ type CountLimit struct {
 	LeaseUntil pgtype.Timestamptz
 	// The window kind of the rule that last counted here, or created the row: rolling, fixed, calendar, sliding, lifetime or smooth; NULL for CheckLimit's window of the caller's own. A smooth row (window_kind smooth, begin_time = end_time) keeps its TAT in end_time; otherwise for people, no check reads it.
 	WindowKind pgtype.Text
-	// Smooth limits only (window_kind smooth): the rule's emission interval, period / limit rounded up to the microsecond; one event drains in this long. Written by every smooth check that writes the row; meaningful only while window_kind is smooth. For people and count_limit_status; no check reads it.
+	// Smooth limits only (window_kind smooth): the rule's emission interval, period / limit rounded up to the microsecond; one event drains in this long. Written by every smooth check that counts in the row or creates it; meaningful only while window_kind is smooth. For people and count_limit_status; no check reads it.
 	SmoothInterval pgtype.Interval
-	// Smooth limits only (window_kind smooth): the rule's burst, how many events fit at once when the key is drained. Written by every smooth check that writes the row; meaningful only while window_kind is smooth. For people and count_limit_status; no check reads it.
+	// Smooth limits only (window_kind smooth): the rule's burst, how many events fit at once when the key is drained. Written by every smooth check that counts in the row or creates it; meaningful only while window_kind is smooth. For people and count_limit_status; no check reads it.
 	SmoothBurst pgtype.Int8
 }
 
