@@ -395,3 +395,83 @@ func TestSmoothPurge(t *testing.T) {
 		t.Errorf("after the purge: %v, want [blocked live]", left)
 	}
 }
+
+// TestV010StatementsOnSmoothRows runs v0.1.0's statements, as a v0.1.0
+// binary still running during a rolling upgrade sends them (its
+// countlimit_apply without intervals and bursts, its fast path), on a
+// migrated database whose smooth keys a newer binary wrote: a fixed window
+// counts over a smooth row (the TAT goes), a sliding refund leaves the
+// TAT as it is, a denial too, and v0.1.0's Ping query still finds its
+// schema. The rows read back as driver.Apply has them.
+func TestV010StatementsOnSmoothRows(t *testing.T) {
+	pool := dbaSchema(t, 4, nil)
+	ctx := context.Background()
+	now := time.Now().Truncate(time.Microsecond)
+	l := countlimit.New(pgstore.New(pool), countlimit.WithClock(func() time.Time { return now }))
+	smooth := countlimit.Rule{UseType: "v010.smooth", Limit: 10, Window: countlimit.Smooth(10*time.Hour, 5)}
+	for _, id := range []string{"fixed", "refund", "denied"} {
+		if r, err := l.AllowN(ctx, smooth, id, 3); err != nil || !r.Allowed {
+			t.Fatalf("AllowN smooth %s: %+v, %v", id, r, err)
+		}
+	}
+	tat := now.Add(3 * time.Hour).UnixMicro()
+	var ready bool
+	if err := pool.QueryRow(ctx, `SELECT to_regprocedure('countlimit_apply(text, text, timestamptz, bigint, text[], bigint[], timestamptz[], bigint[], bigint[], bigint[], text[])') IS NOT NULL`).
+		Scan(&ready); err != nil || !ready {
+		t.Fatalf("v0.1.0's SchemaReady finds its countlimit_apply: %v, %v", ready, err)
+	}
+	// v0.1.0's countlimit_apply, as its pgstore called it.
+	apply := func(op, id string, n int64, limit int64, begin time.Time, length, span int64, kind string) {
+		t.Helper()
+		var b *time.Time
+		if !begin.IsZero() {
+			b = &begin
+		}
+		if _, err := pool.Exec(ctx, `SELECT * FROM countlimit_apply($1::text, $2::text, $3::timestamptz, $4::bigint, $5::text[],
+			$6::bigint[], $7::timestamptz[], $8::bigint[], $9::bigint[], $10::bigint[], $11::text[])`,
+			op, id, now, n, []string{string(smooth.UseType)}, []int64{limit}, []*time.Time{b}, []int64{length}, []int64{span}, []int64{0}, []string{kind}); err != nil {
+			t.Fatalf("v0.1.0's countlimit_apply %s %s: %v", op, id, err)
+		}
+	}
+	// An AllowAll's fixed window (through countlimit_apply) over a smooth row.
+	apply("allow", "fixed", 1, 5, now, time.Hour.Microseconds(), 0, "fixed")
+	// A sliding refund: nothing to give back, the TAT stays.
+	apply("refund", "refund", 1, 5, time.Time{}, 0, time.Hour.Microseconds(), "sliding")
+	// v0.1.0's fast path denies a fixed window of limit 0 there: a tally.
+	var allowed bool
+	if err := pool.QueryRow(ctx, `SELECT o_allowed FROM countlimit_allow_one($1, 'denied', $2, 1, 0, $2, $3, NULL, true, 'fixed')`,
+		string(smooth.UseType), now, now.Add(time.Hour)).Scan(&allowed); err != nil || allowed {
+		t.Fatalf("v0.1.0's countlimit_allow_one, limit 0: allowed %v, %v; want denied", allowed, err)
+	}
+	for _, c := range []struct {
+		id   string
+		want string
+	}{
+		{"fixed", fmt.Sprintf("count 1 [%d, %d) tat 0 denied 0", now.UnixMicro(), now.Add(time.Hour).UnixMicro())},
+		{"refund", fmt.Sprintf("count 0 tat %d denied 0", tat)},
+		{"denied", fmt.Sprintf("count 0 tat %d denied 1", tat)},
+	} {
+		k, err := readKey(ctx, pool, string(smooth.UseType), c.id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := fmt.Sprintf("count %d tat %d denied %d", k.Count, k.TAT, k.Denied)
+		if k.Begin < k.End {
+			got = fmt.Sprintf("count %d [%d, %d) tat %d denied %d", k.Count, k.Begin, k.End, k.TAT, k.Denied)
+		}
+		if got != c.want {
+			t.Errorf("%s: %s, want %s", c.id, got, c.want)
+		}
+	}
+	// The newer binary then decides on those rows as the model does: the
+	// fixed window's row is no smooth key any more (a fresh burst), the
+	// others keep their 3 of 5.
+	for _, c := range []struct {
+		id   string
+		used int64
+	}{{"fixed", 1}, {"refund", 4}, {"denied", 4}} {
+		if r, err := l.Allow(ctx, smooth, c.id); err != nil || !r.Allowed || r.Used != c.used {
+			t.Errorf("Allow smooth %s after v0.1.0's statements: %+v, %v; want allowed, used %d", c.id, r, err, c.used)
+		}
+	}
+}
