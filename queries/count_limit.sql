@@ -1,5 +1,7 @@
 -- name: Apply :many
--- Apply runs one driver.Request (allow, peek or refund) as one statement.
+-- Apply runs one driver.Request (allow, peek or refund) as one statement
+-- (countlimit_apply, 00002's overload, which decides smooth checks too:
+-- intervals in microseconds and bursts, 0 for every other kind).
 SELECT
     r.o_ord::int                   AS ord,
     r.o_allowed::boolean           AS allowed,
@@ -11,7 +13,8 @@ SELECT
 FROM countlimit_apply(
     @op::text, @unique_id::text, @now::timestamptz, @n::bigint,
     @use_types::text[], @limits::bigint[], @begins::timestamptz[],
-    @lengths::bigint[], @spans::bigint[], @blocks::bigint[], @kinds::text[]
+    @lengths::bigint[], @spans::bigint[], @blocks::bigint[], @kinds::text[],
+    @intervals::bigint[], @bursts::bigint[]
 ) AS r;
 
 -- name: Reset :exec
@@ -49,10 +52,10 @@ LIMIT @max_rows::int;
 -- SchemaReady reports whether countlimit's schema, at its latest migration,
 -- is on the search path: its tables and a function that only the newest
 -- migration makes (update it with every migration, docs/RELEASING.md).
--- For 00001, countlimit_apply with its window kinds, which a database
--- migrated by an untagged main before v0.1.0 lacks.
+-- For 00002, countlimit_apply with smooth intervals and bursts, which a
+-- database at v0.1.0 (00001) lacks.
 SELECT (to_regclass('count_limit') IS NOT NULL AND to_regclass('count_limit_lease') IS NOT NULL
-    AND to_regprocedure('countlimit_apply(text, text, timestamptz, bigint, text[], bigint[], timestamptz[], bigint[], bigint[], bigint[], text[])') IS NOT NULL
+    AND to_regprocedure('countlimit_apply(text, text, timestamptz, bigint, text[], bigint[], timestamptz[], bigint[], bigint[], bigint[], text[], bigint[], bigint[])') IS NOT NULL
 )::boolean AS ready;
 
 -- name: StoreTime :one

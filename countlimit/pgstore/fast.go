@@ -19,11 +19,13 @@ import (
 )
 
 // fast reports whether r takes the fast path: an allow of one rule whose
-// window is not sliding. Every other call goes to countlimit_apply (a peek
-// too: docs/benchmarks.md has what a statement of its own saved, and it
-// was not worth another copy of the decision).
+// window is neither sliding nor smooth. Every other call goes to
+// countlimit_apply (a peek too: docs/benchmarks.md has what a statement of
+// its own saved, and it was not worth another copy of the decision; a
+// smooth check too: the fast path's statements know nothing of smooth
+// windows, see migrations/00002_smooth.sql).
 func fast(r *driver.Request) bool {
-	return len(r.Checks) == 1 && r.Checks[0].Span == 0 && r.Op == driver.OpAllow
+	return len(r.Checks) == 1 && r.Checks[0].Span == 0 && !r.Checks[0].Smooth() && r.Op == driver.OpAllow
 }
 
 // penaltyEnd is when a denial of c at now would end its penalty, or zero.

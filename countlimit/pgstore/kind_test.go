@@ -16,8 +16,8 @@ import (
 // distinct keys and one that repeats a key), follows a rule that changes
 // kind, names the kind of each rule of an AllowAll too (countlimit_apply
 // writes it since the baseline), and says "window" for CheckLimit's window
-// of the caller's own; sliding, lifetime and concurrent rows keep their own
-// names.
+// of the caller's own; sliding, lifetime, concurrent and smooth rows keep
+// their own names.
 func TestStatusWindowKind(t *testing.T) {
 	pool := testbackend.Postgres(t)
 	ctx := context.Background()
@@ -136,6 +136,28 @@ func TestStatusWindowKind(t *testing.T) {
 		t.Fatalf("Acquire = %+v, %v", res, err)
 	}
 	want(slots.UseType, "slot", "concurrent")
+
+	// Smooth: countlimit_apply writes the kind, on the pool and in a
+	// caller's transaction, and a rule that changes kind to smooth and
+	// back (a fixed window's fast path over the smooth row) is followed.
+	smooth := countlimit.Rule{UseType: "k.smooth", Limit: 5, Window: countlimit.Smooth(time.Hour, 5)}
+	allow(pooled, smooth, "pool")
+	want(smooth.UseType, "pool", "smooth")
+	tx, err = pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	allow(countlimit.New(pgstore.New(tx)), smooth, "tx")
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	want(smooth.UseType, "tx", "smooth")
+	toSmooth := rolling
+	toSmooth.Window = countlimit.Smooth(time.Hour, 5)
+	allow(pooled, toSmooth, "pool")
+	want(rolling.UseType, "pool", "smooth")
+	allow(pooled, rolling, "pool")
+	want(rolling.UseType, "pool", "rolling")
 
 	// The column holds what the view shows, for a DBA's own SQL.
 	var col *string

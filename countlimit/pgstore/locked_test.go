@@ -29,7 +29,7 @@ import (
 // half the time the lock is held, so a statement that waited for the lock
 // would fail. Group commit must not hold the other ids' calls behind
 // that lock, nor may the locked id's own calls, in a batch or in a
-// statement of their own (a sliding window's), take the pool's
+// statement of their own (a sliding or smooth window's), take the pool's
 // connections or count as store failures: no call for another id fails,
 // the breaker stays closed, and the locked id's calls either wait for the
 // lock or fail with ErrLocked.
@@ -79,6 +79,10 @@ var hostageCases = []hostageCase{
 	{"fixed window, a new id inserted", countlimit.Fixed(time.Hour), countlimit.MaxLimit, true},
 	{"sliding window, a row locked", countlimit.Sliding(time.Hour), countlimit.MaxSlidingLimit, false},
 	{"sliding window, a new id inserted", countlimit.Sliding(time.Hour), countlimit.MaxSlidingLimit, true},
+	// A smooth check is a statement of its own (countlimit_apply), as a
+	// sliding one is; 10^6 a second with a burst of 10^9 is never full.
+	{"smooth window, a row locked", countlimit.Smooth(time.Second, 1_000_000_000), 1_000_000, false},
+	{"smooth window, a new id inserted", countlimit.Smooth(time.Second, 1_000_000_000), 1_000_000, true},
 }
 
 // holdOneID holds one id's row in another transaction for two seconds
@@ -229,7 +233,8 @@ func TestBatchSkipsLockedRows(t *testing.T) {
 // TestEveryCallOfALockedIDIsLocked: with an id's rows held locked by
 // another transaction, every call on the pool that writes them (a group
 // commit, an Allow of its own with group commit off, a sliding window,
-// AllowAll, Refund, Reset, Acquire, Release) waits for the lock and, at
+// AllowAll, a smooth window's Allow and Refund, Refund, Reset, Acquire,
+// Release) waits for the lock and, at
 // its deadline, fails with ErrLocked: not a store failure, the breaker
 // stays closed. Once the lock goes, each succeeds. Peek locks nothing.
 func TestEveryCallOfALockedIDIsLocked(t *testing.T) {
@@ -240,6 +245,7 @@ func TestEveryCallOfALockedIDIsLocked(t *testing.T) {
 	fixed := countlimit.Rule{UseType: ut + ".fixed", Limit: 5, Window: countlimit.Fixed(time.Hour)}
 	sliding := countlimit.Rule{UseType: ut + ".sliding", Limit: 5, Window: countlimit.Sliding(time.Hour)}
 	slots := countlimit.Rule{UseType: ut + ".slots", Limit: 5, Window: countlimit.Concurrent(time.Hour)}
+	smooth := countlimit.Rule{UseType: ut + ".smooth", Limit: 5, Window: countlimit.Smooth(time.Hour, 5)}
 	opts := []countlimit.Option{countlimit.WithStoreTimeout(750 * time.Millisecond), countlimit.WithCircuitBreaker(countlimit.CircuitBreaker{})}
 	batched := countlimit.New(pgstore.New(pool), opts...)
 	alone := countlimit.New(pgstore.New(pool, pgstore.WithMaxBatch(1)), opts...)
@@ -249,6 +255,7 @@ func TestEveryCallOfALockedIDIsLocked(t *testing.T) {
 		func() error { _, err := batched.Allow(ctx, fixed, id); return err },
 		func() error { _, err := batched.Allow(ctx, sliding, id); return err },
 		func() error { var err error; lease, _, err = batched.Acquire(ctx, slots, id); return err },
+		func() error { _, err := batched.Allow(ctx, smooth, id); return err },
 	}
 	for _, f := range setup {
 		if err := f(); err != nil {
@@ -263,6 +270,8 @@ func TestEveryCallOfALockedIDIsLocked(t *testing.T) {
 		{"Allow, group commit off", func(*countlimit.Limiter) error { _, err := alone.Allow(ctx, fixed, id); return err }},
 		{"Allow, sliding", func(l *countlimit.Limiter) error { _, err := l.Allow(ctx, sliding, id); return err }},
 		{"AllowAll", func(l *countlimit.Limiter) error { _, err := l.AllowAll(ctx, id, fixed, sliding); return err }},
+		{"Allow, smooth", func(l *countlimit.Limiter) error { _, err := l.Allow(ctx, smooth, id); return err }},
+		{"Refund, smooth", func(l *countlimit.Limiter) error { _, err := l.Refund(ctx, smooth, id, 1); return err }},
 		{"Refund", func(l *countlimit.Limiter) error { _, err := l.Refund(ctx, fixed, id, 1); return err }},
 		{"Acquire", func(l *countlimit.Limiter) error { _, _, err := l.Acquire(ctx, slots, id); return err }},
 		{"Release", func(*countlimit.Limiter) error { return lease.Release(ctx) }},
@@ -270,7 +279,7 @@ func TestEveryCallOfALockedIDIsLocked(t *testing.T) {
 	}
 	b := begin(t, admin)
 	if tag, err := b.tx.Exec(ctx, `SELECT FROM count_limit WHERE unique_id = $1 AND use_type = ANY ($2) FOR UPDATE`,
-		id, []string{string(fixed.UseType), string(sliding.UseType), string(slots.UseType)}); err != nil || tag.RowsAffected() != 3 {
+		id, []string{string(fixed.UseType), string(sliding.UseType), string(slots.UseType), string(smooth.UseType)}); err != nil || tag.RowsAffected() != 4 {
 		t.Fatalf("locking the rows of %s: %v, %d rows", id, err, tag.RowsAffected())
 	}
 	if _, err := b.tx.Exec(ctx, `SELECT FROM count_limit_lease WHERE unique_id = $1 FOR UPDATE`, id); err != nil {

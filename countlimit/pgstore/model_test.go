@@ -3,6 +3,7 @@ package pgstore_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -22,10 +23,9 @@ import (
 
 // noSmooth leaves Smooth rules out of the model harness, the upgrade
 // harness and the contract suite (modeltest.Path.NoSmooth,
-// storetest.Options.NoSmooth, storetest.Inspector.NoSmooth): the
-// statements have none yet, and the store refuses them
-// (TestSmoothRefused). Set it to false when they do.
-const noSmooth = true
+// storetest.Options.NoSmooth, storetest.Inspector.NoSmooth). false since
+// migration 00002: every path decides smooth checks (countlimit_apply).
+const noSmooth = false
 
 // TestModel holds every PostgreSQL path to the reference model
 // (internal/modeltest): a lone call on the pool (countlimit_allow_one,
@@ -49,10 +49,11 @@ func TestModel(t *testing.T) {
 		return s.Do
 	}
 	poolEach := modeltest.Each(single(onPool))
-	// fastOnly skips what the group-commit statements do not take.
+	// fastOnly skips what the group-commit statements do not take
+	// (pgstore sends a smooth check to countlimit_apply).
 	fastOnly := func(reqs []*driver.Request) bool {
 		for _, r := range reqs {
-			if r.Op != driver.OpAllow || len(r.Checks) != 1 || r.Checks[0].Span > 0 || r.Checks[0].TTL > 0 {
+			if r.Op != driver.OpAllow || len(r.Checks) != 1 || r.Checks[0].Span > 0 || r.Checks[0].TTL > 0 || r.Checks[0].Smooth() {
 				return true
 			}
 		}
@@ -96,10 +97,12 @@ func readKey(ctx context.Context, db interface {
 		k                  driver.Key
 		begin, end, blockd pgtype.Timestamptz
 		events             []time.Time
+		smooth             bool
 	)
-	err := db.QueryRow(ctx, `SELECT already_count, begin_time, end_time, events, denied_count, blocked_until
+	err := db.QueryRow(ctx, `SELECT already_count, begin_time, end_time, events, denied_count, blocked_until,
+			coalesce(window_kind = 'smooth' AND begin_time = end_time, false)
 		FROM count_limit WHERE use_type = $1 AND unique_id = $2`, string(ut), id).
-		Scan(&k.Count, &begin, &end, &events, &k.Denied, &blockd)
+		Scan(&k.Count, &begin, &end, &events, &k.Denied, &blockd, &smooth)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return driver.Key{}, nil
 	}
@@ -110,6 +113,10 @@ func readKey(ctx context.Context, db interface {
 	k.End = driver.Forever
 	if end.Valid {
 		k.End = end.Time.UnixMicro()
+	}
+	if smooth {
+		// A smooth row: its TAT as an empty window (migrations/00002_smooth.sql).
+		k.TAT, k.Begin, k.End = k.End, 0, 0
 	}
 	if blockd.Valid {
 		k.Blocked = blockd.Time.UnixMicro()
@@ -171,8 +178,25 @@ func (s serial) Do(ctx context.Context, r *driver.Request) error {
 }
 
 // seedKey makes PostgreSQL keep k for (ut, id), as its statements would
-// have written it.
+// have written it: a smooth instant (TAT) as a smooth row, an empty
+// window at the TAT (migrations/00002_smooth.sql).
 func seedKey(ctx context.Context, pool *pgxpool.Pool, ut, id string, k driver.Key) error {
+	return seedRow(ctx, pool, ut, id, k, true)
+}
+
+// seedV010 makes a database at v0.1.0 (migration 00001) keep k for (ut,
+// id), as v0.1.0's statements wrote it. v0.1.0 had no smooth windows: a
+// key with a TAT cannot be written so.
+func seedV010(ctx context.Context, pool *pgxpool.Pool, ut, id string, k driver.Key) error {
+	if k.TAT != 0 {
+		return fmt.Errorf("v0.1.0 kept no smooth instant, and (%s, %s) has one", ut, id)
+	}
+	return seedRow(ctx, pool, ut, id, k, false)
+}
+
+// seedRow writes k for (ut, id); smooth says whether the schema has
+// smooth rows (00002 onwards), written only for a key with a TAT.
+func seedRow(ctx context.Context, pool *pgxpool.Pool, ut, id string, k driver.Key, smooth bool) error {
 	if _, err := pool.Exec(ctx, `DELETE FROM count_limit WHERE use_type = $1 AND unique_id = $2`, ut, id); err != nil {
 		return err
 	}
@@ -198,9 +222,18 @@ func seedKey(ctx context.Context, pool *pgxpool.Pool, ut, id string, k driver.Ke
 	if k.End == 0 {
 		end = pgtype.Timestamptz{Time: time.UnixMicro(0), Valid: true}
 	}
+	var kind *string
+	if smooth && k.TAT != 0 {
+		if k.Count != 0 || k.Begin < k.End || len(k.Log) > 0 {
+			return fmt.Errorf("(%s, %s) has a TAT beside a window or a log, which no store keeps", ut, id)
+		}
+		tat := pgtype.Timestamptz{Time: time.UnixMicro(k.TAT), Valid: true}
+		begin, end, kind = tat, tat, new(string)
+		*kind = "smooth"
+	}
 	if _, err := pool.Exec(ctx, `INSERT INTO count_limit (use_type, unique_id, already_count, begin_time, end_time, limit_value,
-		denied_count, blocked_until, events, lease_until) VALUES ($1, $2, $3, $4, $5, 0, $6, $7, $8, $9)`,
-		ut, id, k.Count, begin, end, k.Denied, ts(k.Blocked), events, ts(leaseUntil)); err != nil {
+		denied_count, blocked_until, events, lease_until, window_kind) VALUES ($1, $2, $3, $4, $5, 0, $6, $7, $8, $9, $10)`,
+		ut, id, k.Count, begin, end, k.Denied, ts(k.Blocked), events, ts(leaseUntil), kind); err != nil {
 		return err
 	}
 	for t, e := range k.Leases {

@@ -5,12 +5,12 @@
 // Every Allow, AllowN, AllowAll, Peek, Refund and CheckLimit is one SQL
 // statement and one round trip, with no BEGIN/COMMIT of its own: a call of
 // a function of countlimit's migrations (queries/ names them, sqlc
-// generates the Go). A check of one rule whose window is not sliding, the
-// common case, is countlimit_allow_one, or on a pool countlimit_allow_batch
-// or countlimit_allow_distinct for concurrent calls together (group
-// commit); sliding windows, AllowAll over several rules, Peek and Refund
-// call countlimit_apply. Give New a pgx.Tx and the check
-// commits or rolls back with your business write:
+// generates the Go). A check of one rule whose window is neither sliding
+// nor smooth, the common case, is countlimit_allow_one, or on a pool
+// countlimit_allow_batch or countlimit_allow_distinct for concurrent calls
+// together (group commit); sliding and smooth windows, AllowAll over
+// several rules, Peek and Refund call countlimit_apply. Give New a pgx.Tx
+// and the check commits or rolls back with your business write:
 //
 //	tx, _ := pool.Begin(ctx)
 //	defer tx.Rollback(ctx)
@@ -26,10 +26,10 @@
 // # Group commit
 //
 // A Store on a *pgxpool.Pool gathers concurrent Allow, AllowN and CheckLimit
-// calls of a rule whose window is not sliding into batches, with no timers:
-// a call that finds no batch in flight goes at once, with any calls that are
-// waiting; calls that arrive while batches are in flight leave together in
-// the next batch. A second batch (see WithMaxInFlight) leaves beside the
+// calls of a rule whose window is neither sliding nor smooth into
+// batches, with no timers: a call that finds no batch in flight goes at
+// once, with any calls that are waiting; calls that arrive while batches
+// are in flight leave together in the next batch. A second batch (see WithMaxInFlight) leaves beside the
 // first only when it shares no row with it and carries as many calls: two
 // batches of one Store never lock the same row. A batch is one statement,
 // one transaction and one commit, so one WAL flush serves many calls; if it
@@ -42,7 +42,7 @@
 // with its caller's context: a lone call costs no hand-off between
 // goroutines.
 //
-// Other calls (sliding windows, AllowAll over several rules, Peek, Refund,
+// Other calls (sliding and smooth windows, AllowAll over several rules, Peek, Refund,
 // Reset, leases) are not batched: each is one statement in its own
 // transaction. A Store on a *pgx.Conn or a pgx.Tx never batches.
 //
@@ -182,17 +182,8 @@ func New(d DBTX, opts ...Option) *Store {
 	return s
 }
 
-// errNoSmooth refuses a request with a Smooth check: this store has no
-// statement for them yet. It wraps driver.ErrInvalid (countlimit.ErrInvalid).
-var errNoSmooth = fmt.Errorf("pgstore: %w: smooth windows are not supported by this store yet", driver.ErrInvalid)
-
-// Do implements driver.Store. A request with a Smooth check is refused
-// with an error wrapping driver.ErrInvalid, and nothing is written: smooth
-// windows are not supported here yet.
+// Do implements driver.Store.
 func (s *Store) Do(ctx context.Context, r *driver.Request) error {
-	if r.Smooth() {
-		return errNoSmooth
-	}
 	if s.pool == nil {
 		// The caller's connection or transaction: a lock is waited for, as
 		// its other statements wait.
@@ -251,6 +242,10 @@ func (s *Store) apply(ctx context.Context, d DBTX, r *driver.Request) error {
 		Spans:    make([]int64, len(r.Checks)),
 		Blocks:   make([]int64, len(r.Checks)),
 		Kinds:    make([]string, len(r.Checks)),
+		// A smooth check's emission interval (µs) and burst; 0 for every
+		// other kind.
+		Intervals: make([]int64, len(r.Checks)),
+		Bursts:    make([]int64, len(r.Checks)),
 	}
 	for i := range r.Checks {
 		c := &r.Checks[i]
@@ -261,6 +256,8 @@ func (s *Store) apply(ctx context.Context, d DBTX, r *driver.Request) error {
 		p.Spans[i] = c.Span.Microseconds()
 		p.Blocks[i] = c.Block.Microseconds()
 		p.Kinds[i] = c.Kind
+		p.Intervals[i] = c.Interval.Microseconds()
+		p.Bursts[i] = c.Burst
 	}
 	rows, err := s.q.Apply(ctx, d, p)
 	if err != nil {

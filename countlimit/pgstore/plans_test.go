@@ -24,8 +24,9 @@ import (
 
 // TestPlansReadOnlyTheirKeys holds every statement the store runs, every
 // statement inside its functions (the fast path, the batches and
-// countlimit_claim_keys, countlimit_apply, leases, Reset, the purge, the
-// DBA's writers) and the foreign-key statements they fire, to one
+// countlimit_claim_keys, countlimit_apply with and without smooth checks,
+// leases, Reset, the purge, the DBA's writers, countlimit_adjust_count on
+// a smooth row included) and the foreign-key statements they fire, to one
 // invariant: a call reads count_limit and count_limit_lease only by the
 // keys it touches, whatever the tables' statistics say (issue 33).
 //
@@ -186,6 +187,10 @@ func checkPlans(t *testing.T, before, between []string, dead bool) {
 	fixed := countlimit.Rule{UseType: "plan.fixed", Limit: 3, Window: countlimit.Fixed(time.Hour), Block: time.Minute}
 	sliding := countlimit.Rule{UseType: "plan.sliding", Limit: 3, Window: countlimit.Sliding(time.Minute)}
 	slots := countlimit.Rule{UseType: "plan.slots", Limit: 2, Window: countlimit.Concurrent(time.Minute)}
+	smooth := countlimit.Rule{UseType: "plan.smooth", Limit: 3, Window: countlimit.Smooth(time.Minute, 2), Block: time.Minute}
+	// One use type, two kinds: a fixed window over a smooth instant and back.
+	kindFixed := countlimit.Rule{UseType: "plan.kind", Limit: 3, Window: countlimit.Fixed(time.Hour)}
+	kindSmooth := countlimit.Rule{UseType: "plan.kind", Limit: 3, Window: countlimit.Smooth(time.Minute, 3)}
 	tx, err := pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -238,6 +243,19 @@ func checkPlans(t *testing.T, before, between []string, dead bool) {
 		{"Refund", 1, func() error { _, err := l.Refund(ctx, fixed, "a", 1); return err }},
 		{"Allow sliding", 1, func() error { _, err := l.Allow(ctx, sliding, "a"); return err }},
 		{"AllowAll", 2, func() error { _, err := l.AllowAll(ctx, "b", fixed, sliding); return err }},
+		{"Allow smooth", 1, func() error { _, err := l.Allow(ctx, smooth, "a"); return err }},
+		{"AllowN smooth, denied", 1, func() error { _, err := l.AllowN(ctx, smooth, "a", 2); return err }},
+		{"Peek smooth", 1, func() error { _, err := l.Peek(ctx, smooth, "a"); return err }},
+		{"Refund smooth", 1, func() error { _, err := l.Refund(ctx, smooth, "a", 1); return err }},
+		{"Allow smooth (tx)", 1, func() error { _, err := inTx.Allow(ctx, smooth, "t"); return err }},
+		{"AllowAll, smooth and fixed", 2, func() error { _, err := l.AllowAll(ctx, "b", fixed, smooth); return err }},
+		{"Allow smooth, then fixed, on one use type", 1, func() error {
+			if _, err := l.Allow(ctx, kindSmooth, "a"); err != nil {
+				return err
+			}
+			_, err := l.Allow(ctx, kindFixed, "a")
+			return err
+		}},
 		{"CheckLimit", 1, func() error {
 			_, err := l.CheckLimit(ctx, "plan.check", "a", 3, time.Hour, time.Time{})
 			return err
@@ -259,10 +277,11 @@ func checkPlans(t *testing.T, before, between []string, dead bool) {
 		{"Reset", 1, func() error { return l.Reset(ctx, fixed, "b") }},
 		{"countlimit_purge", 2 * purgeBatch, dba(fmt.Sprintf(`SELECT countlimit_purge(now(), %d)`, purgeBatch))},
 		{"countlimit_adjust_count", 1, dba(`SELECT countlimit_adjust_count('a', 'plan.fixed', -1)`)},
+		{"countlimit_adjust_count, smooth", 1, dba(`SELECT countlimit_adjust_count('a', 'plan.smooth', 1)`)},
 		{"countlimit_lift_penalty, one use type", 1, dba(`SELECT countlimit_lift_penalty('a', 'plan.fixed')`)},
-		{"countlimit_lift_penalty, every use type", 4, dba(`SELECT countlimit_lift_penalty('a')`)},
+		{"countlimit_lift_penalty, every use type", 6, dba(`SELECT countlimit_lift_penalty('a')`)},
 		{"countlimit_reset_id, one use type", 1, dba(`SELECT countlimit_reset_id('c', 'plan.fixed')`)},
-		{"countlimit_reset_id, every use type", 4, dba(`SELECT countlimit_reset_id('a')`)},
+		{"countlimit_reset_id, every use type", 6, dba(`SELECT countlimit_reset_id('a')`)},
 	}
 	for round := 1; round <= 2; round++ {
 		if round == 2 {

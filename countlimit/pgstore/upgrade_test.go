@@ -22,7 +22,7 @@ var releases = []struct {
 	version int64
 	seed    func(ctx context.Context, pool *pgxpool.Pool, ut, id string, k driver.Key) error
 }{
-	{"v0.1.0", 1, seedKey},
+	{"v0.1.0", 1, seedV010},
 }
 
 // TestUpgradeFromReleases brings a database from each release to the

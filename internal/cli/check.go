@@ -139,7 +139,11 @@ func check(ctx context.Context, verb string, args []string, stdout io.Writer) (d
 	}
 	fmt.Fprintln(stdout)
 	for _, r := range resp.Results {
-		fmt.Fprintf(stdout, "  %s: %d of %d used, %d left", r.Rule, r.Used, r.Limit, r.Remaining)
+		if r.Burst > 0 {
+			fmt.Fprintf(stdout, "  %s: %d of a burst of %d not drained yet, %d left", r.Rule, r.Used, r.Burst, r.Remaining)
+		} else {
+			fmt.Fprintf(stdout, "  %s: %d of %d used, %d left", r.Rule, r.Used, r.Limit, r.Remaining)
+		}
 		if r.ResetAt != nil {
 			fmt.Fprintf(stdout, ", resets %s", r.ResetAt.Format(time.RFC3339))
 		}

@@ -13,9 +13,8 @@ import (
 // TestSmoothRuleCommands: the CLI takes a rule file's smooth rule: rules
 // check accepts it, bench runs it on the memory store (a burst of 5 for
 // one id in a run of 100ms at one a minute: 5 allowed, the rest denied),
-// and a store that has no smooth windows yet (PostgreSQL) refuses it as
-// a bad argument that says so, not as an outage (when pgstore gets
-// smooth windows, that step becomes an allow that succeeds).
+// and allow on PostgreSQL allows the burst and then denies, saying when
+// one more fits.
 func TestSmoothRuleCommands(t *testing.T) {
 	rules := filepath.Join(t.TempDir(), "smooth.yaml")
 	os.WriteFile(rules, []byte("rules:\n  api.smooth: {window: smooth 1m burst 5, limit: 1}\n"), 0o644)
@@ -34,8 +33,13 @@ func TestSmoothRuleCommands(t *testing.T) {
 	if code, _, stderr := run(t, "migrate", "up", "--store", url); code != cli.ExitOK {
 		t.Fatal(stderr)
 	}
-	code, _, stderr = run(t, "allow", "api.smooth", "k1", "--rules", rules, "--store", url)
-	if code != cli.ExitError || !strings.Contains(stderr, "smooth windows are not supported by this store yet") {
-		t.Errorf("allow of a smooth rule on PostgreSQL: exit %d, stderr %q; want 2 and the store's refusal", code, stderr)
+	for i := range 5 {
+		if code, out, stderr := run(t, "allow", "api.smooth", "k1", "--rules", rules, "--store", url); code != cli.ExitOK {
+			t.Fatalf("allow %d of a burst of 5 on PostgreSQL: exit %d, %q %q", i+1, code, out, stderr)
+		}
+	}
+	code, out, stderr = run(t, "allow", "api.smooth", "k1", "--rules", rules, "--store", url)
+	if code != cli.ExitDenied || !strings.Contains(out, "retry in ") || !strings.Contains(out, "api.smooth: 5 of a burst of 5 not drained yet, 0 left") {
+		t.Errorf("allow 6 of a burst of 5 at one a minute on PostgreSQL: exit %d, %q %q; want %d and a retry within a minute", code, out, stderr, cli.ExitDenied)
 	}
 }

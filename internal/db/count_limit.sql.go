@@ -23,22 +23,25 @@ SELECT
 FROM countlimit_apply(
     $1::text, $2::text, $3::timestamptz, $4::bigint,
     $5::text[], $6::bigint[], $7::timestamptz[],
-    $8::bigint[], $9::bigint[], $10::bigint[], $11::text[]
+    $8::bigint[], $9::bigint[], $10::bigint[], $11::text[],
+    $12::bigint[], $13::bigint[]
 ) AS r
 `
 
 type ApplyParams struct {
-	Op       string
-	UniqueID string
-	Now      pgtype.Timestamptz
-	N        int64
-	UseTypes []string
-	Limits   []int64
-	Begins   []pgtype.Timestamptz
-	Lengths  []int64
-	Spans    []int64
-	Blocks   []int64
-	Kinds    []string
+	Op        string
+	UniqueID  string
+	Now       pgtype.Timestamptz
+	N         int64
+	UseTypes  []string
+	Limits    []int64
+	Begins    []pgtype.Timestamptz
+	Lengths   []int64
+	Spans     []int64
+	Blocks    []int64
+	Kinds     []string
+	Intervals []int64
+	Bursts    []int64
 }
 
 type ApplyRow struct {
@@ -51,7 +54,9 @@ type ApplyRow struct {
 	FreeAt       pgtype.Timestamptz
 }
 
-// Apply runs one driver.Request (allow, peek or refund) as one statement.
+// Apply runs one driver.Request (allow, peek or refund) as one statement
+// (countlimit_apply, 00002's overload, which decides smooth checks too:
+// intervals in microseconds and bursts, 0 for every other kind).
 func (q *Queries) Apply(ctx context.Context, db DBTX, arg ApplyParams) ([]ApplyRow, error) {
 	rows, err := db.Query(ctx, apply,
 		arg.Op,
@@ -65,6 +70,8 @@ func (q *Queries) Apply(ctx context.Context, db DBTX, arg ApplyParams) ([]ApplyR
 		arg.Spans,
 		arg.Blocks,
 		arg.Kinds,
+		arg.Intervals,
+		arg.Bursts,
 	)
 	if err != nil {
 		return nil, err
@@ -130,15 +137,15 @@ func (q *Queries) Reset(ctx context.Context, db DBTX, arg ResetParams) error {
 
 const schemaReady = `-- name: SchemaReady :one
 SELECT (to_regclass('count_limit') IS NOT NULL AND to_regclass('count_limit_lease') IS NOT NULL
-    AND to_regprocedure('countlimit_apply(text, text, timestamptz, bigint, text[], bigint[], timestamptz[], bigint[], bigint[], bigint[], text[])') IS NOT NULL
+    AND to_regprocedure('countlimit_apply(text, text, timestamptz, bigint, text[], bigint[], timestamptz[], bigint[], bigint[], bigint[], text[], bigint[], bigint[])') IS NOT NULL
 )::boolean AS ready
 `
 
 // SchemaReady reports whether countlimit's schema, at its latest migration,
 // is on the search path: its tables and a function that only the newest
 // migration makes (update it with every migration, docs/RELEASING.md).
-// For 00001, countlimit_apply with its window kinds, which a database
-// migrated by an untagged main before v0.1.0 lacks.
+// For 00002, countlimit_apply with smooth intervals and bursts, which a
+// database at v0.1.0 (00001) lacks.
 func (q *Queries) SchemaReady(ctx context.Context, db DBTX) (bool, error) {
 	row := db.QueryRow(ctx, schemaReady)
 	var ready bool

@@ -18,7 +18,7 @@ type CountLimit struct {
 	AlreadyCount int64
 	// When the current window began; for sliding windows, the oldest logged event.
 	BeginTime pgtype.Timestamptz
-	// When the current window ends (exclusive); NULL for a lifetime limit. For sliding windows, the newest event plus the window length.
+	// When the current window ends (exclusive); NULL for a lifetime limit. For sliding windows, the newest event plus the window length. For smooth limits (window_kind smooth, begin_time = end_time), the TAT: when the key is drained.
 	EndTime pgtype.Timestamptz
 	// The limit applied by the last check (the rule travels with each call; this records it for audits).
 	LimitValue int64
@@ -34,8 +34,12 @@ type CountLimit struct {
 	UpdatedAt pgtype.Timestamptz
 	// Concurrency limits only: no lease of this key (count_limit_lease) expires after this. Raised by every Acquire that takes a slot and every Extend; set to the time of a denied Acquire when no lease was ever taken. Purges keep the row until then. NULL for keys never acquired.
 	LeaseUntil pgtype.Timestamptz
-	// The window kind of the rule that last counted here, or created the row: rolling, fixed, calendar, sliding or lifetime; NULL for CheckLimit's window of the caller's own. For people; no check reads it.
+	// The window kind of the rule that last counted here, or created the row: rolling, fixed, calendar, sliding, lifetime or smooth; NULL for CheckLimit's window of the caller's own. A smooth row (window_kind smooth, begin_time = end_time) keeps its TAT in end_time; otherwise for people, no check reads it.
 	WindowKind pgtype.Text
+	// Smooth limits only (window_kind smooth): the rule's emission interval, period / limit rounded up to the microsecond; one event drains in this long. Written by every smooth check that counts in the row or creates it; meaningful only while window_kind is smooth. For people and count_limit_status; no check reads it.
+	SmoothInterval pgtype.Interval
+	// Smooth limits only (window_kind smooth): the rule's burst, how many events fit at once when the key is drained. Written by every smooth check that counts in the row or creates it; meaningful only while window_kind is smooth. For people and count_limit_status; no check reads it.
+	SmoothBurst pgtype.Int8
 }
 
 // countlimit leases: one row per slot held of a concurrency limit (countlimit.Concurrent) by (use_type, unique_id); a slot is held while expires_at is in the future. Written only by countlimit's statements, under the lock of the key's count_limit row; safe to read. Expired rows are purged with their key, or by countlimit purge.
@@ -52,34 +56,26 @@ type CountLimitLease struct {
 	TakenAt pgtype.Timestamptz
 }
 
-// count_limit as of the database clock, for people: what each id has used of its limit now (for concurrency limits, the slots it holds), what remains, whether it is blocked and for how long.
+// count_limit as of the database clock, for people: what each id has used of its limit now (for concurrency limits, the slots it holds; for smooth limits, the events not yet drained), what remains, whether it is blocked and for how long.
 type CountLimitStatus struct {
-	// What is limited, e.g. password.change.
-	UseType string
-	// Who or what is limited: user id, phone, IP, token.
+	UseType  string
 	UniqueID string
-	// rolling, fixed or calendar (the rule that last counted in the window; window for CheckLimit's window of the caller's own), sliding (an exact log of events), lifetime (never resets) or concurrent (slots held at once, as leases in count_limit_lease).
+	// rolling, fixed or calendar (the rule that last counted in the window; window for CheckLimit's window of the caller's own), sliding (an exact log of events), lifetime (never resets), concurrent (slots held at once, as leases in count_limit_lease) or smooth (a rate with bursts, GCRA: one instant per key, the TAT, in count_limit.end_time).
 	WindowKind string
-	// Events counted in the current window as of now; 0 once the window has ended. For concurrent limits, the leases live now (slots held).
-	Used int64
-	// The limit the last check applied (each check carries its rule; this records it).
+	// Events counted in the current window as of now; 0 once the window has ended. For concurrent limits, the leases live now (slots held). For smooth limits, the events not yet drained at now, ceil((TAT - now) / smooth_interval), at most smooth_burst; 0 once drained.
+	Used       int64
 	LimitValue int64
-	// limit_value - used, never below 0: how many more events (for concurrent limits, slots) the last applied limit allows now.
-	Remaining int64
-	// Denied checks since the row was created (not reset when a window rolls over).
+	// limit_value - used, never below 0: how many more events (for concurrent limits, slots) the last applied limit allows now. For smooth limits, smooth_burst - used: how many fit at once now (one more drains every smooth_interval).
+	Remaining   int64
 	DeniedCount int64
-	// When the current window began; for sliding windows, the oldest logged event; for concurrent limits, when the oldest live lease was taken (NULL when none is held).
+	// When the current window began; for sliding windows, the oldest logged event; for concurrent limits, when the oldest live lease was taken (NULL when none is held); NULL for smooth limits.
 	WindowBegin pgtype.Timestamptz
-	// When the current window ends (exclusive); NULL for lifetime limits. For sliding windows, the newest event plus the window length; for concurrent limits, when the last live lease expires unless extended or released (NULL when none is held).
+	// When the current window ends (exclusive); NULL for lifetime limits. For sliding windows, the newest event plus the window length; for concurrent limits, when the last live lease expires unless extended or released (NULL when none is held); for smooth limits, when the id is fully drained (its TAT), NULL once it is.
 	WindowEnd pgtype.Timestamptz
-	// How long until the window ends and its count goes, while something is counted; NULL otherwise and for lifetime limits. For concurrent limits, until the last live lease expires.
-	ResetsIn pgtype.Interval
-	// True while the id sits in the penalty box: every check is denied until blocked_until.
-	Blocked bool
-	// When the penalty ends, while it lasts; NULL when not blocked.
+	// How long until the window ends and its count goes, while something is counted; NULL otherwise and for lifetime limits. For concurrent limits, until the last live lease expires; for smooth limits, until the id is fully drained.
+	ResetsIn     pgtype.Interval
+	Blocked      bool
 	BlockedUntil pgtype.Timestamptz
-	// How long the penalty still lasts; NULL when not blocked.
-	BlockedFor pgtype.Interval
-	// When the row was last written (database clock).
-	UpdatedAt pgtype.Timestamptz
+	BlockedFor   pgtype.Interval
+	UpdatedAt    pgtype.Timestamptz
 }

@@ -17,7 +17,7 @@ import (
 func TestMaxAttemptsIsTheMigrations(t *testing.T) {
 	t.Parallel()
 	bound := regexp.MustCompile(`FOR attempt IN 1 \.\. (\d+) LOOP|created concurrently (\d+) times over`)
-	for _, name := range []string{"00001_countlimit.sql"} {
+	for _, name := range []string{"00001_countlimit.sql", "00002_smooth.sql"} {
 		src, err := migrations.FS.ReadFile(name)
 		if err != nil {
 			t.Fatal(err)

@@ -311,9 +311,13 @@ type Response struct {
 
 // RuleResult is one rule's state after a call.
 type RuleResult struct {
-	Rule         string     `json:"rule"`
-	UseType      string     `json:"use_type"`
-	Limit        int64      `json:"limit"`
+	Rule    string `json:"rule"`
+	UseType string `json:"use_type"`
+	Limit   int64  `json:"limit"`
+	// Burst is a smooth rule's burst, absent for every other kind: Used
+	// counts what has not drained yet, up to Burst, and Remaining what
+	// fits at once.
+	Burst        int64      `json:"burst,omitempty"`
 	Used         int64      `json:"used"`
 	Remaining    int64      `json:"remaining"`
 	ResetAt      *time.Time `json:"reset_at"`
@@ -329,7 +333,7 @@ func NewResponse(names []string, rules []countlimit.Rule, results []countlimit.R
 		if !res.Allowed {
 			resp.RetryAfterSeconds = combine(resp.RetryAfterSeconds, res.RetryAfter)
 		}
-		rr := RuleResult{Rule: names[i], UseType: string(rules[i].UseType), Limit: res.Limit, Used: res.Used, Remaining: res.Remaining}
+		rr := RuleResult{Rule: names[i], UseType: string(rules[i].UseType), Limit: res.Limit, Burst: rules[i].Window.Burst(), Used: res.Used, Remaining: res.Remaining}
 		if !res.ResetAt.IsZero() {
 			t := res.ResetAt.UTC()
 			rr.ResetAt = &t

@@ -43,8 +43,8 @@ groups:
 	a.expect("/v1/allow", req, true, 0, "2/10")
 	out := a.expect("/v1/allow", req, true, 0, "3/10")
 	r := out["results"].([]any)[0].(map[string]any)
-	if r["remaining"] != 0.0 || r["reset_at"] != "2026-05-11T09:00:00.3Z" {
-		t.Errorf("after the burst: remaining %v, reset_at %v; want 0, 2026-05-11T09:00:00.3Z", r["remaining"], r["reset_at"])
+	if r["remaining"] != 0.0 || r["reset_at"] != "2026-05-11T09:00:00.3Z" || r["burst"] != 3.0 {
+		t.Errorf("after the burst: remaining %v, reset_at %v, burst %v; want 0, 2026-05-11T09:00:00.3Z, 3", r["remaining"], r["reset_at"], r["burst"])
 	}
 	a.expect("/v1/allow", req, false, 0.1, "3/10")
 	a.expect("/v1/allow", `{"rule": "api.smooth", "id": "k1", "cost": 4}`, false, -1, "3/10")
