@@ -766,20 +766,40 @@ func TestBenchBaselineTableRows(t *testing.T) {
 	}
 	defer conn.Close(context.Background())
 	before := benchSchemas(t, conn)
-	code, out, stderr := run(t, "bench", "--baseline", "--store", url, "--rows", "existing", "--table-rows", "300", "--duration", "200ms", "--callers", "2", "--csv")
+	code, out, stderr := run(t, "bench", "--baseline", "--store", url, "--rows", "existing", "--table-rows", "300", "--duration", "200ms", "--callers", "2", "--json")
 	if code != cli.ExitOK {
 		t.Fatalf("bench --baseline --table-rows: exit %d, %s", code, stderr)
 	}
 	if !regexp.MustCompile(`(?m)^on disk \(table \+ indexes\): count_limit \d+ bytes a row, the upsert's table \d+ \(\d+\.\d\d×\)$`).MatchString(stderr) {
 		t.Errorf("bench --baseline --table-rows: no bytes a row:\n%s", stderr)
 	}
+	var report struct {
+		TableRows       int   `json:"table_rows"`
+		CountLimitBytes int64 `json:"count_limit_bytes"`
+		BaselineBytes   int64 `json:"baseline_bytes"`
+		Runs            []struct {
+			Callers int    `json:"callers"`
+			IDs     int    `json:"ids"`
+			Call    string `json:"call"`
+			Rows    string `json:"rows"`
+		} `json:"runs"`
+	}
+	if err := json.Unmarshal([]byte(out), &report); err != nil {
+		t.Fatalf("bench --baseline --table-rows --json: %v\n%s", err, out)
+	}
+	// 300 rows and a hot one take at least a heap page and an index page
+	// a side.
+	if report.TableRows != 300 || report.CountLimitBytes < 2*8192 || report.BaselineBytes < 2*8192 {
+		t.Errorf("bench --baseline --table-rows --json: %d rows, %d and %d bytes, want 300 rows and the bytes of both tables",
+			report.TableRows, report.CountLimitBytes, report.BaselineBytes)
+	}
 	var got []string
-	for _, r := range parseBenchCSV(t, out) {
-		got = append(got, r["callers"]+" "+r["ids"]+" "+r["call"]+" "+r["rows"])
+	for _, r := range report.Runs {
+		got = append(got, fmt.Sprintf("%d %d %s %s", r.Callers, r.IDs, r.Call, r.Rows))
 	}
 	want := []string{"2 300 upsert existing", "2 300 allow existing", "2 1 upsert existing", "2 1 allow existing"}
 	if !slices.Equal(got, want) {
-		t.Errorf("bench --baseline --table-rows --csv rows: %q, want %q", got, want)
+		t.Errorf("bench --baseline --table-rows --json runs: %q, want %q", got, want)
 	}
 	if left := leftBehind(t, conn, before); len(left) != 0 {
 		t.Errorf("after bench --baseline --table-rows: schemas %q left", left)
