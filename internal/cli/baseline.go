@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	mrand "math/rand/v2"
 	"slices"
 	"strconv"
 	"strings"
@@ -53,31 +54,74 @@ const (
 	// call on an id never seen: a new deployment's first minutes, at its
 	// worst (no ANALYZE comes to change a plan).
 	rowsNew = "new"
+	// rowsRandom: each cell's tables from TRUNCATE and ANALYZE (statistics
+	// that say "empty"), every call on an id drawn at random from --ids, so
+	// that a cell starts with inserts and turns into updates, as a new
+	// deployment's first minutes do; the whole series twice in a row on
+	// the same database, since a database that has run it before is where
+	// plans made while the table looked empty showed (issue 33).
+	rowsRandom = "random"
+	// randomRuns is how many times --rows random runs its series.
+	randomRuns = 2
+	// maxTableRows bounds --table-rows: ids carry eight digits.
+	maxTableRows = 100_000_000
 )
 
-// parseRows parses --rows: existing, new, or both.
+// parseRows parses --rows: a list of existing, new and random.
 func parseRows(s string) ([]string, error) {
 	var out []string
 	for _, f := range strings.Split(s, ",") {
 		switch f = strings.TrimSpace(f); f {
-		case rowsExisting, rowsNew:
+		case rowsExisting, rowsNew, rowsRandom:
 			if !slices.Contains(out, f) {
 				out = append(out, f)
 			}
 		default:
-			return nil, usageErrorf("bench --baseline: --rows wants existing, new or both (existing,new), got %q", s)
+			return nil, usageErrorf("bench --baseline: --rows wants a list of existing, new and random (e.g. existing,new), got %q", s)
 		}
 	}
 	return out, nil
 }
 
+// tableID is the id of the i-th row a --table-rows fill writes, on both
+// sides: eight digits, so that ids sort as they are numbered and the fill
+// writes each index in key order.
+func tableID(i int) string { return fmt.Sprintf("bench-%08d", i) }
+
+// fillTables fills count_limit and the baseline table with n rows each, as
+// one Allow and one upsert of tableID(i) for i < n (and of "hot") would
+// leave them in the current minute, then VACUUM ANALYZEs both: a table of
+// n rows in a few statements instead of 2n calls. It returns the bytes on
+// disk (table, TOAST and indexes) of each.
+func fillTables(ctx context.Context, pool *pgxpool.Pool, table string, n int, limit int64) (ours, base int64, err error) {
+	begin := time.Now().Truncate(time.Minute)
+	if _, err := pool.Exec(ctx, `INSERT INTO count_limit (use_type, unique_id, already_count, begin_time, end_time, limit_value, window_kind)
+		SELECT 'bench', id, 1, $2, $3, $4, 'fixed'
+		FROM (SELECT 'bench-' || lpad(i::text, 8, '0') FROM generate_series(0, $1 - 1) AS i UNION ALL SELECT 'hot') AS ids (id)`,
+		n, begin, begin.Add(time.Minute), limit); err != nil {
+		return 0, 0, fmt.Errorf("bench: --table-rows: filling count_limit: %w", err)
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO `+table+` (key, count, window_begin, window_end)
+		SELECT id, 1, $2, $3
+		FROM (SELECT 'bench-' || lpad(i::text, 8, '0') FROM generate_series(0, $1 - 1) AS i UNION ALL SELECT 'hot') AS ids (id)`,
+		n, begin, begin.Add(time.Minute)); err != nil {
+		return 0, 0, fmt.Errorf("bench: --table-rows: filling the baseline table: %w", err)
+	}
+	if _, err := pool.Exec(ctx, "VACUUM ANALYZE count_limit, "+table); err != nil {
+		return 0, 0, fmt.Errorf("bench: --table-rows: %w", err)
+	}
+	err = pool.QueryRow(ctx, `SELECT pg_total_relation_size('count_limit'), pg_total_relation_size($1::regclass)`, table).Scan(&ours, &base)
+	return ours, base, err
+}
+
 // benchBaseline runs the hand-written upsert and Allow alternately (ABBA), in
 // this process, at each number of callers, each on a pool of as many
 // connections as callers, and prints both and their ratio: on rows that
-// exist (over many ids and on one hot id) and on new ids (rows). It works
+// exist (over many ids and on one hot id; with tableRows > 0 over tables
+// filled with that many rows), on new ids and on random ids (rows). It works
 // in a schema of its own, made and dropped here, so it neither reads nor
 // writes the database's own count_limit, and may TRUNCATE its tables.
-func benchBaseline(ctx context.Context, url string, callers []int, d time.Duration, ids int, rows []string, out *benchOutput) error {
+func benchBaseline(ctx context.Context, url string, callers []int, d time.Duration, ids, tableRows int, rows []string, out *benchOutput) error {
 	if !isPostgres(url) {
 		return usageErrorf("bench --baseline: the baseline is PostgreSQL's hand-written upsert; --store must be postgres://..., got %q", redactURL(url))
 	}
@@ -145,13 +189,52 @@ func benchBaseline(ctx context.Context, url string, callers []int, d time.Durati
 		redactURL(url), sync, d)
 	fmt.Fprintf(out.human, "baseline: one INSERT ... ON CONFLICT DO UPDATE ... WHERE count < limit RETURNING on a 4-column table\n")
 	upsert := fmt.Sprintf(baselineUpsert, table)
+	const row = "%7s %9s %10s %10s %7s %11s %11s %11s %11s\n"
+	head := fmt.Sprintf(row, "callers", "ids", "upsert/s", "Allow/s", "ratio", "upsert p50", "Allow p50", "upsert p99", "Allow p99")
+	// A series is one pass over the cells of a --rows mode: random runs
+	// its series twice.
+	type series struct {
+		mode string
+		run  int // 1 or 2 for random, else 0
+	}
+	var all []series
 	for _, mode := range rows {
+		if mode != rowsRandom {
+			all = append(all, series{mode, 0})
+			continue
+		}
+		for run := 1; run <= randomRuns; run++ {
+			all = append(all, series{mode, run})
+		}
+	}
+	for _, sr := range all {
+		mode := sr.mode
 		if _, err := setup.Exec(ctx, "TRUNCATE count_limit, count_limit_lease, "+table); err != nil {
 			return fmt.Errorf("bench: emptying the tables of the run: %w", err)
 		}
-		const row = "%7s %6s %10s %10s %7s %11s %11s %11s %11s\n"
+		// Autovacuum as a service has it, but for new ids (below).
+		for _, t := range []string{"count_limit", table} {
+			if _, err := setup.Exec(ctx, "ALTER TABLE "+t+" RESET (autovacuum_enabled)"); err != nil {
+				return err
+			}
+		}
 		var cells []baselineCell
-		if mode == rowsExisting {
+		switch {
+		case mode == rowsExisting && tableRows > 0:
+			fmt.Fprintf(out.human, "\nrows that exist: both tables filled with %d rows (generate_series), VACUUM ANALYZE, every call on an id drawn at random from them\n", tableRows)
+			ours, base, err := fillTables(ctx, setup, table, tableRows, rule.Limit)
+			if err != nil {
+				return err
+			}
+			n := float64(tableRows + 1)
+			fmt.Fprintf(out.human, "on disk (table + indexes): count_limit %.0f bytes a row, the upsert's table %.0f (%.2f×)\n",
+				float64(ours)/n, float64(base)/n, float64(ours)/float64(base))
+			out.report.TableRows, out.report.CountLimitBytes, out.report.BaselineBytes = tableRows, ours, base
+			fmt.Fprint(out.human, head)
+			for _, c := range callers {
+				cells = append(cells, baselineCell{c, false}, baselineCell{c, true})
+			}
+		case mode == rowsExisting:
 			fmt.Fprintf(out.human, "\nrows that exist: every id counted once on both sides first, untimed\n")
 			// As in a service that has run a while.
 			warm := countlimit.New(pgstore.New(setup))
@@ -167,26 +250,42 @@ func benchBaseline(ctx context.Context, url string, callers []int, d time.Durati
 			if _, err := setup.Exec(ctx, "ANALYZE count_limit, "+table); err != nil {
 				return err
 			}
-			fmt.Fprintf(out.human, row, "callers", "ids", "upsert/s", "Allow/s", "ratio", "upsert p50", "Allow p50", "upsert p99", "Allow p99")
+			fmt.Fprint(out.human, head)
 			for _, c := range callers {
 				cells = append(cells, baselineCell{c, false}, baselineCell{c, true})
 			}
-		} else {
+		case mode == rowsNew:
 			fmt.Fprintf(out.human, "\nnew ids: every call a first touch; each cell's tables start from TRUNCATE, autovacuum off\n")
 			for _, t := range []string{"count_limit", table} {
 				if _, err := setup.Exec(ctx, "ALTER TABLE "+t+" SET (autovacuum_enabled = false)"); err != nil {
 					return err
 				}
 			}
-			head := fmt.Sprintf(row, "callers", "ids", "upsert/s", "Allow/s", "ratio", "upsert p50", "Allow p50", "upsert p99", "Allow p99")
+			fmt.Fprintf(out.human, "%s%26s\n", strings.TrimSuffix(head, "\n"), "Allow/s, 1st → 5th fifth")
+			for _, c := range callers {
+				cells = append(cells, baselineCell{c, false})
+			}
+		default:
+			fmt.Fprintf(out.human, "\nrandom ids, run %d of %d: each cell's tables from TRUNCATE and ANALYZE, every call on one of %d ids drawn at random\n",
+				sr.run, randomRuns, len(names))
 			fmt.Fprintf(out.human, "%s%26s\n", strings.TrimSuffix(head, "\n"), "Allow/s, 1st → 5th fifth")
 			for _, c := range callers {
 				cells = append(cells, baselineCell{c, false})
 			}
 		}
 		for _, cell := range cells {
-			if mode == rowsNew {
+			switch mode {
+			case rowsNew:
 				if _, err := setup.Exec(ctx, "TRUNCATE count_limit, count_limit_lease, "+table); err != nil {
+					return err
+				}
+			case rowsRandom:
+				// Statistics that say "empty", as a new deployment's first
+				// ANALYZE leaves them.
+				if _, err := setup.Exec(ctx, "TRUNCATE count_limit, count_limit_lease, "+table); err != nil {
+					return err
+				}
+				if _, err := setup.Exec(ctx, "ANALYZE count_limit, count_limit_lease, "+table); err != nil {
 					return err
 				}
 			}
@@ -209,8 +308,8 @@ func benchBaseline(ctx context.Context, url string, callers []int, d time.Durati
 				res, err := l.Allow(ctx, rule, id)
 				return res.Allowed, err
 			}
-			// pick gives each piece its ids: the cell's in turn, or ids no
-			// piece has used.
+			// pick gives each piece its ids: the cell's in turn, ids no
+			// piece has used, or ids drawn at random.
 			pieces := 0
 			pick := func() func(w, i int) string {
 				pieces++
@@ -220,6 +319,10 @@ func benchBaseline(ctx context.Context, url string, callers []int, d time.Durati
 					return func(_, i int) string { return prefix + strconv.Itoa(i) }
 				case cell.hot:
 					return inTurn([]string{"hot"})
+				case mode == rowsRandom:
+					return func(_, _ int) string { return names[mrand.IntN(len(names))] }
+				case tableRows > 0:
+					return func(_, _ int) string { return tableID(mrand.IntN(tableRows)) }
 				}
 				return inTurn(names)
 			}
@@ -253,13 +356,16 @@ func benchBaseline(ctx context.Context, url string, callers []int, d time.Durati
 				nids, idsCol = 0, "new"
 			case cell.hot:
 				nids, idsCol = 1, "1"
+			case mode == rowsExisting && tableRows > 0:
+				nids, idsCol = tableRows, strconv.Itoa(tableRows)
 			}
 			br, or := newBenchRun(base, cell.callers, nids, "upsert"), newBenchRun(ours, cell.callers, nids, "allow")
 			br.Rows, or.Rows = mode, mode
+			br.Run, or.Run = sr.run, sr.run
 			line := fmt.Sprintf(row, strconv.Itoa(cell.callers), idsCol, fmt.Sprintf("%.0f", base.rate()), fmt.Sprintf("%.0f", ours.rate()),
 				fmt.Sprintf("%.2f×", ours.rate()/base.rate()), latency(base.pct(.5).Seconds()), latency(ours.pct(.5).Seconds()),
 				latency(base.pct(.99).Seconds()), latency(ours.pct(.99).Seconds()))
-			if mode == rowsNew {
+			if mode != rowsExisting {
 				first, last := ours.fifths()
 				or.FirstFifthPerSecond, or.LastFifthPerSecond = first, last
 				line = strings.TrimSuffix(line, "\n") + fmt.Sprintf("%26s\n", fmt.Sprintf("%.0f → %.0f", first, last))

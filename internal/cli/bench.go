@@ -34,7 +34,8 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	ids := fs.Int("ids", 1000, "the calls spread over `N` distinct ids (default 1000; with --baseline 10000)")
 	baseline := fs.Bool("baseline", false, "PostgreSQL: compare Allow with a hand-written upsert, side by side")
 	callers := fs.String("callers", "", "concurrent callers, or a `LIST` like 1,4,16,64 for one run each (default 16; with --baseline 1,4,16,64)")
-	rowsFlag := fs.String("rows", "existing,new", "with --baseline: the tables to compare on, a `LIST` of existing (every id counted before), new (every call a new id), or both")
+	rowsFlag := fs.String("rows", "existing,new", "with --baseline: the tables to compare on, a `LIST` of existing (every id counted before), new (every call a new id) and random (ids drawn at random from --ids, tables from TRUNCATE and ANALYZE, the series run twice)")
+	tableRows := fs.Int("table-rows", 0, "with --baseline --rows existing: fill both tables with `N` rows first and draw every call's id at random from them (instead of --ids)")
 	asJSON := fs.Bool("json", false, "print the results as JSON (the table goes to stderr)")
 	asCSV := fs.Bool("csv", false, "print the results as CSV, one row per run and side (the table goes to stderr)")
 	plot := fs.String("plot", "", "also draw calls/s and p50/p99 latency against callers, as SVG, into `FILE.svg`")
@@ -64,6 +65,14 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return usageErrorf("%s: --duration must be positive, got %v", mode, *duration)
 	case *ids < 1:
 		return usageErrorf("%s: --ids must be at least 1, got %d", mode, *ids)
+	case isSet(fs, "table-rows") && !*baseline:
+		return usageErrorf("bench: --table-rows goes with --baseline --rows existing")
+	case isSet(fs, "table-rows") && (*tableRows < 1 || *tableRows > maxTableRows):
+		return usageErrorf("bench --baseline: --table-rows must be from 1 to %d, got %d", maxTableRows, *tableRows)
+	case isSet(fs, "table-rows") && strings.TrimSpace(*rowsFlag) != rowsExisting:
+		return usageErrorf("bench --baseline: --table-rows fills the tables of --rows existing alone; give --rows existing, got --rows %q", *rowsFlag)
+	case isSet(fs, "table-rows") && isSet(fs, "ids"):
+		return usageErrorf("bench --baseline: --table-rows draws the ids from the rows it fills; give no --ids")
 	}
 	list, flagName := cmp.Or(*callers, "16"), "--callers"
 	if isSet(fs, "concurrency") {
@@ -108,7 +117,7 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		if err != nil {
 			return err
 		}
-		if err := benchBaseline(ctx, url, cs, *duration, *ids, rows, &out); err != nil {
+		if err := benchBaseline(ctx, url, cs, *duration, *ids, *tableRows, rows, &out); err != nil {
 			return err
 		}
 		return out.finish()

@@ -20,7 +20,12 @@ type benchReport struct {
 	SynchronousCommit string      `json:"synchronous_commit,omitempty"` // PostgreSQL's, for --baseline
 	RunSeconds        float64     `json:"run_seconds"`                  // --duration
 	Started           time.Time   `json:"started"`
-	Runs              []benchRun  `json:"runs"`
+	// With --table-rows: the rows each table was filled with, and the
+	// bytes on disk (table, TOAST and indexes) of each after VACUUM.
+	TableRows       int        `json:"table_rows,omitempty"`
+	CountLimitBytes int64      `json:"count_limit_bytes,omitempty"`
+	BaselineBytes   int64      `json:"baseline_bytes,omitempty"`
+	Runs            []benchRun `json:"runs"`
 }
 
 // benchRule is a rule a bench checked.
@@ -48,22 +53,25 @@ type benchRun struct {
 	P99Seconds     float64 `json:"p99_seconds"`
 	MaxSeconds     float64 `json:"max_seconds"`
 	// Rows is what the tables held at the start (bench --baseline):
-	// "existing" or "new". With "new", IDs is 0: every call has an id of
-	// its own, and Allow's runs give the calls per second of the first and
-	// the last fifth of their time.
+	// "existing", "new" or "random". With "new", IDs is 0: every call has
+	// an id of its own. With "random", each call draws one of IDs, and Run
+	// says which of the two series it is (1 or 2). With "new" and "random",
+	// Allow's runs give the calls per second of the first and the last
+	// fifth of their time.
 	Rows                string  `json:"rows,omitempty"`
+	Run                 int     `json:"run,omitempty"`
 	FirstFifthPerSecond float64 `json:"first_fifth_calls_per_second,omitempty"`
 	LastFifthPerSecond  float64 `json:"last_fifth_calls_per_second,omitempty"`
 }
 
 var benchCSVHeader = []string{"callers", "ids", "call", "calls", "allowed", "denied", "errors",
-	"elapsed_seconds", "calls_per_second", "p50_seconds", "p90_seconds", "p99_seconds", "max_seconds", "rows"}
+	"elapsed_seconds", "calls_per_second", "p50_seconds", "p90_seconds", "p99_seconds", "max_seconds", "rows", "run"}
 
 func (r benchRun) csv() []string {
 	i := strconv.Itoa
 	f := func(v float64) string { return strconv.FormatFloat(v, 'f', -1, 64) }
 	return []string{i(r.Callers), i(r.IDs), r.Call, i(r.Calls), i(r.Allowed), i(r.Denied), i(r.Errors),
-		f(r.ElapsedSeconds), f(r.CallsPerSecond), f(r.P50Seconds), f(r.P90Seconds), f(r.P99Seconds), f(r.MaxSeconds), r.Rows}
+		f(r.ElapsedSeconds), f(r.CallsPerSecond), f(r.P50Seconds), f(r.P90Seconds), f(r.P99Seconds), f(r.MaxSeconds), r.Rows, i(r.Run)}
 }
 
 func newBenchRun(m *measurement, callers, ids int, call string) benchRun {

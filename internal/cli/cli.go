@@ -41,7 +41,8 @@ Usage:
   countlimit bench --store URL [--duration 10s] [--callers 16|1,4,16,64] [--ids 1000]
                    [--rule NAME [--tier T]] [--rules FILE] [--json|--csv] [--plot FILE.svg]
   countlimit bench --baseline --store postgres://... [--callers 1,4,16,64] [--duration 5s]
-                   [--ids 10000] [--json|--csv] [--plot FILE.svg]
+                   [--ids 10000] [--rows existing,new,random] [--table-rows N]
+                   [--json|--csv] [--plot FILE.svg]
   countlimit rules check FILE
   countlimit rules default
   countlimit version

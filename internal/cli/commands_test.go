@@ -486,7 +486,7 @@ func parseBenchCSV(t *testing.T, out string) []map[string]string {
 	if err != nil {
 		t.Fatalf("bench --csv: %v\n%s", err, out)
 	}
-	want := "callers,ids,call,calls,allowed,denied,errors,elapsed_seconds,calls_per_second,p50_seconds,p90_seconds,p99_seconds,max_seconds,rows"
+	want := "callers,ids,call,calls,allowed,denied,errors,elapsed_seconds,calls_per_second,p50_seconds,p90_seconds,p99_seconds,max_seconds,rows,run"
 	if len(recs) == 0 || strings.Join(recs[0], ",") != want {
 		t.Fatalf("bench --csv header: %q, want %q", recs, want)
 	}
@@ -635,6 +635,177 @@ func TestBenchCleansUp(t *testing.T) {
 	}
 }
 
+// benchSchemas returns the schemas of bench --baseline runs in conn's
+// database, this test's and any other's.
+func benchSchemas(t *testing.T, conn *pgx.Conn) map[string]bool {
+	t.Helper()
+	rows, err := conn.Query(context.Background(), `SELECT nspname FROM pg_namespace WHERE nspname LIKE 'countlimit\_bench\_%'`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	set := map[string]bool{}
+	for _, n := range names {
+		set[n] = true
+	}
+	return set
+}
+
+// leftBehind returns the bench schemas of conn's database that were not in
+// before.
+func leftBehind(t *testing.T, conn *pgx.Conn, before map[string]bool) []string {
+	t.Helper()
+	var left []string
+	for n := range benchSchemas(t, conn) {
+		if !before[n] {
+			left = append(left, n)
+		}
+	}
+	return left
+}
+
+// TestBenchBaselineRandom: --rows random runs its series twice, each cell
+// from tables emptied and analyzed, over ids drawn from --ids, and says
+// which run each line is, in the table, the JSON and the plot.
+func TestBenchBaselineRandom(t *testing.T) {
+	url := testbackend.FreshSchemaURL(t)
+	conn, err := pgx.Connect(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	before := benchSchemas(t, conn)
+	plot := filepath.Join(t.TempDir(), "random.svg")
+	code, out, stderr := run(t, "bench", "--baseline", "--store", url, "--rows", "random", "--duration", "400ms", "--callers", "1,2", "--ids", "50", "--json", "--plot", plot)
+	if code != cli.ExitOK {
+		t.Fatalf("bench --baseline --rows random: exit %d, %s", code, stderr)
+	}
+	// The table, on stderr: a section per run, a line per number of
+	// callers with Allow's first and last fifth.
+	line := regexp.MustCompile(`(?m)^ +(\d+) +50 +(\d+) +(\d+) +(\d+\.\d\d)× +\S+ +\S+ +\S+ +\S+ +(\d+) → (\d+)$`)
+	sections := regexp.MustCompile(`(?m)^random ids, run \d of 2: .*$`).FindAllStringIndex(stderr, -1)
+	if len(sections) != 2 {
+		t.Fatalf("bench --baseline --rows random: %d sections, want 2 (run 1 and run 2):\n%s", len(sections), stderr)
+	}
+	for i, sec := range sections {
+		end := len(stderr)
+		if i+1 < len(sections) {
+			end = sections[i+1][0]
+		}
+		text := stderr[sec[0]:end]
+		if want := fmt.Sprintf("random ids, run %d of 2", i+1); !strings.HasPrefix(text, want) {
+			t.Errorf("section %d starts %q, want %q", i, text[:min(len(text), 40)], want)
+		}
+		cells := line.FindAllStringSubmatch(text, -1)
+		if len(cells) != 2 || cells[0][1] != "1" || cells[1][1] != "2" {
+			t.Errorf("run %d: lines %q, want one for 1 and one for 2 callers over 50 ids:\n%s", i+1, cells, text)
+		}
+	}
+	// The JSON: both sides of every cell of both runs, over 50 ids.
+	var report struct {
+		Runs []struct {
+			Callers int    `json:"callers"`
+			IDs     int    `json:"ids"`
+			Call    string `json:"call"`
+			Calls   int    `json:"calls"`
+			Errors  int    `json:"errors"`
+			Rows    string `json:"rows"`
+			Run     int    `json:"run"`
+		} `json:"runs"`
+	}
+	if err := json.Unmarshal([]byte(out), &report); err != nil {
+		t.Fatalf("bench --baseline --rows random --json: %v\n%s", err, out)
+	}
+	var got []string
+	calls := map[string]int{}
+	for _, r := range report.Runs {
+		got = append(got, fmt.Sprintf("%s %d %d %d %s", r.Rows, r.Run, r.Callers, r.IDs, r.Call))
+		calls[r.Call] += r.Calls
+		if r.Errors != 0 {
+			t.Errorf("bench --baseline --rows random --json: %+v", r)
+		}
+	}
+	want := []string{
+		"random 1 1 50 upsert", "random 1 1 50 allow", "random 1 2 50 upsert", "random 1 2 50 allow",
+		"random 2 1 50 upsert", "random 2 1 50 allow", "random 2 2 50 upsert", "random 2 2 50 allow",
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("bench --baseline --rows random --json runs: %q, want %q", got, want)
+	}
+	// A short cell may see no call end on a loaded machine; the run as a
+	// whole must see both sides work.
+	if calls["upsert"] == 0 || calls["allow"] == 0 {
+		t.Errorf("bench --baseline --rows random: %v calls, want both sides working", calls)
+	}
+	// The plot: a column per run.
+	svg, err := os.ReadFile(plot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, run := range []string{"1", "2"} {
+		if !strings.Contains(string(svg), `data-rows="random" data-run="`+run+`"`) || !strings.Contains(string(svg), "at random, run "+run) {
+			t.Errorf("bench --baseline --rows random --plot: no column for run %s", run)
+		}
+	}
+	if left := leftBehind(t, conn, before); len(left) != 0 {
+		t.Errorf("after bench --baseline --rows random: schemas %q left", left)
+	}
+}
+
+// TestBenchBaselineTableRows: --table-rows fills both tables with that
+// many rows, says what a row costs on disk on each side, and draws the
+// calls' ids from the rows it filled.
+func TestBenchBaselineTableRows(t *testing.T) {
+	url := testbackend.FreshSchemaURL(t)
+	conn, err := pgx.Connect(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	before := benchSchemas(t, conn)
+	code, out, stderr := run(t, "bench", "--baseline", "--store", url, "--rows", "existing", "--table-rows", "300", "--duration", "200ms", "--callers", "2", "--json")
+	if code != cli.ExitOK {
+		t.Fatalf("bench --baseline --table-rows: exit %d, %s", code, stderr)
+	}
+	if !regexp.MustCompile(`(?m)^on disk \(table \+ indexes\): count_limit \d+ bytes a row, the upsert's table \d+ \(\d+\.\d\d×\)$`).MatchString(stderr) {
+		t.Errorf("bench --baseline --table-rows: no bytes a row:\n%s", stderr)
+	}
+	var report struct {
+		TableRows       int   `json:"table_rows"`
+		CountLimitBytes int64 `json:"count_limit_bytes"`
+		BaselineBytes   int64 `json:"baseline_bytes"`
+		Runs            []struct {
+			Callers int    `json:"callers"`
+			IDs     int    `json:"ids"`
+			Call    string `json:"call"`
+			Rows    string `json:"rows"`
+		} `json:"runs"`
+	}
+	if err := json.Unmarshal([]byte(out), &report); err != nil {
+		t.Fatalf("bench --baseline --table-rows --json: %v\n%s", err, out)
+	}
+	// 300 rows and a hot one take at least a heap page and an index page
+	// a side.
+	if report.TableRows != 300 || report.CountLimitBytes < 2*8192 || report.BaselineBytes < 2*8192 {
+		t.Errorf("bench --baseline --table-rows --json: %d rows, %d and %d bytes, want 300 rows and the bytes of both tables",
+			report.TableRows, report.CountLimitBytes, report.BaselineBytes)
+	}
+	var got []string
+	for _, r := range report.Runs {
+		got = append(got, fmt.Sprintf("%d %d %s %s", r.Callers, r.IDs, r.Call, r.Rows))
+	}
+	want := []string{"2 300 upsert existing", "2 300 allow existing", "2 1 upsert existing", "2 1 allow existing"}
+	if !slices.Equal(got, want) {
+		t.Errorf("bench --baseline --table-rows --json runs: %q, want %q", got, want)
+	}
+	if left := leftBehind(t, conn, before); len(left) != 0 {
+		t.Errorf("after bench --baseline --table-rows: schemas %q left", left)
+	}
+}
+
 func TestBenchBaseline(t *testing.T) {
 	url := testbackend.FreshSchemaURL(t)
 	if code, _, stderr := run(t, "migrate", "up", "--store", url); code != cli.ExitOK {
@@ -647,22 +818,7 @@ func TestBenchBaseline(t *testing.T) {
 	defer conn.Close(context.Background())
 	// The schemas of bench runs that are not this test's: another run may
 	// be going on, or one was killed before it could drop its own.
-	benchSchemas := func() map[string]bool {
-		t.Helper()
-		rows, err := conn.Query(context.Background(), `SELECT nspname FROM pg_namespace WHERE nspname LIKE 'countlimit\_bench\_%'`)
-		if err != nil {
-			t.Fatal(err)
-		}
-		names, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			t.Fatal(err)
-		}
-		set := map[string]bool{}
-		for _, n := range names {
-			set[n] = true
-		}
-		return set
-	}
+	benchSchemas := func() map[string]bool { return benchSchemas(t, conn) }
 	before := benchSchemas()
 	code, out, stderr := run(t, "bench", "--baseline", "--store", url, "--duration", "1200ms", "--callers", "1,3", "--ids", "5")
 	if code != cli.ExitOK {
@@ -699,12 +855,7 @@ func TestBenchBaseline(t *testing.T) {
 	}
 	// It leaves nothing behind: no schema of its own, no rows in the
 	// database's count_limit.
-	var left []string
-	for n := range benchSchemas() {
-		if !before[n] {
-			left = append(left, n)
-		}
-	}
+	left := leftBehind(t, conn, before)
 	var rows int
 	err = conn.QueryRow(context.Background(), `SELECT count(*) FROM count_limit`).Scan(&rows)
 	if err != nil || len(left) != 0 || rows != 0 {

@@ -169,8 +169,14 @@ that exist (--ids ids, each counted once first, and one hot id), and on new
 ids (each cell from TRUNCATE with autovacuum off, every call on an id of its
 own; Allow's calls/s in the first and the last fifth of its time show
 whether it slows as the table grows); --rows existing or --rows new runs one
-of the two. It works in a schema of its own, dropped at the end, and never
-touches the database's count_limit.
+of the two. --rows random (not run by default) draws every call's id at
+random from --ids, each cell's tables from TRUNCATE and ANALYZE, so that it
+starts with inserts and turns into updates; it runs its series twice in a
+row and reports both. --rows existing --table-rows N fills both tables with
+N rows first (VACUUM ANALYZE, bytes a row on disk printed) and draws every
+call's id at random from them: how the cost grows with the table. It works
+in a schema of its own, dropped at the end, and never touches the
+database's count_limit.
 
 --json or --csv print the results for machines (one record per run and
 side, latencies in seconds) while the table goes to stderr; --plot FILE.svg

@@ -10,7 +10,8 @@ import (
 	"strings"
 )
 
-// The chart bench --plot draws: one column per number of ids, calls/s
+// The chart bench --plot draws: one column per number of ids (and, for
+// bench --baseline, per kind of rows and run of random ids), calls/s
 // (linear) above p50 and p99 latency (log), both against callers on a log
 // scale, one colour per kind of call. Written by hand: a few dozen SVG
 // elements need no plotting library.
@@ -43,14 +44,15 @@ var plotCall = map[string]struct{ label, color string }{
 
 // writePlot draws r's runs as an SVG chart.
 func writePlot(w io.Writer, r benchReport) error {
-	var xs, cols []int
+	var xs []int
+	var cols []plotColumn
 	var calls []string
 	for _, run := range r.Runs {
 		if !slices.Contains(xs, run.Callers) {
 			xs = append(xs, run.Callers)
 		}
-		if !slices.Contains(cols, run.IDs) {
-			cols = append(cols, run.IDs)
+		if c := columnOf(run); !slices.Contains(cols, c) {
+			cols = append(cols, c)
 		}
 		if !slices.Contains(calls, run.Call) {
 			calls = append(calls, run.Call)
@@ -79,11 +81,11 @@ func writePlot(w io.Writer, r benchReport) error {
 	shift := 18 * float64(len(sub)-1)
 	top := plotTop + shift
 	height := top + 2*plotPanelH + plotGapY + plotBottom
-	// runsOf returns the runs of one call over one number of ids, by callers.
-	runsOf := func(ids int, call string) []benchRun {
+	// runsOf returns the runs of one call in one column, by callers.
+	runsOf := func(col plotColumn, call string) []benchRun {
 		var out []benchRun
 		for _, run := range r.Runs {
-			if run.IDs == ids && run.Call == call {
+			if columnOf(run) == col && run.Call == call {
 				out = append(out, run)
 			}
 		}
@@ -133,14 +135,17 @@ func writePlot(w io.Writer, r benchReport) error {
 		p(`<text x="%.1f" y="%.1f" font-size="13" fill="%s">Allow's calls/s ÷ the upsert's</text></g>`+"\n", lx+25, ly+4.5, plotInk)
 	}
 
-	for ci, ids := range cols {
+	for ci, col := range cols {
+		ids := col.ids
 		x0 := plotLeft + float64(ci)*(panelW+plotGapX)
 		colTitle := "over " + plural(ids, "id", "ids")
-		if ids == 0 {
+		switch {
+		case ids == 0:
 			colTitle = "over new ids"
-		}
-		if ids == 1 {
+		case ids == 1:
 			colTitle = "on 1 id (every call on one hot counter)"
+		case col.rows == rowsRandom:
+			colTitle = fmt.Sprintf("over %s at random, run %d", plural(ids, "id", "ids"), col.run)
 		}
 		if len(cols) > 1 || ids > 1 {
 			p(`<text x="%.1f" y="%.1f" font-size="15" font-weight="bold" fill="%s">%s</text>`+"\n", x0, top-18, plotInk, esc(thousands(colTitle)))
@@ -156,7 +161,7 @@ func writePlot(w io.Writer, r benchReport) error {
 		for row, ax := range []axis{rateAxis, latAxis} {
 			y0 := top + float64(row*(plotPanelH+plotGapY))
 			yAt := func(v float64) float64 { return y0 + plotPanelH - ax.pos(v)*plotPanelH }
-			p(`<g class="panel" data-ids="%d" data-metric="%s">`+"\n", ids, []string{"calls_per_second", "latency_seconds"}[row])
+			p(`<g class="panel" data-ids="%d"%s data-metric="%s">`+"\n", ids, col.attrs(), []string{"calls_per_second", "latency_seconds"}[row])
 			for _, t := range ax.minor {
 				p(`<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="%s"/>`+"\n", x0, yAt(t), x0+panelW, yAt(t), plotMinor)
 			}
@@ -194,9 +199,9 @@ func writePlot(w io.Writer, r benchReport) error {
 			}
 			for _, call := range calls {
 				label, color := plotStyle(call)
-				runs := runsOf(ids, call)
+				runs := runsOf(col, call)
 				for _, ln := range lines {
-					p(`<g class="series" data-call="%s" data-ids="%d" data-value="%s">`+"\n", esc(call), ids, ln.name)
+					p(`<g class="series" data-call="%s" data-ids="%d"%s data-value="%s">`+"\n", esc(call), ids, col.attrs(), ln.name)
 					var pts []string
 					for _, run := range runs {
 						if v := ln.value(run); ax.log && v <= 0 {
@@ -227,7 +232,7 @@ func writePlot(w io.Writer, r benchReport) error {
 			// Allow's throughput as a multiple of the upsert's, next to the
 			// higher of the two points, where it crosses no line.
 			if row == 0 {
-				base, ours := runsOf(ids, "upsert"), runsOf(ids, "allow")
+				base, ours := runsOf(col, "upsert"), runsOf(col, "allow")
 				var lines [][]point
 				for _, side := range [][]benchRun{base, ours} {
 					var pts []point
@@ -253,6 +258,24 @@ func writePlot(w io.Writer, r benchReport) error {
 	p("</svg>\n")
 	_, err := w.Write(b.Bytes())
 	return err
+}
+
+// plotColumn is what a column of the chart shows: the runs over one number
+// of ids, of one kind of rows (bench --baseline's --rows) and one run of it.
+type plotColumn struct {
+	ids  int
+	rows string
+	run  int
+}
+
+func columnOf(r benchRun) plotColumn { return plotColumn{r.IDs, r.Rows, r.Run} }
+
+// attrs names the column's run of random ids in the SVG, for machines.
+func (c plotColumn) attrs() string {
+	if c.run == 0 {
+		return ""
+	}
+	return fmt.Sprintf(` data-rows="%s" data-run="%d"`, esc(c.rows), c.run)
 }
 
 type point struct{ x, y float64 }

@@ -1,0 +1,40 @@
+#!/bin/sh
+# One caller's time per call without the disk: countlimit_allow_one (as a
+# lone Allow on the pool calls it, lock-skipping) and the hand-written
+# upsert, with synchronous_commit=off, over the tables docs/scale/fill.sql
+# filled, ids drawn at random from the whole table; three rounds of 5 s
+# alternated (docs/benchmarks.md, "At scale"):
+#
+#   URL=postgres://.../countlimit_scale docs/scale/pgbench.sh
+#
+# What a call costs the database's CPU (and the page cache), the bound of
+# the side by side when the machine's cores, not its disk, are what is
+# short. pgbench must be on PATH.
+set -eu
+: "${URL:?set URL to a scratch database}"
+: "${ROWS:=10000000}"
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+cat > "$dir/allow.sql" <<SQL
+\set i random(0, $ROWS - 1)
+SELECT o_allowed FROM countlimit_allow_one('scale', 'scale-' || lpad(:i::text, 8, '0'), now(), 1, 1000000000,
+    date_trunc('minute', now()), date_trunc('minute', now()) + interval '1 minute', NULL, true, 'fixed');
+SQL
+cat > "$dir/upsert.sql" <<SQL
+\set i random(0, $ROWS - 1)
+INSERT INTO count_limit_baseline AS c (key, count, window_begin, window_end)
+VALUES ('scale-' || lpad(:i::text, 8, '0'), 1, date_trunc('minute', now()), date_trunc('minute', now()) + interval '1 minute')
+ON CONFLICT (key) DO UPDATE SET
+    count        = CASE WHEN c.window_end <= now() THEN 1 ELSE c.count + 1 END,
+    window_begin = CASE WHEN c.window_end <= now() THEN excluded.window_begin ELSE c.window_begin END,
+    window_end   = CASE WHEN c.window_end <= now() THEN excluded.window_end ELSE c.window_end END
+WHERE c.count < 1000000000 OR c.window_end <= now()
+RETURNING count;
+SQL
+for round in 1 2 3; do
+	for side in allow upsert; do
+		printf '%s round %s (%s): ' "$side" "$round" "$(uptime | sed 's/.*load/load/')"
+		PGOPTIONS='-c synchronous_commit=off' pgbench -n -M prepared -c 1 -T 5 -f "$dir/$side.sql" "$URL" 2>&1 |
+			sed -n 's/^latency average = /latency /p'
+	done
+done
