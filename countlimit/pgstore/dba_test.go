@@ -19,7 +19,6 @@ import (
 
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/pgstore"
-	"github.com/countlimit/countlimit/internal/pgmigrate"
 	"github.com/countlimit/countlimit/internal/testbackend"
 )
 
@@ -819,11 +818,7 @@ func TestPingWantsTheLatestSchema(t *testing.T) {
 	if err := pgstore.New(pool).Ping(ctx); err != nil {
 		t.Fatalf("Ping at the latest migration: %v", err)
 	}
-	p, closeDB, err := pgmigrate.NewProvider(pool)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer closeDB()
+	p := migrator(t, pool)
 	if _, err := p.DownTo(ctx, 0); err != nil {
 		t.Fatal(err)
 	}

@@ -285,11 +285,7 @@ func TestMigrateUpDownUp(t *testing.T) {
 	if err := pool.QueryRow(ctx, `SELECT max(version_id) FROM `+pgmigrate.VersionTable).Scan(&version); err != nil || version < 1 {
 		t.Fatalf("version table %s: version %d, %v", pgmigrate.VersionTable, version, err)
 	}
-	p, closeDB, err := pgmigrate.NewProvider(pool)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer closeDB()
+	p := migrator(t, pool)
 	if _, err := p.DownTo(ctx, 0); err != nil {
 		t.Fatalf("down: %v", err)
 	}

@@ -14,7 +14,6 @@ import (
 
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/pgstore"
-	"github.com/countlimit/countlimit/internal/pgmigrate"
 	"github.com/countlimit/countlimit/internal/testbackend"
 )
 
@@ -61,11 +60,7 @@ func benchSmooth(b *testing.B, interleaved bool) {
 			b.Fatal(err)
 		}
 		b.Cleanup(pool.Close)
-		p, closeDB, err := pgmigrate.NewProvider(pool)
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer closeDB()
+		p := migrator(b, pool)
 		if version > 0 {
 			_, err = p.UpTo(ctx, version)
 		} else {

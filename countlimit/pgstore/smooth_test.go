@@ -17,7 +17,6 @@ import (
 
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/pgstore"
-	"github.com/countlimit/countlimit/internal/pgmigrate"
 	"github.com/countlimit/countlimit/internal/testbackend"
 )
 
@@ -85,11 +84,7 @@ func TestSmoothMigrationDownIsV010(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	p, closeDB, err := pgmigrate.NewProvider(pool)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer closeDB()
+	p := migrator(t, pool)
 	if _, err := p.UpTo(ctx, 1); err != nil {
 		t.Fatal(err)
 	}

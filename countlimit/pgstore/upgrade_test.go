@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/pressly/goose/v3"
 
 	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/countlimit/pgstore"
@@ -41,11 +42,7 @@ func TestUpgradeFromReleases(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer pool.Close()
-			p, closeDB, err := pgmigrate.NewProvider(pool)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer closeDB()
+			p := migrator(t, pool)
 			if _, err := p.UpTo(ctx, rel.version); err != nil {
 				t.Fatalf("migrating to %s (version %d): %v", rel.tag, rel.version, err)
 			}
@@ -66,4 +63,16 @@ func TestUpgradeFromReleases(t *testing.T) {
 			})
 		})
 	}
+}
+
+// migrator is goose's provider of countlimit's migrations on pool, closed
+// when tb ends.
+func migrator(tb testing.TB, pool *pgxpool.Pool) *goose.Provider {
+	tb.Helper()
+	p, closeDB, err := pgmigrate.NewProvider(pool)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { _ = closeDB() })
+	return p
 }
