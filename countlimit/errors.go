@@ -9,8 +9,9 @@ import (
 // ErrInvalid is returned by every Limiter method when an argument is bad: an
 // empty UseType or id, an id over 512 bytes or not valid UTF-8 or holding a NUL
 // byte, a negative Limit or Block, an invalid Window, n < 1, or a rule
-// whose kind of window the store does not support (pgstore does not
-// support Smooth windows yet). Nothing is written. The
+// whose kind of window the store does not support (every store of this
+// module supports every kind; a store of one's own may not). Nothing is
+// written. The
 // error's message names the field or the store; test with errors.Is. It
 // is driver.ErrInvalid.
 var ErrInvalid = driver.ErrInvalid

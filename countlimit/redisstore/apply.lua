@@ -224,17 +224,22 @@ if op == 'allow' then
         expire(c.h, later(c.t, c.x))
       elseif not c.fits then
         local set = {'HSET', c.h, 'r', tok}
+        local penalized = false
         if c.blocked == nil and c.block > 0 then
           c.blocked = now + c.block
           set[5], set[6] = 'x', s(c.blocked)
+          penalized = true
         end
         redis.call(unpack(set))
         wrote(c.h)
         redis.call('HINCRBY', c.h, 'd', 1)
         -- Kept as long as anything in it lives: a window another kind
         -- counted in (a lifetime count for good), the penalty, the
-        -- instant.
-        if not c.exists or c.e ~= nil then
+        -- instant. A hash that was there already expires no sooner than
+        -- those (c.oldat), and a denial moves none of them but a new
+        -- penalty: its TTL stands.
+        local fresh = not c.counted and c.t == nil and c.x == nil
+        if (not c.exists or c.e ~= nil) and (fresh or penalized) then
           expire(c.h, later(later(math.max(c.e or now, now), c.blocked), c.wend))
         end
       end

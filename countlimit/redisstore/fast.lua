@@ -348,17 +348,23 @@ local function smoothAllow(h, lg, f, a)
     redis.call('HINCRBY', h, 'd', 1)
     local set = {'HSET', h}
     local block = tonumber(ARGV[a+5])
+    local penalized = false
     if blocked == nil and block > 0 then
       blocked = now + block
       set[3], set[4] = 'x', s(blocked)
+      penalized = true
     end
     record(set, denied)
     if #set > 2 then redis.call(unpack(set)) end
     -- Kept as long as anything in it lives: a window another kind
     -- counted in (a lifetime count for good), the penalty, the instant.
+    -- A hash that was there already expires no sooner than those (see
+    -- apply.lua), and a denial moves none of them but a new penalty: its
+    -- TTL stands.
+    local fresh = not (f[1] or f[2] or f[4] or f[5] or f[8])
     local at = now
     if f[2] then at = f[3] and math.max(now, tonumber(f[3])) or nil end
-    if at ~= nil then
+    if at ~= nil and (fresh or penalized) then
       if blocked ~= nil and blocked > at then at = blocked end
       if now + ahead > at then at = now + ahead end
       expire(h, at, now)
