@@ -818,8 +818,7 @@ func TestBenchBaseline(t *testing.T) {
 	defer conn.Close(context.Background())
 	// The schemas of bench runs that are not this test's: another run may
 	// be going on, or one was killed before it could drop its own.
-	benchSchemas := func() map[string]bool { return benchSchemas(t, conn) }
-	before := benchSchemas()
+	before := benchSchemas(t, conn)
 	code, out, stderr := run(t, "bench", "--baseline", "--store", url, "--duration", "1200ms", "--callers", "1,3", "--ids", "5")
 	if code != cli.ExitOK {
 		t.Fatalf("bench --baseline: exit %d, %s", code, stderr)

@@ -17,7 +17,9 @@ import (
 // one more fits.
 func TestSmoothRuleCommands(t *testing.T) {
 	rules := filepath.Join(t.TempDir(), "smooth.yaml")
-	os.WriteFile(rules, []byte("rules:\n  api.smooth: {window: smooth 1m burst 5, limit: 1}\n"), 0o644)
+	if err := os.WriteFile(rules, []byte("rules:\n  api.smooth: {window: smooth 1m burst 5, limit: 1}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	if code, out, stderr := run(t, "rules", "check", rules); code != cli.ExitOK || !strings.Contains(out, "1 rule and 0 groups: ok") {
 		t.Errorf("rules check: exit %d, %q %q", code, out, stderr)
 	}

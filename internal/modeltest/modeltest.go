@@ -125,8 +125,7 @@ var smoothEvery = func() map[string][2]int64 {
 	out := map[string][2]int64{}
 	for _, r := range rules(time.UTC, true) {
 		if r.Window.IsSmooth() {
-			t := (r.Window.Duration().Microseconds() + r.Limit - 1) / r.Limit
-			out[string(r.UseType)] = [2]int64{t, r.Window.Burst()}
+			out[string(r.UseType)] = [2]int64{r.Window.Interval(r.Limit).Microseconds(), r.Window.Burst()}
 		}
 	}
 	return out
