@@ -231,9 +231,6 @@ func benchBaseline(ctx context.Context, url string, callers []int, d time.Durati
 				float64(ours)/n, float64(base)/n, float64(ours)/float64(base))
 			out.report.TableRows, out.report.CountLimitBytes, out.report.BaselineBytes = tableRows, ours, base
 			fmt.Fprint(out.human, head)
-			for _, c := range callers {
-				cells = append(cells, baselineCell{c, false}, baselineCell{c, true})
-			}
 		case mode == rowsExisting:
 			fmt.Fprintf(out.human, "\nrows that exist: every id counted once on both sides first, untimed\n")
 			// As in a service that has run a while.
@@ -251,9 +248,6 @@ func benchBaseline(ctx context.Context, url string, callers []int, d time.Durati
 				return err
 			}
 			fmt.Fprint(out.human, head)
-			for _, c := range callers {
-				cells = append(cells, baselineCell{c, false}, baselineCell{c, true})
-			}
 		case mode == rowsNew:
 			fmt.Fprintf(out.human, "\nnew ids: every call a first touch; each cell's tables start from TRUNCATE, autovacuum off\n")
 			for _, t := range []string{"count_limit", table} {
@@ -261,30 +255,32 @@ func benchBaseline(ctx context.Context, url string, callers []int, d time.Durati
 					return err
 				}
 			}
-			fmt.Fprintf(out.human, "%s%26s\n", strings.TrimSuffix(head, "\n"), "Allow/s, 1st → 5th fifth")
-			for _, c := range callers {
-				cells = append(cells, baselineCell{c, false})
-			}
 		default:
 			fmt.Fprintf(out.human, "\nrandom ids, run %d of %d: each cell's tables from TRUNCATE and ANALYZE, every call on one of %d ids drawn at random\n",
 				sr.run, randomRuns, len(names))
-			fmt.Fprintf(out.human, "%s%26s\n", strings.TrimSuffix(head, "\n"), "Allow/s, 1st → 5th fifth")
-			for _, c := range callers {
+		}
+		// Over rows that exist, a cell on many ids and one on a hot id for
+		// each number of callers; otherwise a cell each, whose Allow rate
+		// is shown by fifths too.
+		for _, c := range callers {
+			if mode == rowsExisting {
+				cells = append(cells, baselineCell{c, false}, baselineCell{c, true})
+			} else {
 				cells = append(cells, baselineCell{c, false})
 			}
 		}
+		if mode != rowsExisting {
+			fmt.Fprintf(out.human, "%s%26s\n", strings.TrimSuffix(head, "\n"), "Allow/s, 1st → 5th fifth")
+		}
 		for _, cell := range cells {
-			switch mode {
-			case rowsNew:
+			if mode != rowsExisting {
 				if _, err := setup.Exec(ctx, "TRUNCATE count_limit, count_limit_lease, "+table); err != nil {
 					return err
 				}
-			case rowsRandom:
+			}
+			if mode == rowsRandom {
 				// Statistics that say "empty", as a new deployment's first
 				// ANALYZE leaves them.
-				if _, err := setup.Exec(ctx, "TRUNCATE count_limit, count_limit_lease, "+table); err != nil {
-					return err
-				}
 				if _, err := setup.Exec(ctx, "ANALYZE count_limit, count_limit_lease, "+table); err != nil {
 					return err
 				}
