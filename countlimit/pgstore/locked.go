@@ -62,11 +62,36 @@ func (s *Store) statementTimedOut(ctx context.Context, ran time.Duration) bool {
 	if s.pool == nil {
 		return true
 	}
-	var ms int64
-	if err := s.pool.QueryRow(ctx, `SELECT setting::bigint FROM pg_settings WHERE name = 'statement_timeout'`).Scan(&ms); err != nil {
-		return true
+	ms, ok := s.stmt.get()
+	if !ok {
+		if err := s.pool.QueryRow(ctx, `SELECT setting::bigint FROM pg_settings WHERE name = 'statement_timeout'`).Scan(&ms); err != nil {
+			return true
+		}
+		s.stmt.set(ms)
 	}
 	return ms > 0 && ran >= time.Duration(ms)*time.Millisecond
+}
+
+// stmtTimeout keeps the pool's statement_timeout, in ms, for a minute
+// after it was read: cancels come in bursts under load, when the pool has
+// the fewest connections to spare for reading a setting again, and the
+// setting is the sessions' (the URL's, a role's), which hardly changes.
+type stmtTimeout struct {
+	ms, until atomic.Int64 // until: unix ns; 0 before the first read
+}
+
+const stmtTimeoutKept = time.Minute
+
+func (t *stmtTimeout) get() (int64, bool) {
+	if time.Now().UnixNano() >= t.until.Load() {
+		return 0, false
+	}
+	return t.ms.Load(), true
+}
+
+func (t *stmtTimeout) set(ms int64) {
+	t.ms.Store(ms)
+	t.until.Store(time.Now().Add(stmtTimeoutKept).UnixNano())
 }
 
 // The pauses of a call whose row is locked, before it is sent again: from

@@ -3,9 +3,12 @@ package pgstore
 import (
 	"context"
 	"fmt"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -60,5 +63,50 @@ func TestBusy(t *testing.T) {
 		if got := tc.s.busy(ctx, tc.err, tc.sent); got != tc.want {
 			t.Errorf("%s: busy(%v) = %v, want %v", tc.name, tc.err, got, tc.want)
 		}
+	}
+}
+
+// settingsReads counts the statements that read pg_settings.
+type settingsReads struct{ n atomic.Int64 }
+
+func (r *settingsReads) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if strings.Contains(d.SQL, "pg_settings") {
+		r.n.Add(1)
+	}
+	return ctx
+}
+
+func (r *settingsReads) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// TestBusyReadsTheSettingOnce: a burst of cancels reads the sessions'
+// statement_timeout once, not once a cancel (a round trip each, when the
+// pool is busiest), and tells each one the same.
+func TestBusyReadsTheSettingOnce(t *testing.T) {
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(testenv.PostgresURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.RuntimeParams["statement_timeout"] = "100ms"
+	reads := new(settingsReads)
+	cfg.ConnConfig.Tracer = reads
+	p, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	s := New(p, WithMaxBatch(1))
+	canceled := &pgconn.PgError{Code: "57014", Message: "canceling statement due to statement timeout"}
+	for i := range 5 {
+		sent := time.Now()
+		if i%2 == 1 {
+			sent = sent.Add(-time.Second)
+		}
+		if got, want := s.busy(ctx, canceled, sent), i%2 == 0; got != want {
+			t.Errorf("cancel %d: busy = %v, want %v", i, got, want)
+		}
+	}
+	if n := reads.n.Load(); n != 1 {
+		t.Errorf("5 cancels read statement_timeout %d times, want once", n)
 	}
 }

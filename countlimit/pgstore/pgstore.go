@@ -135,6 +135,7 @@ type Store struct {
 	pool   *pgxpool.Pool   // db, when it is a pool
 	gather *gather.Batcher // nil unless db is a pool
 	turns  turns           // of the rows calls on the pool wait for
+	stmt   stmtTimeout     // the pool's statement_timeout, as last read
 }
 
 // Option configures a Store.
