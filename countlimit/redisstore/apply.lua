@@ -60,7 +60,10 @@ end
 local need = n
 if op ~= 'allow' then need = 1 end
 
-local function s(x) return string.format('%.0f', x) end
+-- s writes x, a whole number of µs (or a count) within ±2^53, exactly:
+-- '%d' (a C long) writes it for about 3 000 fewer instructions than '%.0f'
+-- (a double's digits), per callgrind on fast.lua's smooth path.
+local function s(x) return string.format('%d', x) end
 
 -- ceildiv is ceil(p/q) for whole p >= 0 and q > 0 below 2^53, exactly:
 -- the quotient of doubles is corrected by products, which are exact.

@@ -32,7 +32,10 @@ local h, z = KEYS[1], KEYS[2]
 
 local NONE = -9007199254740992 -- -2^53: no time (every valid one is larger)
 
-local function s(x) return string.format('%.0f', x) end
+-- s writes x, a whole number of µs (or a count) within ±2^53, exactly:
+-- '%d' (a C long) writes it for about 3 000 fewer instructions than '%.0f'
+-- (a double's digits), per callgrind on fast.lua's smooth path.
+local function s(x) return string.format('%d', x) end
 
 -- ms returns the milliseconds from now to at, at least 1: a PEXPIRE.
 local function ms(at)
