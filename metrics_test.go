@@ -16,13 +16,15 @@ import (
 
 // TestMetricsOnEveryStore: promlimit counts exactly the decisions 64
 // callers got from each store (batched on PostgreSQL, pipelined on
-// Redis), one duration per store call, and no failure.
+// Redis), one duration per store call, and, from the watched Stats, no
+// failure.
 func TestMetricsOnEveryStore(t *testing.T) {
 	for _, b := range testbackend.Backends() {
 		t.Run(b.Name, func(t *testing.T) {
 			t.Parallel()
 			m := promlimit.New()
 			l := countlimit.New(b.Open(t), countlimit.WithObserver(m.Observer()))
+			m.Watch(l.Stats)
 			ut := storetest.UseType(t, "metrics")
 			rule := countlimit.Rule{UseType: ut, Limit: 10, Window: countlimit.Fixed(time.Hour)}
 			const callers, each = 64, 4
@@ -77,8 +79,8 @@ func TestMetricsOnEveryStore(t *testing.T) {
 				t.Errorf("%d allowed, want 10", allowed)
 			}
 			for k, w := range want {
-				if got[k] != w {
-					t.Errorf("%s = %v, want %v", k, got[k], w)
+				if g, ok := got[k]; !ok || g != w {
+					t.Errorf("%s = %v (present %v), want %v", k, g, ok, w)
 				}
 			}
 		})

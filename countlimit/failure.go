@@ -144,8 +144,8 @@ func WithFallback(fallback driver.Store) Option {
 
 // Stats are a Limiter's counts of store failures and of what its failure
 // options did about them, for metrics. All counts are since New.
-// [WithObserver] tells each event as it happens instead, and package
-// promlimit exports them to Prometheus.
+// [WithObserver] tells each event as it happens instead; package promlimit
+// exports these counts to Prometheus, read at each scrape (its Metrics.Watch).
 type Stats struct {
 	// Failures is how many store calls failed (errors other than the
 	// caller's own context ending), timeouts included.

@@ -2,12 +2,14 @@ package promlimit_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/countlimit/countlimit/countlimit"
+	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/countlimit/memstore"
 	"github.com/countlimit/countlimit/countlimit/promlimit"
 )
@@ -23,6 +25,7 @@ func Example() {
 	store := memstore.New()
 	defer store.Close()
 	limiter := countlimit.New(store, countlimit.WithObserver(metrics.Observer()))
+	metrics.Watch(limiter.Stats)
 
 	sms := countlimit.Rule{UseType: "sms.code", Limit: 2, Window: countlimit.Sliding(5 * time.Minute)}
 	for range 3 {
@@ -50,4 +53,51 @@ func Example() {
 	// Output:
 	// countlimit_decisions_total rule="sms.code" verdict="allowed": 2
 	// countlimit_decisions_total rule="sms.code" verdict="denied": 1
+}
+
+// downStore is a store that is down: every call fails.
+type downStore struct{}
+
+func (downStore) Do(context.Context, *driver.Request) error {
+	return driver.Unavailable(errors.New("connection refused"))
+}
+
+// The failures, the circuit breaker and the fallback store show through
+// Watch, which reads the Limiter's Stats at each scrape.
+func ExampleMetrics_Watch() {
+	metrics := promlimit.New()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(metrics)
+
+	limiter := countlimit.New(downStore{},
+		countlimit.WithCircuitBreaker(countlimit.CircuitBreaker{Failures: 2, CoolDown: time.Hour}),
+		countlimit.WithObserver(metrics.Observer()))
+	metrics.Watch(limiter.Stats)
+
+	sms := countlimit.Rule{UseType: "sms.code", Limit: 2, Window: countlimit.Sliding(5 * time.Minute)}
+	for range 3 {
+		_, err := limiter.Allow(context.Background(), sms, "18500000000")
+		fmt.Println(errors.Is(err, countlimit.ErrCircuitOpen))
+	}
+
+	families, err := reg.Gather()
+	if err != nil {
+		fmt.Println(err)
+	}
+	for _, f := range families {
+		switch f.GetName() {
+		case "countlimit_store_failures_total", "countlimit_breaker_openings_total", "countlimit_breaker_rejected_total":
+			fmt.Println(f.GetName(), f.GetMetric()[0].GetCounter().GetValue())
+		case "countlimit_breaker_state":
+			fmt.Println(f.GetName(), f.GetMetric()[0].GetGauge().GetValue())
+		}
+	}
+	// Output:
+	// false
+	// false
+	// true
+	// countlimit_breaker_openings_total 1
+	// countlimit_breaker_rejected_total 1
+	// countlimit_breaker_state 1
+	// countlimit_store_failures_total 2
 }

@@ -13,12 +13,17 @@
 //	countlimit_breaker_rejected_total          checks the open breaker answered without the store
 //	countlimit_fallback_decisions_total        checks the fallback store answered
 //
-// Make a Metrics with New, register it, and give its Observer to the
-// Limiter:
+// The first two come from the Limiter's Observer, which tells each
+// decision and store call as it happens. The other seven are the
+// Limiter's own counts, [countlimit.Limiter.Stats], read at each scrape
+// through [Metrics.Watch]; promlimit does not count them a second time.
+// Make a Metrics with New, register it, give its Observer to the Limiter
+// and watch the Limiter's Stats:
 //
 //	metrics := promlimit.New()
 //	prometheus.MustRegister(metrics)
 //	limiter := countlimit.New(store, countlimit.WithObserver(metrics.Observer()))
+//	metrics.Watch(limiter.Stats)
 //
 // No id ever becomes a label: the Observer is never told one, and no
 // error's text becomes one either. The labels'
@@ -33,7 +38,6 @@
 package promlimit
 
 import (
-	"errors"
 	"maps"
 	"sync"
 	"sync/atomic"
@@ -67,11 +71,14 @@ func Buckets(b ...float64) Option {
 	return func(c *config) { c.buckets = b }
 }
 
-// Metrics is a prometheus.Collector of what the Limiter its Observer is
-// given to sees. It is safe for concurrent use. Give its Observer to one
-// Limiter: countlimit_breaker_state is that Limiter's breaker. To watch
-// several, make a Metrics for each and register them with a label that
-// tells them apart (prometheus.WrapRegistererWith).
+// Metrics is a prometheus.Collector of what a Limiter sees: the decisions
+// and store calls its Observer tells, and the Stats of the Limiter that
+// [Metrics.Watch] was given. It is safe for concurrent use. One Observer
+// may be given to several Limiters, whose decisions and store calls then
+// add up; but Watch reads one Limiter's Stats (its breaker's state is no
+// sum). To watch several Limiters apart, make a Metrics for each and
+// register them with a label that tells them apart
+// (prometheus.WrapRegistererWith).
 type Metrics struct {
 	decisions *prometheus.CounterVec
 	// rules maps a rule label to its allowed and denied counters: read
@@ -82,20 +89,45 @@ type Metrics struct {
 	storeSeconds *prometheus.HistogramVec
 	byOp         [driver.OpExtend + 1]prometheus.Observer
 
-	failures, timeouts, locked prometheus.Counter
-	openings, rejected         prometheus.Counter
-	fallbacks                  prometheus.Counter
-	breaker                    prometheus.Gauge
+	// stats is the func Watch was given, nil before: swapped while
+	// Collect may be reading it.
+	stats atomic.Pointer[func() countlimit.Stats]
 }
 
-// New returns a Metrics with every count at 0.
+// A statSeries is a series read from a Limiter's Stats at each scrape.
+type statSeries struct {
+	desc  *prometheus.Desc
+	typ   prometheus.ValueType
+	value func(countlimit.Stats) float64
+}
+
+// statsSeries are the series Collect reads from the watched Stats, made
+// once: their Descs are the same for every Metrics.
+var statsSeries = func() []statSeries {
+	series := func(name, help string, typ prometheus.ValueType, value func(countlimit.Stats) float64) statSeries {
+		return statSeries{prometheus.NewDesc(name, help, nil, nil), typ, value}
+	}
+	counter := func(name, help string, value func(countlimit.Stats) uint64) statSeries {
+		return series(name, help, prometheus.CounterValue, func(s countlimit.Stats) float64 { return float64(value(s)) })
+	}
+	return []statSeries{
+		counter("countlimit_store_failures_total", "Store calls that failed (timeouts included).", func(s countlimit.Stats) uint64 { return s.Failures }),
+		counter("countlimit_store_timeouts_total", "Store calls that ran out of the store timeout (WithStoreTimeout, --store-timeout).", func(s countlimit.Stats) uint64 { return s.Timeouts }),
+		counter("countlimit_breaker_rejected_total", "Checks the open circuit breaker answered without calling the store.", func(s countlimit.Stats) uint64 { return s.Rejected }),
+		counter("countlimit_breaker_openings_total", "Times the circuit breaker opened.", func(s countlimit.Stats) uint64 { return s.BreakerOpenings }),
+		counter("countlimit_fallback_decisions_total", "Checks the fallback store answered.", func(s countlimit.Stats) uint64 { return s.Fallbacks }),
+		counter("countlimit_locked_total", "Checks that waited out their time for an id another transaction held locked (PostgreSQL).", func(s countlimit.Stats) uint64 { return s.Locked }),
+		series("countlimit_breaker_state", "The circuit breaker: 0 closed, 1 open, 2 half-open.", prometheus.GaugeValue, func(s countlimit.Stats) float64 { return float64(s.Breaker) }),
+	}
+}()
+
+// New returns a Metrics with every count at 0 and no Stats watched: until
+// [Metrics.Watch] is called, it exports the decisions and the store
+// durations only.
 func New(opts ...Option) *Metrics {
 	cfg := config{buckets: DefaultBuckets}
 	for _, o := range opts {
 		o(&cfg)
-	}
-	counter := func(name, help string) prometheus.Counter {
-		return prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help})
 	}
 	m := &Metrics{
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -107,16 +139,6 @@ func New(opts ...Option) *Metrics {
 			Help:    "Time the store took to answer or fail a call, by operation.",
 			Buckets: cfg.buckets,
 		}, []string{"op"}),
-		failures:  counter("countlimit_store_failures_total", "Store calls that failed (timeouts included)."),
-		timeouts:  counter("countlimit_store_timeouts_total", "Store calls that ran out of the store timeout (WithStoreTimeout, --store-timeout)."),
-		rejected:  counter("countlimit_breaker_rejected_total", "Checks the open circuit breaker answered without calling the store."),
-		openings:  counter("countlimit_breaker_openings_total", "Times the circuit breaker opened."),
-		fallbacks: counter("countlimit_fallback_decisions_total", "Checks the fallback store answered."),
-		locked:    counter("countlimit_locked_total", "Checks that waited out their time for an id another transaction held locked (PostgreSQL)."),
-		breaker: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "countlimit_breaker_state",
-			Help: "The circuit breaker: 0 closed, 1 open, 2 half-open.",
-		}),
 	}
 	for _, op := range ops {
 		m.byOp[op] = m.storeSeconds.WithLabelValues(op.String())
@@ -125,9 +147,11 @@ func New(opts ...Option) *Metrics {
 	return m
 }
 
-// Observer returns the countlimit.Observer that feeds m, for
-// countlimit.WithObserver. Its funcs allocate nothing once a use type has
-// been seen.
+// Observer returns the countlimit.Observer that feeds m's decisions and
+// store durations, for countlimit.WithObserver. It tells m nothing of
+// failures, the breaker or the fallback store: the Limiter's Stats count
+// those, and [Metrics.Watch] exports them. Its funcs allocate nothing once
+// a use type has been seen.
 func (m *Metrics) Observer() countlimit.Observer {
 	return countlimit.Observer{
 		Decided: func(d countlimit.Decision) { m.Decided(string(d.UseType), d.Allowed) },
@@ -135,25 +159,27 @@ func (m *Metrics) Observer() countlimit.Observer {
 			if int(c.Op) < len(m.byOp) && m.byOp[c.Op] != nil {
 				m.byOp[c.Op].Observe(c.Took.Seconds())
 			}
-			if c.Failed {
-				m.failures.Inc()
-			}
-			if c.TimedOut {
-				m.timeouts.Inc()
-			}
-			if c.Err != nil && errors.Is(c.Err, countlimit.ErrLocked) {
-				m.locked.Inc()
-			}
 		},
-		BreakerChanged: func(_, to countlimit.BreakerState) {
-			m.breaker.Set(float64(to))
-			if to == countlimit.BreakerOpen {
-				m.openings.Inc()
-			}
-		},
-		Rejected: func(driver.Op) { m.rejected.Inc() },
-		FellBack: func(driver.Op) { m.fallbacks.Inc() },
 	}
+}
+
+// Watch makes m export what stats returns, read once per scrape:
+// countlimit_store_failures_total, countlimit_store_timeouts_total,
+// countlimit_locked_total, countlimit_breaker_rejected_total,
+// countlimit_fallback_decisions_total, countlimit_breaker_openings_total
+// and countlimit_breaker_state. stats is a Limiter's Stats method, called
+// as metrics.Watch(limiter.Stats) once the Limiter is made; it must be
+// safe for concurrent use, as Limiter.Stats is. Until Watch is called m
+// emits none of those seven series (Describe describes them all the
+// same). A later call replaces the func an earlier one gave, and
+// Watch(nil) stops the seven series again. Watch is safe to call while m
+// is being scraped.
+func (m *Metrics) Watch(stats func() countlimit.Stats) {
+	if stats == nil {
+		m.stats.Store(nil)
+		return
+	}
+	m.stats.Store(&stats)
 }
 
 // Decided counts a decision under rule, as the Observer counts one under
@@ -188,21 +214,27 @@ func (m *Metrics) addRule(rule string) *[2]prometheus.Counter {
 	return c
 }
 
-func (m *Metrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.decisions, m.storeSeconds, m.failures, m.timeouts, m.locked,
-		m.breaker, m.openings, m.rejected, m.fallbacks}
-}
-
-// Describe implements prometheus.Collector.
+// Describe implements prometheus.Collector. It describes every series m
+// may emit, those Watch feeds included.
 func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
-	for _, c := range m.collectors() {
-		c.Describe(ch)
+	m.decisions.Describe(ch)
+	m.storeSeconds.Describe(ch)
+	for _, s := range statsSeries {
+		ch <- s.desc
 	}
 }
 
-// Collect implements prometheus.Collector.
+// Collect implements prometheus.Collector. It calls the watched Stats
+// func once, if Watch was called.
 func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
-	for _, c := range m.collectors() {
-		c.Collect(ch)
+	m.decisions.Collect(ch)
+	m.storeSeconds.Collect(ch)
+	stats := m.stats.Load()
+	if stats == nil {
+		return
+	}
+	now := (*stats)()
+	for _, s := range statsSeries {
+		ch <- prometheus.MustNewConstMetric(s.desc, s.typ, s.value(now))
 	}
 }

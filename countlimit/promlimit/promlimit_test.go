@@ -133,8 +133,6 @@ func TestDecisionsByUseType(t *testing.T) {
 		"countlimit_store_duration_seconds{op=allow}":                       4,
 		"countlimit_store_duration_seconds{op=peek}":                        1,
 		"countlimit_store_duration_seconds{op=refund}":                      0,
-		"countlimit_store_failures_total":                                   0,
-		"countlimit_breaker_state":                                          0,
 	})
 	// The store pauses 1ms a call: the durations say at least that much.
 	reg := prometheus.NewRegistry()
@@ -156,9 +154,32 @@ func TestDecisionsByUseType(t *testing.T) {
 	}
 }
 
+// statsSeries returns the values s gives the series Watch feeds.
+func statsSeries(s countlimit.Stats) map[string]float64 {
+	return map[string]float64{
+		"countlimit_store_failures_total":     float64(s.Failures),
+		"countlimit_store_timeouts_total":     float64(s.Timeouts),
+		"countlimit_locked_total":             float64(s.Locked),
+		"countlimit_breaker_rejected_total":   float64(s.Rejected),
+		"countlimit_fallback_decisions_total": float64(s.Fallbacks),
+		"countlimit_breaker_openings_total":   float64(s.BreakerOpenings),
+		"countlimit_breaker_state":            float64(s.Breaker),
+	}
+}
+
+// checkStats checks that the series Watch feeds hold what l.Stats()
+// returns, and that Stats holds want (the counts the step made).
+func checkStats(t *testing.T, step string, m *promlimit.Metrics, l *countlimit.Limiter, want countlimit.Stats) {
+	t.Helper()
+	if s := l.Stats(); s != want {
+		t.Errorf("%s: Stats() = %+v, want %+v", step, s, want)
+	}
+	checkSeries(t, step, gather(t, m), statsSeries(want))
+}
+
 // TestFailuresBreakerFallback: store failures, timeouts, breaker changes,
-// rejections and fallbacks are counted as Stats counts them, and the
-// breaker's state is a gauge.
+// rejections and fallbacks show as the watched Limiter's Stats count
+// them, and the breaker's state is a gauge.
 func TestFailuresBreakerFallback(t *testing.T) {
 	t.Parallel()
 	f := newFlaky(t)
@@ -169,6 +190,7 @@ func TestFailuresBreakerFallback(t *testing.T) {
 	l := countlimit.New(f, countlimit.WithClock(clock.now), countlimit.WithObserver(m.Observer()),
 		countlimit.WithCircuitBreaker(countlimit.CircuitBreaker{Failures: 2, CoolDown: time.Second}),
 		countlimit.WithStoreTimeout(time.Millisecond))
+	m.Watch(l.Stats)
 	ctx := context.Background()
 	rule := countlimit.Rule{UseType: "api", Limit: 10, Window: countlimit.Fixed(time.Minute)}
 	allow := func() error { _, err := l.Allow(ctx, rule, "u1"); return err }
@@ -181,45 +203,169 @@ func TestFailuresBreakerFallback(t *testing.T) {
 	if err := allow(); !errors.Is(err, countlimit.ErrCircuitOpen) {
 		t.Fatalf("after 2 failures: %v, want ErrCircuitOpen", err)
 	}
-	checkSeries(t, "open", gather(t, m), map[string]float64{
-		"countlimit_store_failures_total":             2,
-		"countlimit_store_timeouts_total":             1,
-		"countlimit_breaker_state":                    float64(countlimit.BreakerOpen),
-		"countlimit_breaker_openings_total":           1,
-		"countlimit_breaker_rejected_total":           1,
-		"countlimit_store_duration_seconds{op=allow}": 2,
-	})
+	checkStats(t, "open", m, l, countlimit.Stats{Failures: 2, Timeouts: 1, Rejected: 1,
+		Breaker: countlimit.BreakerOpen, BreakerOpenings: 1})
+	checkSeries(t, "open", gather(t, m), map[string]float64{"countlimit_store_duration_seconds{op=allow}": 2})
 	f.stall.Store(false)
 	clock.advance(time.Second)
 	if err := allow(); err != nil {
 		t.Fatalf("the probe: %v", err)
 	}
-	checkSeries(t, "closed again", gather(t, m), map[string]float64{
-		"countlimit_breaker_state":                             float64(countlimit.BreakerClosed),
-		"countlimit_breaker_openings_total":                    1,
-		"countlimit_decisions_total{rule=api,verdict=allowed}": 1,
-	})
-	s := l.Stats()
-	checkSeries(t, "beside Stats", gather(t, m), map[string]float64{
-		"countlimit_store_failures_total":   float64(s.Failures),
-		"countlimit_store_timeouts_total":   float64(s.Timeouts),
-		"countlimit_breaker_openings_total": float64(s.BreakerOpenings),
-		"countlimit_breaker_rejected_total": float64(s.Rejected),
-	})
+	checkStats(t, "closed again", m, l, countlimit.Stats{Failures: 2, Timeouts: 1, Rejected: 1,
+		Breaker: countlimit.BreakerClosed, BreakerOpenings: 1})
+	checkSeries(t, "closed again", gather(t, m), map[string]float64{"countlimit_decisions_total{rule=api,verdict=allowed}": 1})
 
 	m = promlimit.New()
 	l = countlimit.New(f, countlimit.WithObserver(m.Observer()), countlimit.WithFallback(fallback))
+	m.Watch(l.Stats)
 	f.down.Store(true)
 	for range 3 {
 		if res, err := l.Allow(ctx, rule, "u1"); err != nil || !res.Allowed {
 			t.Fatalf("Allow with a fallback: %+v, %v", res, err)
 		}
 	}
-	checkSeries(t, "with a fallback", gather(t, m), map[string]float64{
-		"countlimit_fallback_decisions_total":                  3,
-		"countlimit_store_failures_total":                      3,
-		"countlimit_decisions_total{rule=api,verdict=allowed}": 3,
+	checkStats(t, "with a fallback", m, l, countlimit.Stats{Failures: 3, Fallbacks: 3})
+	checkSeries(t, "with a fallback", gather(t, m), map[string]float64{"countlimit_decisions_total{rule=api,verdict=allowed}": 3})
+}
+
+// TestStatsSeriesNeedWatch: before Watch, the series it feeds are absent
+// (though described), whatever the Limiter counted; after it they hold
+// the Limiter's Stats, even for a Limiter never given the Observer.
+func TestStatsSeriesNeedWatch(t *testing.T) {
+	t.Parallel()
+	f := newFlaky(t)
+	f.down.Store(true)
+	m := promlimit.New()
+	l := countlimit.New(f, countlimit.WithCircuitBreaker(countlimit.CircuitBreaker{Failures: 1, CoolDown: time.Hour}))
+	rule := countlimit.Rule{UseType: "api", Limit: 10, Window: countlimit.Fixed(time.Minute)}
+	for range 3 {
+		if _, err := l.Allow(context.Background(), rule, "u1"); !errors.Is(err, countlimit.ErrUnavailable) {
+			t.Fatalf("Allow on a store that is down: %v, want ErrUnavailable", err)
+		}
+	}
+	got := gather(t, m)
+	for name := range statsSeries(countlimit.Stats{}) {
+		if v, ok := got[name]; ok {
+			t.Errorf("before Watch: %s = %v, want no such series", name, v)
+		}
+	}
+	described := map[string]bool{}
+	ch := make(chan *prometheus.Desc, 16)
+	m.Describe(ch)
+	close(ch)
+	for d := range ch {
+		described[d.String()] = true
+	}
+	for name := range statsSeries(countlimit.Stats{}) {
+		found := false
+		for d := range described {
+			found = found || strings.Contains(d, `fqName: "`+name+`"`)
+		}
+		if !found {
+			t.Errorf("Describe leaves %s out", name)
+		}
+	}
+
+	m.Watch(l.Stats)
+	checkStats(t, "after Watch", m, l, countlimit.Stats{Failures: 1, Rejected: 2,
+		Breaker: countlimit.BreakerOpen, BreakerOpenings: 1})
+	m.Watch(nil)
+	got = gather(t, m)
+	for name := range statsSeries(countlimit.Stats{}) {
+		if v, ok := got[name]; ok {
+			t.Errorf("after Watch(nil): %s = %v, want no such series", name, v)
+		}
+	}
+}
+
+// TestWatchReadsStatsEachScrape: each scrape calls the watched func once
+// and shows what it returns then, nothing cached; a second Watch replaces
+// the first's func.
+func TestWatchReadsStatsEachScrape(t *testing.T) {
+	t.Parallel()
+	m := promlimit.New()
+	var calls atomic.Int64
+	m.Watch(func() countlimit.Stats {
+		n := calls.Add(1)
+		return countlimit.Stats{Failures: uint64(10 * n), Timeouts: uint64(n), Breaker: countlimit.BreakerState(n % 3)}
 	})
+	for scrape := int64(1); scrape <= 2; scrape++ {
+		got := gather(t, m)
+		if c := calls.Load(); c != scrape {
+			t.Fatalf("after %d scrapes: Stats called %d times, want %d", scrape, c, scrape)
+		}
+		checkSeries(t, fmt.Sprintf("scrape %d", scrape), got, map[string]float64{
+			"countlimit_store_failures_total": float64(10 * scrape),
+			"countlimit_store_timeouts_total": float64(scrape),
+			"countlimit_breaker_state":        float64(scrape % 3),
+		})
+	}
+	m.Watch(func() countlimit.Stats { return countlimit.Stats{Locked: 7} })
+	checkSeries(t, "after a second Watch", gather(t, m), map[string]float64{
+		"countlimit_locked_total":         7,
+		"countlimit_store_failures_total": 0,
+	})
+	if c := calls.Load(); c != 2 {
+		t.Errorf("the replaced func was called again: %d calls, want 2", c)
+	}
+}
+
+// TestBreakerOfTheWatchedLimiter: one Metrics whose Observer two Limiters
+// share adds up their decisions, and its breaker state is the watched
+// Limiter's, not that of whichever breaker changed last.
+func TestBreakerOfTheWatchedLimiter(t *testing.T) {
+	t.Parallel()
+	m := promlimit.New()
+	up, down := newFlaky(t), newFlaky(t)
+	down.down.Store(true)
+	breaker := countlimit.WithCircuitBreaker(countlimit.CircuitBreaker{Failures: 1, CoolDown: time.Hour})
+	watched := countlimit.New(up, countlimit.WithObserver(m.Observer()), breaker)
+	other := countlimit.New(down, countlimit.WithObserver(m.Observer()), breaker)
+	m.Watch(watched.Stats)
+	rule := countlimit.Rule{UseType: "api", Limit: 10, Window: countlimit.Fixed(time.Minute)}
+	for _, l := range []*countlimit.Limiter{watched, other, watched} {
+		_, _ = l.Allow(context.Background(), rule, "u1")
+	}
+	if s := other.Stats(); s.Breaker != countlimit.BreakerOpen {
+		t.Fatalf("the other Limiter's breaker is %v, want open", s.Breaker)
+	}
+	checkStats(t, "the other's breaker open", m, watched, countlimit.Stats{})
+	checkSeries(t, "the other's breaker open", gather(t, m), map[string]float64{
+		"countlimit_decisions_total{rule=api,verdict=allowed}": 2,
+		"countlimit_store_duration_seconds{op=allow}":          3,
+	})
+}
+
+// TestWatchWhileScraping: Watch and scrapes from many goroutines at once
+// are safe (under -race), and every scrape shows one of the funcs given.
+func TestWatchWhileScraping(t *testing.T) {
+	t.Parallel()
+	m := promlimit.New()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(m)
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Go(func() {
+			for i := range 50 {
+				if g%2 == 0 {
+					n := uint64(g*100 + i + 1)
+					m.Watch(func() countlimit.Stats { return countlimit.Stats{Failures: n} })
+					continue
+				}
+				families, err := reg.Gather()
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				for _, f := range families {
+					if f.GetName() == "countlimit_store_failures_total" && f.GetMetric()[0].GetCounter().GetValue() == 0 {
+						t.Error("a scrape showed 0 failures, a value no watched func returns")
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
 }
 
 // lockedStore answers as pgstore does for a row another transaction
@@ -232,20 +378,19 @@ func (lockedStore) Do(ctx context.Context, _ *driver.Request) error {
 	return fmt.Errorf("%w: %w", countlimit.ErrLocked, ctx.Err())
 }
 
+// TestLockedIsNoFailure: a check that waited out a lock shows as locked,
+// not as a store failure or timeout.
 func TestLockedIsNoFailure(t *testing.T) {
 	t.Parallel()
 	m := promlimit.New()
 	l := countlimit.New(lockedStore{}, countlimit.WithObserver(m.Observer()), countlimit.WithStoreTimeout(time.Millisecond))
+	m.Watch(l.Stats)
 	for range 2 {
 		if _, err := l.Allow(context.Background(), countlimit.Rule{UseType: "api", Limit: 1, Window: countlimit.Fixed(time.Minute)}, "u1"); !errors.Is(err, countlimit.ErrLocked) {
 			t.Fatalf("Allow of a locked id: %v", err)
 		}
 	}
-	checkSeries(t, "locked", gather(t, m), map[string]float64{
-		"countlimit_locked_total":         2,
-		"countlimit_store_failures_total": 0,
-		"countlimit_store_timeouts_total": 0,
-	})
+	checkStats(t, "locked", m, l, countlimit.Stats{Locked: 2})
 }
 
 // TestIDsAreNeverLabels: ten thousand ids make as many series as ten, and
@@ -257,6 +402,7 @@ func TestIDsAreNeverLabels(t *testing.T) {
 		m := promlimit.New()
 		l := countlimit.New(f, countlimit.WithObserver(m.Observer()),
 			countlimit.WithCircuitBreaker(countlimit.CircuitBreaker{Failures: 1 << 30}))
+		m.Watch(l.Stats)
 		ctx := context.Background()
 		rules := []countlimit.Rule{
 			{UseType: "login", Limit: 1, Window: countlimit.Fixed(time.Minute)},

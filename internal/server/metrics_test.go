@@ -68,14 +68,16 @@ func parseExposition(t *testing.T, text string) exposition {
 }
 
 // TestServiceSharesTheLibrarysMetrics: every metric promlimit exports for
-// an application's Limiter, the service exports under the same name, type
-// and label names (it registers promlimit's collector, so they cannot
-// drift apart), and the service's Limiter feeds it.
+// an application's Limiter (its Observer and its Stats, watched), the
+// service exports under the same name, type and label names (it registers
+// promlimit's collector, so they cannot drift apart), and the service's
+// Limiter feeds it.
 func TestServiceSharesTheLibrarysMetrics(t *testing.T) {
 	lib := promlimit.New()
 	store := memstore.New(memstore.WithJanitorInterval(0))
 	defer store.Close()
 	l := countlimit.New(store, countlimit.WithObserver(lib.Observer()))
+	lib.Watch(l.Stats)
 	if _, err := l.Allow(context.Background(), countlimit.Rule{UseType: "sms.code", Limit: 1, Window: countlimit.Fixed(time.Minute)}, "x"); err != nil {
 		t.Fatal(err)
 	}
@@ -92,12 +94,15 @@ func TestServiceSharesTheLibrarysMetrics(t *testing.T) {
 	defer ts.Close()
 	a := api{t, ts.URL}
 	a.do("POST", "/v1/allow", `{"rule": "sms.code", "id": "y"}`)
-	_, out := a.do("GET", "/metrics", "")
+	code, out := a.do("GET", "/metrics", "")
 	text, _ := out["text"].(string)
+	if code != 200 {
+		t.Fatalf("GET /metrics: %d %s", code, text)
+	}
 	got := parseExposition(t, text)
 
-	if len(families) < 9 {
-		t.Fatalf("promlimit exports %d families", len(families))
+	if len(families) != 9 {
+		t.Fatalf("promlimit exports %d families, want 9", len(families))
 	}
 	for _, f := range families {
 		name := f.GetName()
@@ -131,5 +136,71 @@ func TestServiceSharesTheLibrarysMetrics(t *testing.T) {
 	}
 	if want := `countlimit_decisions_total{rule="conversation.create",verdict="allowed"} 1`; !strings.Contains(text, want+"\n") {
 		t.Errorf("the service's /metrics lack %q", want)
+	}
+}
+
+// TestServiceMetricsAreTheLimitersStats: the service's /metrics shows each
+// series promlimit reads from a Limiter's Stats (its series without labels)
+// once, holding what a promlimit Metrics watching the service's Limiter
+// shows, whether the Metrics came from NewMetrics or the server made its
+// own.
+func TestServiceMetricsAreTheLimitersStats(t *testing.T) {
+	for _, own := range []bool{false, true} {
+		t.Run(fmt.Sprintf("own=%v", own), func(t *testing.T) {
+			cfg := server.Config{Rules: rulefile.Default(), Logger: quiet}
+			opts := []countlimit.Option{countlimit.WithCircuitBreaker(countlimit.CircuitBreaker{Failures: 2, CoolDown: time.Hour})}
+			if !own {
+				metrics, observe := server.NewMetrics()
+				cfg.Metrics = metrics
+				opts = append(opts, observe)
+			}
+			cfg.Limiter = countlimit.New(failing{}, opts...)
+			ts := httptest.NewServer(server.New(cfg))
+			defer ts.Close()
+			a := api{t, ts.URL}
+			for range 5 {
+				if code, out := a.do("POST", "/v1/allow", `{"rule": "sms.code", "id": "y"}`); code != 503 {
+					t.Fatalf("allow on a store that is down: %d %v, want 503", code, out)
+				}
+			}
+			code, out := a.do("GET", "/metrics", "")
+			text, _ := out["text"].(string)
+			if code != 200 {
+				t.Fatalf("GET /metrics: %d %s", code, text)
+			}
+			if s := cfg.Limiter.Stats(); s.Failures != 2 || s.Rejected != 3 || s.Breaker != countlimit.BreakerOpen {
+				t.Fatalf("Stats() = %+v, want 2 failures, 3 rejected, the breaker open", s)
+			}
+
+			lib := promlimit.New()
+			lib.Watch(cfg.Limiter.Stats)
+			reg := prometheus.NewRegistry()
+			reg.MustRegister(lib)
+			families, err := reg.Gather()
+			if err != nil {
+				t.Fatal(err)
+			}
+			fromStats := 0
+			for _, f := range families {
+				s := f.GetMetric()[0]
+				if len(s.GetLabel()) > 0 {
+					continue // decisions and durations: the observer's
+				}
+				fromStats++
+				want := fmt.Sprintf("%s %v", f.GetName(), s.GetCounter().GetValue()+s.GetGauge().GetValue())
+				var lines []string
+				for line := range strings.Lines(text) {
+					if strings.HasPrefix(line, f.GetName()+" ") {
+						lines = append(lines, strings.TrimSpace(line))
+					}
+				}
+				if len(lines) != 1 || lines[0] != want {
+					t.Errorf("/metrics shows %q, want just %q", lines, want)
+				}
+			}
+			if fromStats != 7 {
+				t.Errorf("promlimit reads %d series from Stats, want 7", fromStats)
+			}
+		})
 	}
 }

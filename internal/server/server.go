@@ -40,10 +40,12 @@ const MaxBodyBytes = 64 << 10
 // Config is what a Server serves.
 type Config struct {
 	Limiter *countlimit.Limiter
-	// Metrics is what /metrics shows of the Limiter (its store calls,
-	// failures, breaker and fallbacks), fed by the Limiter's observer: make
-	// both with NewMetrics. Nil: a Metrics of the server's own, which
-	// counts only the decisions.
+	// Metrics is what /metrics shows of the Limiter: its store calls' durations,
+	// fed by the Limiter's observer (make both with NewMetrics), and its
+	// failures, breaker and fallbacks, which New has it read from the
+	// Limiter's Stats (it calls Metrics.Watch(Limiter.Stats), replacing
+	// any func an earlier Watch gave). Nil: a Metrics of the server's own,
+	// which shows the decisions and the Stats, not the durations.
 	Metrics *promlimit.Metrics
 	Rules   *rulefile.File
 	// Ping reports whether the store answers; nil means healthy unless
@@ -97,11 +99,12 @@ type Config struct {
 }
 
 // NewMetrics returns the Metrics for Config.Metrics and the option that
-// makes a Limiter feed them. They are promlimit's, which an application
-// embedding a Limiter exports too, so the service's names and labels are
-// the library's; but the service counts decisions itself, once per
-// request under the rule or group the request names, not once per rule
-// under its use type, so the observer leaves them out.
+// makes a Limiter feed them its store calls' durations; New makes them
+// read the rest from the Limiter's Stats. They are promlimit's, which an
+// application embedding a Limiter exports too, so the service's names and
+// labels are the library's; but the service counts decisions itself, once
+// per request under the rule or group the request names, not once per
+// rule under its use type, so the observer leaves them out.
 func NewMetrics() (*promlimit.Metrics, countlimit.Option) {
 	m := promlimit.New()
 	o := m.Observer()
@@ -182,6 +185,7 @@ func New(cfg Config) *Server {
 	if s.lim == nil {
 		s.lim = promlimit.New()
 	}
+	s.lim.Watch(cfg.Limiter.Stats)
 	s.latency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "countlimit_request_duration_seconds",
 		Help:    "Time to answer an API request, by endpoint.",
