@@ -1,6 +1,7 @@
 -- The fast path: one rule whose window is not sliding (rolling, fixed,
 -- calendar, lifetime, CheckLimit). Each statement is one call of a
--- function of migrations/00001_countlimit.sql, where the SQL and its comments
+-- function of migrations/00001_countlimit.sql or, on the pool,
+-- migrations/00003_fast_path.sql, where the SQL and its comments
 -- live: functions plan their statements with the key whatever the table's
 -- statistics say.
 
@@ -15,6 +16,17 @@ SELECT r.o_busy::boolean AS busy, r.o_allowed::boolean AS allowed, r.o_used::big
     r.o_blocked_until::timestamptz AS blocked_until
 FROM countlimit_allow_one(@use_type::text, @unique_id::text, @now::timestamptz, @n::bigint, @limit_value::bigint,
     @begin_time::timestamptz, sqlc.narg(window_end)::timestamptz, sqlc.narg(penalty_end)::timestamptz, @skip_locked::boolean,
+    nullif(@window_kind::text, '')) AS r;
+
+-- name: AllowOnePooled :one
+-- AllowOnePooled is AllowOne with skip_locked, as pgstore's pool sends it
+-- (countlimit_allow_one_pooled): a row that exists and is free is decided
+-- by a statement of its own, smaller than countlimit_allow_one's.
+SELECT r.o_busy::boolean AS busy, r.o_allowed::boolean AS allowed, r.o_used::bigint AS used,
+    r.o_window_begin::timestamptz AS window_begin, r.o_window_end::timestamptz AS window_end,
+    r.o_blocked_until::timestamptz AS blocked_until
+FROM countlimit_allow_one_pooled(@use_type::text, @unique_id::text, @now::timestamptz, @n::bigint, @limit_value::bigint,
+    @begin_time::timestamptz, sqlc.narg(window_end)::timestamptz, sqlc.narg(penalty_end)::timestamptz,
     nullif(@window_kind::text, '')) AS r;
 
 -- name: AllowBatch :many
@@ -32,11 +44,12 @@ FROM countlimit_allow_batch(@use_types::text[], @unique_ids::text[], @key_of::in
 
 -- name: AllowBatchDistinct :many
 -- AllowBatchDistinct is AllowBatch for calls whose keys are all different
--- (countlimit_allow_distinct), sorted by key; a call is named by its
--- 1-based position (key_of).
+-- (countlimit_allow_distinct_pooled: countlimit_allow_distinct after a
+-- statement of its own for rows that all exist and are free), sorted by
+-- key; a call is named by its 1-based position (key_of).
 SELECT r.o_key_of::int AS key_of, r.o_busy::boolean AS busy, r.o_allowed::boolean AS allowed,
     r.o_used::bigint AS used, r.o_window_begin::timestamptz AS window_begin, r.o_window_end::timestamptz AS window_end,
     r.o_blocked_until::timestamptz AS blocked_until
-FROM countlimit_allow_distinct(@use_types::text[], @unique_ids::text[], @nows::timestamptz[], @ns::bigint[],
+FROM countlimit_allow_distinct_pooled(@use_types::text[], @unique_ids::text[], @nows::timestamptz[], @ns::bigint[],
     @limits::bigint[], @begins::timestamptz[], @window_ends::timestamptz[], @penalty_ends::timestamptz[],
     array_replace(@kinds::text[], '', NULL)) AS r;

@@ -36,14 +36,14 @@ func penaltyEnd(r *driver.Request, c *driver.Check) pgtype.Timestamptz {
 	return timestamptz(r.Now.Add(c.Block))
 }
 
-// allowOne runs r, which takes the fast path, as one AllowOne statement.
-// With skipLocked a row another transaction holds locked, or has inserted
-// and not committed, is not waited for: the call fails with errBusy,
-// nothing written.
+// allowOne runs r, which takes the fast path, as one statement: AllowOne,
+// or with skipLocked (the pool) AllowOnePooled, which is AllowOne with
+// skip_locked. With skipLocked a row another transaction holds locked, or
+// has inserted and not committed, is not waited for: the call fails with
+// errBusy, nothing written.
 func (s *Store) allowOne(ctx context.Context, d DBTX, r *driver.Request, skipLocked bool) error {
 	c := &r.Checks[0]
-	p := db.AllowOneParams{
-		SkipLocked: skipLocked,
+	p := db.AllowOnePooledParams{
 		N:          r.N,
 		BeginTime:  timestamptz(c.Begin),
 		WindowEnd:  nullTime(c.End),
@@ -54,9 +54,19 @@ func (s *Store) allowOne(ctx context.Context, d DBTX, r *driver.Request, skipLoc
 		Now:        timestamptz(r.Now),
 		WindowKind: c.Kind,
 	}
+	one := func() (db.AllowOneRow, error) {
+		row, err := s.q.AllowOnePooled(ctx, d, p)
+		return db.AllowOneRow(row), err
+	}
+	if !skipLocked {
+		one = func() (db.AllowOneRow, error) {
+			return s.q.AllowOne(ctx, d, db.AllowOneParams{UseType: p.UseType, UniqueID: p.UniqueID, Now: p.Now, N: p.N,
+				LimitValue: p.LimitValue, BeginTime: p.BeginTime, WindowEnd: p.WindowEnd, PenaltyEnd: p.PenaltyEnd, WindowKind: p.WindowKind})
+		}
+	}
 	for range gather.MaxAttempts {
 		sent := time.Now()
-		row, err := s.q.AllowOne(ctx, d, p)
+		row, err := one()
 		if errors.Is(err, pgx.ErrNoRows) {
 			continue // the row was created concurrently: now it is there
 		}

@@ -95,7 +95,7 @@ const allowBatchDistinct = `-- name: AllowBatchDistinct :many
 SELECT r.o_key_of::int AS key_of, r.o_busy::boolean AS busy, r.o_allowed::boolean AS allowed,
     r.o_used::bigint AS used, r.o_window_begin::timestamptz AS window_begin, r.o_window_end::timestamptz AS window_end,
     r.o_blocked_until::timestamptz AS blocked_until
-FROM countlimit_allow_distinct($1::text[], $2::text[], $3::timestamptz[], $4::bigint[],
+FROM countlimit_allow_distinct_pooled($1::text[], $2::text[], $3::timestamptz[], $4::bigint[],
     $5::bigint[], $6::timestamptz[], $7::timestamptz[], $8::timestamptz[],
     array_replace($9::text[], '', NULL)) AS r
 `
@@ -123,8 +123,9 @@ type AllowBatchDistinctRow struct {
 }
 
 // AllowBatchDistinct is AllowBatch for calls whose keys are all different
-// (countlimit_allow_distinct), sorted by key; a call is named by its
-// 1-based position (key_of).
+// (countlimit_allow_distinct_pooled: countlimit_allow_distinct after a
+// statement of its own for rows that all exist and are free), sorted by
+// key; a call is named by its 1-based position (key_of).
 func (q *Queries) AllowBatchDistinct(ctx context.Context, db DBTX, arg AllowBatchDistinctParams) ([]AllowBatchDistinctRow, error) {
 	rows, err := db.Query(ctx, allowBatchDistinct,
 		arg.UseTypes,
@@ -197,7 +198,8 @@ type AllowOneRow struct {
 
 // The fast path: one rule whose window is not sliding (rolling, fixed,
 // calendar, lifetime, CheckLimit). Each statement is one call of a
-// function of migrations/00001_countlimit.sql, where the SQL and its comments
+// function of migrations/00001_countlimit.sql or, on the pool,
+// migrations/00003_fast_path.sql, where the SQL and its comments
 // live: functions plan their statements with the key whatever the table's
 // statistics say.
 // AllowOne counts n events of one rule for one id, or tallies the denial
@@ -219,6 +221,63 @@ func (q *Queries) AllowOne(ctx context.Context, db DBTX, arg AllowOneParams) (Al
 		arg.WindowKind,
 	)
 	var i AllowOneRow
+	err := row.Scan(
+		&i.Busy,
+		&i.Allowed,
+		&i.Used,
+		&i.WindowBegin,
+		&i.WindowEnd,
+		&i.BlockedUntil,
+	)
+	return i, err
+}
+
+const allowOnePooled = `-- name: AllowOnePooled :one
+SELECT r.o_busy::boolean AS busy, r.o_allowed::boolean AS allowed, r.o_used::bigint AS used,
+    r.o_window_begin::timestamptz AS window_begin, r.o_window_end::timestamptz AS window_end,
+    r.o_blocked_until::timestamptz AS blocked_until
+FROM countlimit_allow_one_pooled($1::text, $2::text, $3::timestamptz, $4::bigint, $5::bigint,
+    $6::timestamptz, $7::timestamptz, $8::timestamptz,
+    nullif($9::text, '')) AS r
+`
+
+type AllowOnePooledParams struct {
+	UseType    string
+	UniqueID   string
+	Now        pgtype.Timestamptz
+	N          int64
+	LimitValue int64
+	BeginTime  pgtype.Timestamptz
+	WindowEnd  pgtype.Timestamptz
+	PenaltyEnd pgtype.Timestamptz
+	WindowKind string
+}
+
+type AllowOnePooledRow struct {
+	Busy         bool
+	Allowed      bool
+	Used         int64
+	WindowBegin  pgtype.Timestamptz
+	WindowEnd    pgtype.Timestamptz
+	BlockedUntil pgtype.Timestamptz
+}
+
+// AllowOnePooled is AllowOne with skip_locked, as pgstore's pool sends it
+// (countlimit_allow_one_pooled): a row that exists and is free is decided
+// by a statement of its own, smaller than countlimit_allow_one's.
+func (q *Queries) AllowOnePooled(ctx context.Context, db DBTX, arg AllowOnePooledParams) (AllowOnePooledRow, error) {
+	row := db.QueryRow(ctx, allowOnePooled,
+		arg.UseType,
+		arg.UniqueID,
+		arg.Now,
+		arg.N,
+		arg.LimitValue,
+		arg.BeginTime,
+		arg.WindowEnd,
+		arg.PenaltyEnd,
+		arg.WindowKind,
+	)
+	var i AllowOnePooledRow
 	err := row.Scan(
 		&i.Busy,
 		&i.Allowed,

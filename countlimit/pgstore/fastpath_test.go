@@ -1,0 +1,130 @@
+package pgstore_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/countlimit/countlimit/countlimit/storetest"
+	"github.com/countlimit/countlimit/internal/testbackend"
+)
+
+// TestFastPathRunsAloneOnFreeRows: migration 00003's
+// countlimit_allow_one_pooled and countlimit_allow_distinct_pooled, which
+// pgstore's pool calls, decide calls whose rows exist and are free by a
+// statement of their own, and call 00001's whole statement
+// (countlimit_allow_one, countlimit_allow_distinct) only when a row is
+// absent or another transaction holds it. The
+// model harness holds both paths to driver.Apply; this test holds the
+// choice of path, which the answers alone cannot show: PostgreSQL counts
+// each function's calls (track_functions, a superuser's setting).
+func TestFastPathRunsAloneOnFreeRows(t *testing.T) {
+	ctx := context.Background()
+	pool := testbackend.Postgres(t)
+	ut := string(storetest.UseType(t, "fastpath"))
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `SET LOCAL track_functions = 'pl'`); err != nil {
+		var pe *pgconn.PgError
+		if errors.As(err, &pe) && pe.Code == "42501" { // insufficient_privilege
+			t.Skip("track_functions needs a superuser:", err)
+		}
+		t.Fatal(err)
+	}
+	// calls reports how many times this transaction has called each
+	// whole statement so far.
+	calls := func() (one, distinct int64) {
+		t.Helper()
+		err := tx.QueryRow(ctx, `SELECT
+				coalesce(sum(calls) FILTER (WHERE funcname = 'countlimit_allow_one'), 0),
+				coalesce(sum(calls) FILTER (WHERE funcname = 'countlimit_allow_distinct'), 0)
+			FROM pg_stat_xact_user_functions`).Scan(&one, &distinct)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return one, distinct
+	}
+	allowOne := func(id string, limit int64) bool {
+		t.Helper()
+		var allowed bool
+		err := tx.QueryRow(ctx, `SELECT o_allowed FROM countlimit_allow_one_pooled($1, $2, now(), 1, $3, now(),
+			now() + interval '1 hour', now() + interval '1 minute', 'fixed')`, ut, id, limit).Scan(&allowed)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return allowed
+	}
+	allowDistinct := func(ids ...string) int {
+		t.Helper()
+		n := len(ids)
+		uts := make([]string, n)
+		for i := range uts {
+			uts[i] = ut
+		}
+		rows, err := tx.Query(ctx, `SELECT o_key_of FROM countlimit_allow_distinct_pooled($1, $2,
+			array_fill(now(), ARRAY[$3::int]), array_fill(1::bigint, ARRAY[$3::int]), array_fill(10::bigint, ARRAY[$3::int]),
+			array_fill(now(), ARRAY[$3::int]), array_fill(now() + interval '1 hour', ARRAY[$3::int]),
+			array_fill(NULL::timestamptz, ARRAY[$3::int]), array_fill('fixed'::text, ARRAY[$3::int]))`, uts, ids, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		keys, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(keys)
+	}
+
+	steps := []struct {
+		name          string
+		do            func()
+		one, distinct int64 // the whole statements' calls after the step
+	}{
+		{"a new id: the whole statement inserts it", func() { allowOne("a", 2) }, 1, 0},
+		{"its row, free: the fast statement alone", func() {
+			if !allowOne("a", 2) {
+				t.Error("second call of a, limit 2: denied")
+			}
+		}, 1, 0},
+		{"its row, full: the fast statement denies", func() {
+			if allowOne("a", 2) {
+				t.Error("third call of a, limit 2: allowed")
+			}
+		}, 1, 0},
+		{"a batch with a new id: the whole batch statement", func() {
+			if got := allowDistinct("a", "b"); got != 2 {
+				t.Errorf("batch of a, b: %d rows, want 2", got)
+			}
+		}, 1, 1},
+		{"a batch of rows that exist: the fast batch statement", func() {
+			if got := allowDistinct("a", "b"); got != 2 {
+				t.Errorf("batch of a, b again: %d rows, want 2", got)
+			}
+		}, 1, 1},
+	}
+	for _, s := range steps {
+		s.do()
+		if one, distinct := calls(); one != s.one || distinct != s.distinct {
+			t.Errorf("%s: the whole statements called %d and %d times in all, want %d and %d",
+				s.name, one, distinct, s.one, s.distinct)
+		}
+	}
+	// And what the fast statements wrote is what the whole one would
+	// have: a's two calls allowed at limit 2, the third denied with its
+	// penalty (a minute), and the batches' two calls denied by it.
+	var used, denied int64
+	var penalty bool
+	if err := tx.QueryRow(ctx, `SELECT already_count, denied_count, blocked_until = now() + interval '1 minute'
+		FROM count_limit WHERE use_type = $1 AND unique_id = 'a'`, ut).Scan(&used, &denied, &penalty); err != nil {
+		t.Fatal(err)
+	}
+	if used != 2 || denied != 3 || !penalty {
+		t.Errorf("a's row: used %d, denied %d, penalty set %v; want 2, 3 and true", used, denied, penalty)
+	}
+}
