@@ -168,7 +168,9 @@ type Stats struct {
 }
 
 // Stats returns the Limiter's failure counts. It is safe to call
-// concurrently with checks.
+// concurrently with checks. A Limiter made with none of WithObserver,
+// WithStoreTimeout, WithCircuitBreaker and WithFallback counts nothing (its
+// calls go straight to the store): its Stats are all zero.
 func (l *Limiter) Stats() Stats {
 	g := l.guarded
 	if g == nil {

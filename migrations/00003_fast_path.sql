@@ -8,15 +8,16 @@
 -- running during the upgrade keeps calling the functions it knows, which
 -- are as they were. Its Down drops the two: 00002's schema exactly.
 --
--- Why. On pgstore's pool, a check of one rule that is not smooth is
--- countlimit_allow_one, or, for concurrent calls, one group commit:
--- countlimit_allow_distinct (every call a key of its own, the common case
--- over many ids) or countlimit_allow_batch. Their statements decide every
+-- Why. On pgstore's pool, an Allow of one rule whose window is neither
+-- sliding nor smooth is countlimit_allow_one, or, for concurrent calls,
+-- one group commit: countlimit_allow_distinct (every call a key of its
+-- own, the common case over many ids) or countlimit_allow_batch (a key
+-- more than once; it stays as it is). Their statements decide every
 -- case in one: a row that exists, one to insert, one another transaction
 -- holds, one another transaction is inserting. PostgreSQL sets up the
 -- whole plan of such a statement (each branch, each expression) on every
--- call before it reads a row, and on a 2-core machine that set-up, with
--- countlimit_lock_briefly's, cost more than the work: the pool's
+-- call before it reads a row, and on a 2-core machine that set-up cost
+-- more than the work: the pool's
 -- countlimit_allow_one spent about twice the CPU of a hand-written upsert
 -- a call. Most calls find their row there, free: the id was counted
 -- before. For them a statement of one lock and one UPDATE, decided as the
@@ -26,7 +27,10 @@
 -- So pgstore's pool now calls countlimit_allow_one_pooled in place of
 -- countlimit_allow_one(..., p_skip_locked true, ...), and
 -- countlimit_allow_distinct_pooled in place of countlimit_allow_distinct,
--- with the same arguments; each first runs that statement:
+-- with the same arguments; each first runs, after countlimit_lock_briefly
+-- (as 00001's do: a lock on the whole table, an ALTER TABLE's or a DBA's
+-- LOCK TABLE, is waited for 2 ms, then the call fails with
+-- lock_not_available and pgstore routes it as before), that statement:
 --
 --   1. lock each call's row, FOR NO KEY UPDATE SKIP LOCKED, by its key;
 --   2. only when every call's row was locked (none absent, none another
@@ -40,13 +44,23 @@
 -- countlimit_allow_one or countlimit_allow_distinct, unchanged. A Store on
 -- the caller's connection or transaction calls countlimit_allow_one as
 -- before, with no statement in front. The rows the first statement locked
--- stay locked by this
--- transaction, which the whole statement locks again without waiting;
--- nothing else was written. So every call is decided exactly as before:
--- by the first statement when all its rows existed and were free, by the
--- whole one otherwise (the model harness holds both paths to
--- driver.Apply). A call whose row is absent or held pays for the extra
--- statement, about a lock probe per key.
+-- stay locked by this transaction, which the whole statement locks again
+-- without waiting; nothing else was written. So a call is decided as
+-- before: by the first statement when all its rows existed and were free
+-- (the values written and returned are the whole statement's for such a
+-- row), by the whole one otherwise (the model harness holds both paths to
+-- driver.Apply). Two races end better than they did: a row a concurrent
+-- Reset deleted after the statement's snapshot, which the whole statement
+-- alone reported busy, is now found absent by the first and inserted by
+-- the whole one on a later snapshot; and a row whose snapshot showed it
+-- full but whose latest version has room, which the whole statement alone
+-- left for pgstore to send again, is decided from the version locked. When
+-- the whole batch statement meets another transaction's insert of a new
+-- key (lock_not_available, then countlimit_claim_keys), the rows the first
+-- statement locked stay locked through its second try, a few milliseconds
+-- at most (each wait there is bounded by countlimit_lock_briefly). A call
+-- whose row is absent or held pays for the extra statement, about a lock
+-- probe per key.
 --
 -- Plans: as every function of 00001, these run with enable_seqscan = off,
 -- and reach count_limit only by key: the locks are nested loops over the
@@ -79,6 +93,7 @@ CREATE FUNCTION countlimit_allow_one_pooled(
     o_blocked_until timestamptz
 ) LANGUAGE plpgsql SET enable_seqscan = off AS $fn$
 BEGIN
+    PERFORM countlimit_lock_briefly();
     RETURN QUERY
         WITH l AS MATERIALIZED (
             SELECT c.already_count, c.begin_time, c.end_time, c.blocked_until
@@ -151,6 +166,7 @@ CREATE FUNCTION countlimit_allow_distinct_pooled(
     o_blocked_until timestamptz
 ) LANGUAGE plpgsql SET enable_seqscan = off AS $fn$
 BEGIN
+    PERFORM countlimit_lock_briefly();
     RETURN QUERY
         WITH calls AS MATERIALIZED (
             SELECT c.ord::int AS k, c.use_type, c.unique_id, c.now, c.n, c.lim, c.b, c.e, c.pe, c.kind

@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/countlimit/countlimit/countlimit/pgstore"
 	"github.com/countlimit/countlimit/countlimit/storetest"
 	"github.com/countlimit/countlimit/internal/testbackend"
 )
@@ -126,5 +128,40 @@ func TestFastPathRunsAloneOnFreeRows(t *testing.T) {
 	}
 	if used != 2 || denied != 3 || !penalty {
 		t.Errorf("a's row: used %d, denied %d, penalty set %v; want 2, 3 and true", used, denied, penalty)
+	}
+}
+
+// TestPooledStatementsWaitBrieflyForTheTable: with count_limit locked as a
+// whole (an ALTER TABLE's or a DBA's LOCK TABLE), the pool's statements
+// give up after countlimit_lock_briefly's wait with lock_not_available, as
+// 00001's do, and pgstore routes the call as before
+// (TestLockedTableIsAnOutage); without it the first statement of
+// migration 00003 would wait for the table at the session's lock_timeout,
+// for ever by default, and the call would end only at its deadline.
+func TestPooledStatementsWaitBrieflyForTheTable(t *testing.T) {
+	// A schema of its own: the lock on the table stalls no other test.
+	pool := testbackend.FreshSchema(t)
+	if err := pgstore.Migrate(context.Background(), pool); err != nil {
+		t.Fatal(err)
+	}
+	ut := string(storetest.UseType(t, "fastpath.table"))
+	b := begin(t, pool)
+	if _, err := b.tx.Exec(context.Background(), `LOCK TABLE count_limit IN ACCESS EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	defer b.release(t)
+	for _, call := range []string{
+		`SELECT count(*) FROM countlimit_allow_one_pooled($1, 'a', now(), 1, 10, now(), now() + interval '1 hour', NULL, 'fixed')`,
+		`SELECT count(*) FROM countlimit_allow_distinct_pooled(ARRAY[$1::text], ARRAY['a'], ARRAY[now()], ARRAY[1::bigint],
+			ARRAY[10::bigint], ARRAY[now()], ARRAY[now() + interval '1 hour'], ARRAY[NULL::timestamptz], ARRAY['fixed'])`,
+	} {
+		// The deadline only ends a wait that should not happen.
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		err := pool.QueryRow(ctx, call, ut).Scan(new(int64))
+		cancel()
+		var pe *pgconn.PgError
+		if !errors.As(err, &pe) || pe.Code != "55P03" {
+			t.Errorf("%s with the table locked: %v; want lock_not_available (55P03)", call[:43], err)
+		}
 	}
 }

@@ -171,9 +171,12 @@ func (m *Metrics) Observer() countlimit.Observer {
 // as metrics.Watch(limiter.Stats) once the Limiter is made; it must be
 // safe for concurrent use, as Limiter.Stats is. Until Watch is called m
 // emits none of those seven series (Describe describes them all the
-// same). A later call replaces the func an earlier one gave, and
-// Watch(nil) stops the seven series again. Watch is safe to call while m
-// is being scraped.
+// same). A later call replaces the func an earlier one gave (its counts
+// then go on from the new Limiter's, which Prometheus reads as a reset
+// when they are lower), and Watch(nil) stops the seven series again. Watch
+// is safe to call while m is being scraped. A Limiter counts these only
+// when it has an Observer or a failure option (see Limiter.Stats): the
+// Limiter m's Observer is given to has one.
 func (m *Metrics) Watch(stats func() countlimit.Stats) {
 	if stats == nil {
 		m.stats.Store(nil)

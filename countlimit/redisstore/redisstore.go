@@ -178,8 +178,9 @@
 // pipeline stop waiting at their own deadlines). Either way a failure is
 // countlimit.ErrUnavailable.
 //
-// Redis scripts compute in double precision: counts and limits above 2^53
-// are compared approximately.
+// Redis scripts compute in double precision, exact up to 2^53, which is
+// where the Limiter bounds limits, costs and burst (countlimit.MaxLimit);
+// a caller of Do of its own must keep to it too.
 package redisstore
 
 import (
