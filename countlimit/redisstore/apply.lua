@@ -35,6 +35,10 @@
 -- since, or the first attempt never ran) answers -2 (lost) and the caller
 -- reports the call as failed: it may have counted, once. Token '0' turns
 -- the records off, and every attempt then applies the call.
+--
+-- A smooth key may be kept as a string (smoothkey.lua, which Go puts
+-- before this script): it reads as its hash, and is made that hash before
+-- anything else is written.
 local op = ARGV[1]
 local now = tonumber(ARGV[2])
 local n = tonumber(ARGV[3])
@@ -45,8 +49,10 @@ local NONE = -9007199254740992 -- -2^53: no time (every valid one is larger)
 
 if guard and ARGV[5] == '1' then
   for i = 1, cnt do
-    local r = redis.call('HGET', KEYS[2 * i - 1], 'r')
-    if r and string.sub(r, 1, #tok + 1) == tok .. ' ' then
+    -- A smooth key's string (smoothkey.lua) was written by fast.lua, not
+    -- by this script.
+    local r = redis.pcall('HGET', KEYS[2 * i - 1], 'r')
+    if type(r) == 'string' and string.sub(r, 1, #tok + 1) == tok .. ' ' then
       return cmsgpack.unpack(string.sub(r, #tok + 2))
     end
   end
@@ -139,7 +145,19 @@ for i = 1, cnt do
     limit = tonumber(ARGV[a + 1]), begin = tonumber(ARGV[a + 2]), len = tonumber(ARGV[a + 3]),
     span = tonumber(ARGV[a + 4]), block = tonumber(ARGV[a + 5]),
   }
-  local f = redis.call('HMGET', c.h, 'c', 'b', 'e', 'x', 's', 't')
+  local f = redis.pcall('HMGET', c.h, 'c', 'b', 'e', 'x', 's', 't')
+  if f.err then
+    -- A smooth key's string (smoothkey.lua) reads as its hash {t, r}, and
+    -- is made that hash for any op that may write.
+    local t, r = stringed(c.h, f)
+    if t == nil then return redis.error_reply(f.err) end
+    if op == 'peek' then
+      f = {false, false, false, false, false, string.format('%d', t)}
+    else
+      unstring(c.h, t, r)
+      f = redis.call('HMGET', c.h, 'c', 'b', 'e', 'x', 's', 't')
+    end
+  end
   c.exists = f[2] ~= false
   c.hadlog = f[5] ~= false
   c.counted = f[1] ~= false or c.exists or c.hadlog

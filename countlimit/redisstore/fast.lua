@@ -54,6 +54,70 @@ local tok = ARGV[1]
 local guard = tok ~= '0'
 local repeated = guard and ARGV[2] == '1'
 
+-- A smooth key may be kept as a string (smoothkey.lua, which Go puts
+-- before this script: parsed, stringed, unstring).
+
+-- instant applies the smooth call of the hash h and arguments ARGV[a..a+6]
+-- when h holds nothing or a smooth key's string and the call fits: it
+-- writes the string and returns the reply's values, or the error of a
+-- write refused. Anything else writes nothing and returns nil and whether
+-- h holds a smooth key's string, its instant and its record.
+local function instant(h, a)
+  local v = redis.pcall('GET', h)
+  if type(v) == 'table' then return nil, false end -- a hash: no string
+  local now, ahead, t, r = ARGV[a] + 0, 0, nil, nil
+  if v then
+    t, r = parsed(v)
+    if t == nil then return nil, false end
+    if t > now then ahead = t - now end
+  end
+  local n, burst, iv = ARGV[a+1] + 0, ARGV[a+3] + 0, ARGV[a+4] + 0
+  if ARGV[a+2] == '0' or n > burst or ahead + n * iv > burst * iv then return nil, v ~= false, t, r end
+  ahead = ahead + n * iv
+  -- Until it is drained, as rate's hash. A limit of 0 (the Limiter's
+  -- arguments are whole numbers, never negative) allows nothing. The
+  -- TTL goes as a string: Lua writes a number with '%.14g', 1 500
+  -- instructions more.
+  local ms = math.ceil(ahead / 1000)
+  if ms < 1 then ms = 1 end
+  if guard then v = string.format('%d:%s', now + ahead, tok) else v = string.format('%d', now + ahead) end
+  -- An error (a write refused: OOM, READONLY) is returned as such, to
+  -- fail the call alone, as count's.
+  local w = redis.pcall('SET', h, v, 'PX', string.format('%d', ms))
+  if w.err then return w end
+  -- ceil(ahead/iv), exactly (see ceildiv).
+  local used = math.floor(ahead / iv)
+  if used * iv < ahead then used = used + 1 elseif used > 0 and (used - 1) * iv >= ahead then used = used - 1 end
+  if used > burst then used = burst end
+  return used, now + ahead
+end
+
+-- The commonest smooth call first, before anything else is made: one
+-- call, no repeat, that instant applies.
+local str, st, sr -- the single call's key: a smooth string, its instant and record
+if #KEYS == 2 and not repeated and ARGV[9] == '-1' then
+  local used, e
+  used, e, st, sr = instant(KEYS[1], 3)
+  if type(used) == 'table' then return redis.error_reply(used.err) end
+  if used then return {used, NONE, e, NONE, NONE, 1} end
+  str = e
+end
+
+-- fields returns HMGET's reply for h's fields c, b, e, x, s, l, r, t, a
+-- smooth key's string made its hash first; for any other key that is no
+-- hash, HMGET's error (a table with err).
+local function fields(h)
+  local f = redis.pcall('HMGET', h, 'c', 'b', 'e', 'x', 's', 'l', 'r', 't')
+  if f.err then
+    local t, r = stringed(h, f)
+    if t ~= nil then
+      unstring(h, t, r)
+      f = redis.pcall('HMGET', h, 'c', 'b', 'e', 'x', 's', 'l', 'r', 't')
+    end
+  end
+  return f
+end
+
 -- rate applies the commonest smooth call, if it is one: n more that fit
 -- the rate of a hash h (fields f) that holds nothing of another kind and
 -- no running penalty, as smoothAllow does. It writes the instant and the
@@ -131,7 +195,9 @@ end
 -- Anything else goes on below with the fields read here.
 local f1
 if #KEYS == 2 and not repeated then
-  f1 = redis.call('HMGET', KEYS[1], 'c', 'b', 'e', 'x', 's', 'l', 'r', 't')
+  if str then unstring(KEYS[1], st, sr) end
+  f1 = fields(KEYS[1])
+  if f1.err then return redis.error_reply(f1.err) end
   local used, b, e = count(KEYS[1], f1, 3)
   if type(used) == 'table' then return redis.error_reply(used.err) end
   if used then return {used, b, e, NONE, NONE, 1} end
@@ -466,6 +532,11 @@ if repeated then
   for i = 1, calls do
     local h, o = KEYS[2 * i - 1], 6 * (i - 1)
     local f = redis.pcall('HMGET', h, 'c', 'b', 'e', 'x', 's', 'l', 'r', 't')
+    if f.err and ARGV[7 * i + 2] == '-1' then
+      -- A smooth key's string reads as its hash {t, r}.
+      local t, r = stringed(h, f)
+      if t ~= nil then f = {false, false, false, false, false, false, r, string.format('%d', t)} end
+    end
     if last[h] == i and not f.err and (f[7] == tok or f[7] == denied) then
       out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5], out[o + 6] = again(KEYS[2 * i], f, 7 * i - 4, f[7])
     else
@@ -484,9 +555,23 @@ end
 local out = {}
 for i = 1, calls do
   local h, o = KEYS[2 * i - 1], 6 * (i - 1)
-  local f = redis.pcall('HMGET', h, 'c', 'b', 'e', 'x', 's', 'l', 'r', 't')
+  local a = 7 * i - 4
   local fine, used, wb, we, blocked, free, ok = false
-  if not f.err then
+  local f
+  if ARGV[a + 6] == '-1' then
+    local t, r
+    used, we, t, r = instant(h, a)
+    if type(used) == 'table' then
+      f = used -- failed alone
+    elseif used then
+      fine, wb, blocked, free, ok = true, NONE, NONE, NONE, 1
+      f = {}
+    elseif we then
+      unstring(h, t, r)
+    end
+  end
+  if not fine and not f then f = fields(h) end
+  if not fine and not f.err then
     fine, used, wb, we, blocked, free, ok = true, count(h, f, 7 * i - 4)
     if used == nil then
       fine, used, wb, we, blocked, free, ok = pcall(allow, h, KEYS[2 * i], f, 7 * i - 4)

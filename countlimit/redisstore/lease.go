@@ -12,7 +12,8 @@ import (
 
 var (
 	//go:embed lease.lua
-	leaseSrc    string
+	leaseBody   string
+	leaseSrc        = smoothKeySrc + leaseBody
 	leaseScript     = redis.NewScript(leaseSrc)
 	leaseSHA    any = leaseScript.Hash()
 )

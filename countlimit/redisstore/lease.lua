@@ -50,7 +50,15 @@ local function latest()
   return nil
 end
 
-local x = tonumber(redis.call('HGET', h, 'x'))
+-- A smooth key's string (smoothkey.lua, which Go puts before this script)
+-- holds no penalty; a denial makes it its hash first (st, sr).
+local x, st, sr = redis.pcall('HGET', h, 'x'), nil, nil
+if type(x) == 'table' then
+  st, sr = stringed(h, x)
+  if st == nil then return redis.error_reply(x.err) end
+  x = nil
+end
+x = tonumber(x)
 local blocked = nil
 if x ~= nil and x > now then blocked = x end
 
@@ -81,6 +89,7 @@ elseif op == 'acquire' then
     -- it waited on are over. Its TTL is never shortened: a hash with a
     -- window (field b) already lives as long as its window and old penalty,
     -- and a lifetime count (b without e) keeps none.
+    if st ~= nil then unstring(h, st, sr) end
     local f = redis.call('HMGET', h, 'b', 'e')
     redis.call('HINCRBY', h, 'd', 1)
     if blocked == nil and block > 0 then

@@ -80,7 +80,8 @@ func TestContract(t *testing.T) {
 // sliding log and the leases.
 func readKey(ctx context.Context, client redis.Cmdable, ut, id string) (driver.Key, error) {
 	var k driver.Key
-	h, err := client.HGetAll(ctx, redisstore.Key(countlimit.UseType(ut), id)).Result()
+	key := redisstore.Key(countlimit.UseType(ut), id)
+	h, err := hashOf(hashView.Run(ctx, client, []string{key}))
 	if err != nil {
 		return k, err
 	}

@@ -15,7 +15,11 @@
 // Keys are "countlimit:<use_type>:{<id>}", a hash holding the count, the
 // window, the denial tally, the penalty and the record of the script that
 // wrote it last (field r, see Lost replies); a Smooth window keeps its
-// instant (TAT, field t) instead of the count and window; sliding windows add a sorted set
+// instant (TAT, field t) instead of the count and window, and a key that
+// holds nothing else is kept as a string "<t>:<r>" instead of the hash
+// {t, r}, which every script reads as that hash and makes that hash
+// before it writes anything else (smoothkey.lua: one GET and one SET a
+// call, where the hash takes three commands); sliding windows add a sorted set
 // "countlimit:<use_type>:{<id>}:log" of the counted events, and Concurrent
 // windows a sorted set "countlimit:<use_type>:{<id>}:lease" of lease tokens
 // by expiry (see leaseKey and lease.lua). The hash tag
@@ -207,12 +211,19 @@ import (
 var _ driver.Store = (*Store)(nil)
 
 var (
+	// smoothKeySrc goes before each script that reads or writes a counter
+	// hash: a smooth key may be kept as a string (see smoothkey.lua).
+	//go:embed smoothkey.lua
+	smoothKeySrc string
+
 	//go:embed apply.lua
-	applySrc    string
+	applyBody   string
+	applySrc    = smoothKeySrc + applyBody
 	applyScript = redis.NewScript(applySrc)
 
 	//go:embed fast.lua
-	fastSrc    string
+	fastBody   string
+	fastSrc    = smoothKeySrc + fastBody
 	fastScript = redis.NewScript(fastSrc)
 
 	//go:embed reset.lua

@@ -34,9 +34,10 @@ func pexpires(t *testing.T, c *redis.Client) int {
 // TestSmoothDenialLeavesTheTTL: a denial of a smooth rule changes neither
 // the instant nor (without a new penalty) anything the hash's TTL follows,
 // so it sends no PEXPIRE, through fast.lua (one rule) and apply.lua
-// (AllowAll); a denial that creates the hash, or sets a penalty, does, and
-// the hash then expires. On a private server, whose command counts are
-// this test's alone.
+// (AllowAll), but the one that makes a key kept as a string its hash
+// (smoothkey.lua), which keeps the TTL the key had; a denial that creates
+// the hash, or sets a penalty, does, and the hash then expires. On a
+// private server, whose command counts are this test's alone.
 func TestSmoothDenialLeavesTheTTL(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -72,9 +73,32 @@ func TestSmoothDenialLeavesTheTTL(t *testing.T) {
 	if res, err := l.Allow(ctx, other, "k1"); err != nil || !res.Allowed {
 		t.Fatalf("Allow within the burst: %+v, %v", res, err)
 	}
-	denials("fast.lua, a drained-later key denied", 0, allow(smooth, "k1", 1))
+	// kept checks that the key of r and id, made a hash by a denial, keeps
+	// the TTL it had as a string (less the time since, at most a second).
+	kept := func(r countlimit.Rule, id string, call func() (bool, error)) func() (bool, error) {
+		return func() (bool, error) {
+			k := redisstore.Key(r.UseType, id)
+			if typ := c.Type(ctx, k).Val(); typ != "string" {
+				t.Errorf("%s after an Allow: a %s, want a string", k, typ)
+			}
+			before := c.PTTL(ctx, k).Val()
+			allowed, err := call()
+			if typ := c.Type(ctx, k).Val(); typ != "hash" {
+				t.Errorf("%s after a denial: a %s, want a hash", k, typ)
+			}
+			if after := c.PTTL(ctx, k).Val(); after > before || after < before-time.Second {
+				t.Errorf("%s made a hash: PTTL %v, want the %v it had as a string", k, after, before)
+			}
+			return allowed, err
+		}
+	}
+	denials("fast.lua, a drained-later key denied, made a hash", 1, kept(smooth, "k1", allow(smooth, "k1", 1)))
 	denials("fast.lua, denied again", 0, allow(smooth, "k1", 1))
-	denials("apply.lua, both rules denied", 0, func() (bool, error) {
+	denials("apply.lua, both rules denied, one key made a hash", 1, kept(other, "k1", func() (bool, error) {
+		rs, err := l.AllowAll(ctx, "k1", smooth, other)
+		return len(rs) > 0 && rs[0].Allowed, err
+	}))
+	denials("apply.lua, both rules denied again", 0, func() (bool, error) {
 		rs, err := l.AllowAll(ctx, "k1", smooth, other)
 		return len(rs) > 0 && rs[0].Allowed, err
 	})
@@ -87,7 +111,7 @@ func TestSmoothDenialLeavesTheTTL(t *testing.T) {
 	if res, err := l.Allow(ctx, blocking, "k3"); err != nil || !res.Allowed {
 		t.Fatalf("Allow within the burst: %+v, %v", res, err)
 	}
-	denials("fast.lua, a denial that sets a penalty", 1, allow(blocking, "k3", 1))
+	denials("fast.lua, a denial that sets a penalty (and makes the key a hash)", 2, allow(blocking, "k3", 1))
 	denials("fast.lua, denied inside the penalty", 0, allow(blocking, "k3", 1))
 	if ttl := c.PTTL(ctx, redisstore.Key(blocking.UseType, "k3")).Val(); ttl < 59*time.Minute {
 		t.Errorf("a penalized hash: PTTL %v, want the hour of its penalty", ttl)
