@@ -2,17 +2,18 @@
 -- call of the fast path, on the pool (issue 33).
 --
 -- For DBAs, in short: run "countlimit migrate up" (or pgstore.Migrate). It
--- adds two functions, countlimit_allow_one_pooled and
--- countlimit_allow_distinct_pooled, and changes nothing else: no table is
--- touched, no lock is taken on count_limit, and a v0.1.0 binary still
--- running during the upgrade keeps calling the functions it knows, which
--- are as they were. Its Down drops the two: 00002's schema exactly.
+-- adds three functions, countlimit_allow_one_pooled,
+-- countlimit_allow_distinct_pooled and countlimit_allow_batch_pooled, and
+-- changes nothing else: no table is touched, no lock is taken on
+-- count_limit, and a v0.1.0 binary still running during the upgrade keeps
+-- calling the functions it knows, which are as they were. Its Down drops
+-- the three: 00002's schema exactly.
 --
 -- Why. On pgstore's pool, an Allow of one rule whose window is neither
 -- sliding nor smooth is countlimit_allow_one, or, for concurrent calls,
 -- one group commit: countlimit_allow_distinct (every call a key of its
 -- own, the common case over many ids) or countlimit_allow_batch (a key
--- more than once; it stays as it is). Their statements decide every
+-- more than once: a hot id). Their statements decide every
 -- case in one: a row that exists, one to insert, one another transaction
 -- holds, one another transaction is inserting. PostgreSQL sets up the
 -- whole plan of such a statement (each branch, each expression) on every
@@ -22,7 +23,11 @@
 -- a call. Most calls find their row there, free: the id was counted
 -- before. For them a statement of one lock and one UPDATE, decided as the
 -- whole statement decides a row that exists, does the same work with a
--- fraction of the plan (docs/benchmarks.md has the measurements).
+-- fraction of the plan (docs/benchmarks.md has the measurements). A hot
+-- id's batch, many calls on one key, is decided by
+-- countlimit_allow_batch in a recursive fold, a step a call; when every
+-- call fits, a running sum over the key's calls decides them all at once
+-- (countlimit_allow_batch_pooled, below).
 --
 -- So pgstore's pool now calls countlimit_allow_one_pooled in place of
 -- countlimit_allow_one(..., p_skip_locked true, ...), and
@@ -238,8 +243,113 @@ END
 $fn$;
 -- +goose StatementEnd
 
+-- countlimit_allow_batch_pooled is countlimit_allow_batch after a
+-- statement of its own for the batch whose rows all exist, are free and
+-- have room for every call: a hot id's calls, many to one key, which
+-- countlimit_allow_batch decides one after another in a recursive fold
+-- (a step a call). Here each call's count is its key's row plus a
+-- running sum (sum() OVER the key's calls in order): call i of a key
+-- fits when the row's window is current at its now, no penalty runs,
+-- and the row's count, the calls before it and its own n are within its
+-- limit, which is what the fold decides for it when every call before
+-- it fitted. So only when every call of the batch fits does it write,
+-- one UPDATE by key: the count, the limit of the key's last call, the
+-- sliding log dropped and the kind, as the fold writes a key whose calls
+-- all counted. Anything else (a row absent or held, a window over, a
+-- penalty, a call without room) writes nothing, and countlimit_allow_batch
+-- runs after it on the same arguments, unchanged. Its CASE WHEN random()
+-- >= 0 is 00001's: it keeps the generic plan.
+-- +goose StatementBegin
+CREATE FUNCTION countlimit_allow_batch_pooled(
+    p_use_types    text[],
+    p_unique_ids   text[],
+    p_key_of       int[],
+    p_seq          int[],
+    p_nows         timestamptz[],
+    p_ns           bigint[],
+    p_limits       bigint[],
+    p_begins       timestamptz[],
+    p_window_ends  timestamptz[],
+    p_penalty_ends timestamptz[],
+    p_kinds        text[]
+) RETURNS TABLE (
+    o_key_of        int,
+    o_seq           int,
+    o_busy          boolean,
+    o_allowed       boolean,
+    o_used          bigint,
+    o_window_begin  timestamptz,
+    o_window_end    timestamptz,
+    o_blocked_until timestamptz
+) LANGUAGE plpgsql SET enable_seqscan = off AS $fn$
+BEGIN
+    PERFORM countlimit_lock_briefly();
+    RETURN QUERY
+        WITH keys AS MATERIALIZED (
+            SELECT k.use_type, k.unique_id, k.kind, k.ord::int AS k
+            FROM ROWS FROM (unnest(CASE WHEN random() >= 0 THEN p_use_types END), unnest(p_unique_ids), unnest(p_kinds))
+                WITH ORDINALITY AS k(use_type, unique_id, kind, ord)
+        ), locked AS MATERIALIZED (
+            -- Step 1, in key order, skipping the rows another transaction
+            -- holds.
+            SELECT k.k, r.already_count, r.begin_time, r.end_time, r.blocked_until
+            FROM keys k
+            CROSS JOIN LATERAL (
+                SELECT x.already_count, x.begin_time, x.end_time, x.blocked_until
+                FROM count_limit x
+                WHERE x.use_type = k.use_type AND x.unique_id = k.unique_id
+                LIMIT 1
+                FOR NO KEY UPDATE SKIP LOCKED
+            ) r
+            ORDER BY k.k
+        ), calls AS MATERIALIZED (
+            -- Step 2, when every row was locked: each call with its key's
+            -- row and count once it and the calls before it are counted.
+            SELECT c.k, c.seq, c.now, c.lim, l.begin_time, l.end_time, l.blocked_until,
+                l.already_count + (sum(c.n) OVER (PARTITION BY c.k ORDER BY c.seq))::bigint AS used
+            FROM ROWS FROM (unnest(CASE WHEN random() >= 0 THEN p_key_of END), unnest(p_seq), unnest(p_nows),
+                unnest(p_ns), unnest(p_limits)) AS c(k, seq, now, n, lim)
+            JOIN locked l ON l.k = c.k
+            WHERE (SELECT count(*) FROM locked) = cardinality(p_unique_ids)
+        ), decided AS MATERIALIZED (
+            -- Every call of the batch fits (its key's window current at
+            -- its now, no penalty running, room for it), or none is
+            -- decided here.
+            SELECT c.k, c.seq, c.lim, c.begin_time, c.end_time, c.used
+            FROM calls c
+            WHERE NOT EXISTS (SELECT FROM calls x WHERE NOT (
+                x.begin_time < coalesce(x.end_time, 'infinity') AND coalesce(x.end_time > x.now, true)
+                AND NOT coalesce(x.blocked_until > x.now, false) AND x.used <= x.lim))
+        ), updated AS (
+            UPDATE count_limit r SET
+                already_count = f.used,
+                limit_value   = f.lim,
+                events        = NULL,
+                window_kind   = k.kind,
+                updated_at    = now()
+            FROM (SELECT DISTINCT ON (d.k) d.k, d.used, d.lim FROM decided d ORDER BY d.k, d.seq DESC) f
+            JOIN keys k ON k.k = f.k
+            WHERE r.use_type = k.use_type AND r.unique_id = k.unique_id
+              AND r.unique_id = ANY (p_unique_ids)
+            RETURNING f.k
+        )
+        SELECT d.k::int, d.seq::int, false, true, d.used::bigint,
+            d.begin_time::timestamptz, d.end_time::timestamptz, NULL::timestamptz
+        FROM decided d
+        JOIN updated u ON u.k = d.k
+        ORDER BY 1, 2;
+    IF FOUND THEN
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT * FROM countlimit_allow_batch(p_use_types, p_unique_ids, p_key_of, p_seq, p_nows,
+        p_ns, p_limits, p_begins, p_window_ends, p_penalty_ends, p_kinds);
+END
+$fn$;
+-- +goose StatementEnd
+
 -- +goose Down
 -- Back to 00002's schema exactly.
 
 DROP FUNCTION countlimit_allow_one_pooled(text, text, timestamptz, bigint, bigint, timestamptz, timestamptz, timestamptz, text);
 DROP FUNCTION countlimit_allow_distinct_pooled(text[], text[], timestamptz[], bigint[], bigint[], timestamptz[], timestamptz[], timestamptz[], text[]);
+DROP FUNCTION countlimit_allow_batch_pooled(text[], text[], int[], int[], timestamptz[], bigint[], bigint[], timestamptz[], timestamptz[], timestamptz[], text[]);

@@ -31,14 +31,16 @@ FROM countlimit_allow_one_pooled(@use_type::text, @unique_id::text, @now::timest
 
 -- name: AllowBatch :many
 -- AllowBatch is AllowOne for many calls at once, group commit
--- (countlimit_allow_batch): keys given once each, sorted; calls refer to
+-- (countlimit_allow_batch_pooled: countlimit_allow_batch after a statement
+-- of its own for rows that all exist, are free and have room for every
+-- call): keys given once each, sorted; calls refer to
 -- their key by its 1-based position (key_of) and are numbered within a key
 -- in arrival order (seq). One row per call it applied, or found busy; the
 -- calls of a key created concurrently are not returned: send them again.
 SELECT r.o_key_of::int AS key_of, r.o_seq::int AS seq, r.o_busy::boolean AS busy, r.o_allowed::boolean AS allowed,
     r.o_used::bigint AS used, r.o_window_begin::timestamptz AS window_begin, r.o_window_end::timestamptz AS window_end,
     r.o_blocked_until::timestamptz AS blocked_until
-FROM countlimit_allow_batch(@use_types::text[], @unique_ids::text[], @key_of::int[], @seq::int[], @nows::timestamptz[],
+FROM countlimit_allow_batch_pooled(@use_types::text[], @unique_ids::text[], @key_of::int[], @seq::int[], @nows::timestamptz[],
     @ns::bigint[], @limits::bigint[], @begins::timestamptz[], @window_ends::timestamptz[], @penalty_ends::timestamptz[],
     array_replace(@kinds::text[], '', NULL)) AS r;
 

@@ -3,6 +3,7 @@ package pgstore_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -25,20 +26,8 @@ import (
 // each function's calls (track_functions, a superuser's setting).
 func TestFastPathRunsAloneOnFreeRows(t *testing.T) {
 	ctx := context.Background()
-	pool := testbackend.Postgres(t)
 	ut := string(storetest.UseType(t, "fastpath"))
-	tx, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	if _, err := tx.Exec(ctx, `SET LOCAL track_functions = 'pl'`); err != nil {
-		var pe *pgconn.PgError
-		if errors.As(err, &pe) && pe.Code == "42501" { // insufficient_privilege
-			t.Skip("track_functions needs a superuser:", err)
-		}
-		t.Fatal(err)
-	}
+	tx := trackedTx(t)
 	// calls reports how many times this transaction has called each
 	// whole statement so far.
 	calls := func() (one, distinct int64) {
@@ -164,4 +153,123 @@ func TestPooledStatementsWaitBrieflyForTheTable(t *testing.T) {
 			t.Errorf("%s with the table locked: %v; want lock_not_available (55P03)", call[:43], err)
 		}
 	}
+}
+
+// TestFastBatchRunsAloneWhenEveryCallFits: migration 00003's
+// countlimit_allow_batch_pooled, the pool's group commit for a batch with a
+// key more than once (a hot id), decides by a statement of its own (a
+// running sum per key) when every row exists, is free and has room for
+// every call, and calls 00001's countlimit_allow_batch (a fold, a step a
+// call) otherwise, as PostgreSQL's own count of each function's calls
+// shows (track_functions). The answers and the rows must be the fold's:
+// the model harness holds that on random batches; here the counts at
+// each call are checked too.
+func TestFastBatchRunsAloneWhenEveryCallFits(t *testing.T) {
+	ctx := context.Background()
+	ut := string(storetest.UseType(t, "fastbatch"))
+	tx := trackedTx(t)
+	folds := func() (n int64) {
+		t.Helper()
+		if err := tx.QueryRow(ctx, `SELECT coalesce(sum(calls), 0) FROM pg_stat_xact_user_functions
+			WHERE funcname = 'countlimit_allow_batch'`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	// batch sends calls of 1 each on the ids of keys (each once, in
+	// order), of[i] naming call i's key (1-based), at limit lim, and
+	// returns each call's allowed and used, in key and call order.
+	batch := func(keys []string, of []int32, lim int64) (allowed []bool, used []int64) {
+		t.Helper()
+		uts := make([]string, len(keys))
+		kinds := make([]string, len(keys))
+		for i := range keys {
+			uts[i], kinds[i] = ut, "fixed"
+		}
+		seq := make([]int32, len(of))
+		count := map[int32]int32{}
+		for i, k := range of {
+			count[k]++
+			seq[i] = count[k]
+		}
+		rows, err := tx.Query(ctx, `SELECT o_allowed, o_used FROM countlimit_allow_batch_pooled($1, $2, $3, $4,
+			array_fill(now(), ARRAY[$5::int]), array_fill(1::bigint, ARRAY[$5::int]), array_fill($6::bigint, ARRAY[$5::int]),
+			array_fill(now(), ARRAY[$5::int]), array_fill(now() + interval '1 hour', ARRAY[$5::int]),
+			array_fill(NULL::timestamptz, ARRAY[$5::int]), $7)`, uts, keys, of, seq, len(of), lim, kinds)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for rows.Next() {
+			var a bool
+			var u int64
+			if err := rows.Scan(&a, &u); err != nil {
+				t.Fatal(err)
+			}
+			allowed, used = append(allowed, a), append(used, u)
+		}
+		if err := rows.Err(); err != nil {
+			t.Fatal(err)
+		}
+		return allowed, used
+	}
+	steps := []struct {
+		name    string
+		keys    []string
+		of      []int32
+		lim     int64
+		allowed string
+		used    string
+		folds   int64 // countlimit_allow_batch's calls after the step
+	}{
+		{"new ids: the fold inserts them", []string{"g", "h"}, []int32{1, 2, 2}, 5, "[true true true]", "[1 1 2]", 1},
+		{"rows that exist with room for every call: the running sum alone", []string{"g", "h"}, []int32{2, 1, 2, 2}, 5,
+			"[true true true true]", "[2 3 4 5]", 1},
+		{"a call without room: the fold", []string{"h"}, []int32{1, 1}, 6, "[true false]", "[6 6]", 2},
+		{"room again under a higher limit: the running sum alone", []string{"g", "h"}, []int32{1, 1, 2}, 8,
+			"[true true true]", "[3 4 7]", 2},
+	}
+	for _, s := range steps {
+		allowed, used := batch(s.keys, s.of, s.lim)
+		if got := fmt.Sprint(allowed); got != s.allowed {
+			t.Errorf("%s: allowed %s, want %s", s.name, got, s.allowed)
+		}
+		if got := fmt.Sprint(used); got != s.used {
+			t.Errorf("%s: used %s, want %s", s.name, got, s.used)
+		}
+		if n := folds(); n != s.folds {
+			t.Errorf("%s: countlimit_allow_batch called %d times in all, want %d", s.name, n, s.folds)
+		}
+	}
+	var g, h, hDenied, hLimit int64
+	if err := tx.QueryRow(ctx, `SELECT
+			max(already_count) FILTER (WHERE unique_id = 'g'), max(already_count) FILTER (WHERE unique_id = 'h'),
+			max(denied_count) FILTER (WHERE unique_id = 'h'), max(limit_value) FILTER (WHERE unique_id = 'h')
+		FROM count_limit WHERE use_type = $1`, ut).Scan(&g, &h, &hDenied, &hLimit); err != nil {
+		t.Fatal(err)
+	}
+	if g != 4 || h != 7 || hDenied != 1 || hLimit != 8 {
+		t.Errorf("rows: g %d, h %d (denied %d, limit %d); want 4, 7 (1, 8)", g, h, hDenied, hLimit)
+	}
+}
+
+// trackedTx begins a transaction on the test database, rolled back when
+// the test ends, in which PostgreSQL counts each PL/pgSQL function's calls
+// (track_functions, pg_stat_xact_user_functions); it skips the test where
+// that setting needs a superuser the test is not.
+func trackedTx(t *testing.T) pgx.Tx {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := testbackend.Postgres(t).Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tx.Rollback(context.Background()) })
+	if _, err := tx.Exec(ctx, `SET LOCAL track_functions = 'pl'`); err != nil {
+		var pe *pgconn.PgError
+		if errors.As(err, &pe) && pe.Code == "42501" { // insufficient_privilege
+			t.Skip("track_functions needs a superuser:", err)
+		}
+		t.Fatal(err)
+	}
+	return tx
 }

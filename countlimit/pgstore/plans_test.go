@@ -237,6 +237,11 @@ func checkPlans(t *testing.T, before, between []string, dead bool) {
 		{"Allow (tx), again", 1, func() error { _, err := inTx.Allow(ctx, fixed, "t"); return err }},
 		{"batch, distinct keys", 2, func() error { return s.AllowBatchForTest(ctx, record("a", "b")) }},
 		{"batch, repeated keys", 2, func() error { return s.AllowBatchForTest(ctx, record("a", "b", "a")) }},
+		{"batch, repeated keys, new rows", 2, func() error { return s.AllowBatchForTest(ctx, record("e", "f", "e")) }},
+		// Every row there, free, with room for every call: the running
+		// sum of countlimit_allow_batch_pooled decides it alone (in the
+		// second round the rows are full and the fold decides).
+		{"batch, repeated keys, rows with room", 2, func() error { return s.AllowBatchForTest(ctx, record("f", "e", "f")) }},
 		{"batch, distinct keys, one held", 3, func() error { return heldBatch("c", "held", "d") }},
 		{"batch, repeated keys, one held", 3, func() error { return heldBatch("c", "held", "c") }},
 		{"Peek", 1, func() error { _, err := l.Peek(ctx, fixed, "a"); return err }},

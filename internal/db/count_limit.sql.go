@@ -137,14 +137,14 @@ func (q *Queries) Reset(ctx context.Context, db DBTX, arg ResetParams) error {
 
 const schemaReady = `-- name: SchemaReady :one
 SELECT (to_regclass('count_limit') IS NOT NULL AND to_regclass('count_limit_lease') IS NOT NULL
-    AND to_regprocedure('countlimit_allow_distinct_pooled(text[], text[], timestamptz[], bigint[], bigint[], timestamptz[], timestamptz[], timestamptz[], text[])') IS NOT NULL
+    AND to_regprocedure('countlimit_allow_batch_pooled(text[], text[], int[], int[], timestamptz[], bigint[], bigint[], timestamptz[], timestamptz[], timestamptz[], text[])') IS NOT NULL
 )::boolean AS ready
 `
 
 // SchemaReady reports whether countlimit's schema, at its latest migration,
 // is on the search path: its tables and a function that only the newest
 // migration makes (update it with every migration, docs/RELEASING.md).
-// For 00003, countlimit_allow_distinct_pooled, which a database at 00002
+// For 00003, countlimit_allow_batch_pooled, which a database at 00002
 // or before lacks.
 func (q *Queries) SchemaReady(ctx context.Context, db DBTX) (bool, error) {
 	row := db.QueryRow(ctx, schemaReady)

@@ -381,9 +381,17 @@ func gen(seed uint64, n int, smooth bool) []Step {
 		n := int64(1 + rng.IntN(3))
 		var desc string
 		op := rng.IntN(14)
+		// hot: a batch of a hot id's calls, every one on the key the step
+		// before wrote, whose row is then there, often with room for them
+		// all (PostgreSQL's countlimit_allow_batch_pooled decides such a
+		// batch by a statement of its own, which random keys seldom reach).
+		hot := false
 		switch {
 		case again:
 			op = 0 // an allow, or an acquire
+		case focus == nil && lastRule != nil && !lastRule.Window.IsConcurrent() && !lastRule.Window.IsSmooth() &&
+			!strings.HasPrefix(lastRule.Window.String(), "sliding") && rng.IntN(5) == 0:
+			op, hot = 5, true
 		case focus != nil && !r.Window.IsConcurrent() && rng.IntN(5) < 4:
 			op = []int{0, 5}[rng.IntN(2)] // an allow, or a batch, at the instant
 		case focus != nil && r.Window.IsConcurrent() && rng.IntN(5) < 4:
@@ -442,6 +450,9 @@ func gen(seed uint64, n int, smooth bool) []Step {
 			if distinct {
 				k = 2 + rng.IntN(len(ids)-1)
 			}
+			if hot {
+				k, distinct = 2+rng.IntN(2), false // of one each: room for them all, under most limits
+			}
 			order := rng.Perm(len(ids))
 			var parts []string
 			for j := range k {
@@ -453,6 +464,9 @@ func gen(seed uint64, n int, smooth bool) []Step {
 				if distinct {
 					bid = ids[order[j]]
 				}
+				if hot {
+					b, bid = *lastRule, lastID
+				}
 				if focus != nil && rng.IntN(3) > 0 {
 					// Calls on the key whose instant this is.
 					bid = focus.id
@@ -462,7 +476,11 @@ func gen(seed uint64, n int, smooth bool) []Step {
 						}
 					}
 				}
-				l.AllowN(ctx, b, bid, int64(1+rng.IntN(2)))
+				bn := int64(1 + rng.IntN(2))
+				if hot {
+					bn = 1
+				}
+				l.AllowN(ctx, b, bid, bn)
 				parts = append(parts, fmt.Sprintf("%s/%s", b.UseType, bid))
 			}
 			desc = "batch(" + strings.Join(parts, " ") + ")"
