@@ -147,14 +147,23 @@ func startCluster(t *testing.T, server, cli string, n int) []string {
 		if err := cmd.Start(); err != nil {
 			t.Fatalf("start redis-server: %v", err)
 		}
+		exited := make(chan struct{})
+		var waitErr error
+		go func() { waitErr = cmd.Wait(); close(exited) }()
 		t.Cleanup(func() {
 			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
+			<-exited
 			logf.Close()
 		})
 		addr := fmt.Sprintf("127.0.0.1:%d", port)
 		addrs = append(addrs, addr)
 		waitFor(t, 10*time.Second, "redis-server on "+addr, func() bool {
+			select {
+			case <-exited: // a port taken since freePorts looked, say
+				log, _ := os.ReadFile(filepath.Join(dir, "redis.log"))
+				t.Fatalf("redis-server on %s exited (%v):\n%s", addr, waitErr, log)
+			default:
+			}
 			c := redis.NewClient(&redis.Options{Addr: addr})
 			defer c.Close()
 			return c.Ping(context.Background()).Err() == nil
@@ -177,7 +186,9 @@ func startCluster(t *testing.T, server, cli string, n int) []string {
 }
 
 // freePorts finds n loopback ports free for clients, with port+10000 free
-// for the cluster bus.
+// for the cluster bus, both below the kernel's ephemeral range, where no
+// other test's outgoing connection can take one between this look and
+// redis-server's bind.
 func freePorts(t *testing.T, n int) []int {
 	t.Helper()
 	free := func(p int) bool {
@@ -188,9 +199,17 @@ func freePorts(t *testing.T, n int) []int {
 		ln.Close()
 		return true
 	}
+	low := 32768 // Linux's default first ephemeral port
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if v, err := strconv.Atoi(f[0]); err == nil && v > 12000+1024 {
+				low = v
+			}
+		}
+	}
 	var ports []int
 	for tries := 0; len(ports) < n && tries < 1000; tries++ {
-		p := 20000 + rand.IntN(20000)
+		p := low - 12000 + rand.IntN(2000) // the bus, p+10000, below low too
 		if free(p) && free(p+10000) && !slices.Contains(ports, p) {
 			ports = append(ports, p)
 		}
