@@ -111,7 +111,7 @@ local function expire(key, at)
   end
   local ms = math.ceil((at - now) / 1000)
   if ms < 1 then ms = 1 end
-  redis.call('PEXPIRE', key, ms)
+  redis.call('PEXPIRE', key, ms + GRACE)
 end
 
 -- the live sliding log: count, oldest, newest + span, and the event whose

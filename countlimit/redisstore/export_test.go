@@ -109,3 +109,6 @@ func PadTTLsForTest(pad time.Duration) (restore func()) {
 		}
 	}
 }
+
+// ExpiryGrace is how long every key the scripts expire outlives its end.
+const ExpiryGrace = expiryGrace

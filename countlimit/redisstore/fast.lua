@@ -80,6 +80,7 @@ local function instant(h, a)
   -- instructions more.
   local ms = math.ceil(ahead / 1000)
   if ms < 1 then ms = 1 end
+  ms = ms + GRACE
   if guard then v = string.format('%d:%s', now + ahead, tok) else v = string.format('%d', now + ahead) end
   -- An error (a write refused: OOM, READONLY) is returned as such, to
   -- fail the call alone, as count's.
@@ -150,7 +151,7 @@ local function rate(h, f, a)
   -- Until it is drained: an expired penalty ends before.
   local ms = math.ceil(ahead / 1000)
   if ms < 1 then ms = 1 end
-  redis.call('PEXPIRE', h, ms)
+  redis.call('PEXPIRE', h, ms + GRACE)
   -- ceil(ahead/iv), exactly (see ceildiv).
   local used = math.floor(ahead / iv)
   if used * iv < ahead then used = used + 1 elseif used > 0 and (used - 1) * iv >= ahead then used = used - 1 end
@@ -273,7 +274,7 @@ local function expire(h, at, now)
   else
     local ms = math.ceil((at - now) / 1000)
     if ms < 1 then ms = 1 end
-    redis.call('PEXPIRE', h, ms)
+    redis.call('PEXPIRE', h, ms + GRACE)
   end
 end
 

@@ -13,7 +13,7 @@ import (
 var (
 	//go:embed lease.lua
 	leaseBody   string
-	leaseSrc        = smoothKeySrc + leaseBody
+	leaseSrc        = prelude + leaseBody
 	leaseScript     = redis.NewScript(leaseSrc)
 	leaseSHA    any = leaseScript.Hash()
 )

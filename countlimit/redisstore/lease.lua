@@ -37,11 +37,12 @@ local NONE = -9007199254740992 -- -2^53: no time (every valid one is larger)
 -- (a double's digits), per callgrind on fast.lua's smooth path.
 local function s(x) return string.format('%d', x) end
 
--- ms returns the milliseconds from now to at, at least 1: a PEXPIRE.
+-- ms returns the milliseconds from now to at, at least 1, and the grace
+-- every TTL carries (GRACE, which Go puts before this script): a PEXPIRE.
 local function ms(at)
   local d = math.ceil((at - now) / 1000)
   if d < 1 then d = 1 end
-  return d
+  return d + GRACE
 end
 
 local function latest()

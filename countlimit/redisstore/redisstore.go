@@ -210,20 +210,37 @@ import (
 
 var _ driver.Store = (*Store)(nil)
 
+// expiryGrace is how long every key the scripts expire outlives the end
+// its times call for: a window's end, a drained smooth instant, a penalty,
+// the latest lease. The scripts decide by the times a key holds, from the
+// Limiter's clock, while Redis expires keys on its own: a call whose clock
+// read is behind Redis's (a process's clock that lags, or a read that
+// waited behind a stall, a GC pause or the connection pool) would
+// otherwise find a key gone whose end it has not reached, and start it
+// over: over-admission. A key kept past its end is one the scripts
+// already read correctly (its times say it is over). A second covers
+// NTP-level skew and stalls of a loaded process, at the cost of keeping a
+// short window's keys that much longer (a 1-second window's for 2
+// seconds at most). bucket4j keeps its Redis buckets past the refill
+// likewise (keepAfterRefillDuration).
+const expiryGrace = time.Second
+
 var (
-	// smoothKeySrc goes before each script that reads or writes a counter
-	// hash: a smooth key may be kept as a string (see smoothkey.lua).
+	// prelude goes before each script that reads or writes a counter
+	// hash: the grace every TTL carries (GRACE, ms), and smoothkey.lua (a
+	// smooth key may be kept as a string).
 	//go:embed smoothkey.lua
 	smoothKeySrc string
+	prelude      = fmt.Sprintf("local GRACE = %d -- ms: redisstore.go, expiryGrace\n", expiryGrace.Milliseconds()) + smoothKeySrc
 
 	//go:embed apply.lua
 	applyBody   string
-	applySrc    = smoothKeySrc + applyBody
+	applySrc    = prelude + applyBody
 	applyScript = redis.NewScript(applySrc)
 
 	//go:embed fast.lua
 	fastBody   string
-	fastSrc    = smoothKeySrc + fastBody
+	fastSrc    = prelude + fastBody
 	fastScript = redis.NewScript(fastSrc)
 
 	//go:embed reset.lua

@@ -127,8 +127,8 @@ func TestKeysExpire(t *testing.T) {
 			case ttl == -2*time.Nanosecond: // no such key (go-redis reports -2 as a Duration)
 			case ttl < 0:
 				t.Errorf("%s: %s has no TTL (%v)", step, k, ttl)
-			case ttl > max:
-				t.Errorf("%s: %s TTL %v, want at most %v", step, k, ttl, max)
+			case ttl > max+redisstore.ExpiryGrace:
+				t.Errorf("%s: %s TTL %v, want at most %v and the grace", step, k, ttl, max)
 			}
 		}
 	}
@@ -158,7 +158,9 @@ func TestKeysExpire(t *testing.T) {
 		}
 		return n
 	}
-	time.Sleep(1500 * time.Millisecond)
+	// Every key outlives its end by the grace (see
+	// TestClockBehindRedisKeepsCounts).
+	time.Sleep(1500*time.Millisecond + redisstore.ExpiryGrace)
 	if n := exists(fixed); n != 0 {
 		t.Errorf("1.5s after a 1s window: %d keys remain", n)
 	}
@@ -363,8 +365,8 @@ func TestSmoothKeysExpire(t *testing.T) {
 			t.Fatal(err)
 		case d == -1*time.Nanosecond:
 			t.Errorf("%s: the hash has no TTL", step)
-		case d > atMost:
-			t.Errorf("%s: TTL %v, want at most %v", step, d, atMost)
+		case d > atMost+redisstore.ExpiryGrace:
+			t.Errorf("%s: TTL %v, want at most %v and the grace", step, d, atMost)
 		}
 	}
 	allow := func(r countlimit.Rule, n int64) countlimit.Result {
@@ -391,14 +393,77 @@ func TestSmoothKeysExpire(t *testing.T) {
 		t.Fatalf("a second call within the interval: %+v, want denied", res)
 	}
 	ttl("denied, penalty", penalty, 800*time.Millisecond)
-	time.Sleep(time.Second)
+	time.Sleep(time.Second + redisstore.ExpiryGrace)
 	for _, r := range []countlimit.Rule{smooth, penalty} {
 		n, err := c.Exists(ctx, redisstore.Key(r.UseType, "id"), redisstore.LogKey(r.UseType, "id")).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
 		if n != 0 {
-			t.Errorf("%s: %d keys remain a second on, past drain and penalty", r.UseType, n)
+			t.Errorf("%s: %d keys remain past drain, penalty and grace", r.UseType, n)
+		}
+	}
+}
+
+// TestClockBehindRedisKeepsCounts: a Limiter whose clock runs behind
+// Redis's (a lagging host, or a clock read that waited behind a stall)
+// still finds the key of a window its clock has not seen end, though
+// Redis's clock is past that end: every TTL carries ExpiryGrace. Without
+// it the key would be gone and the call would start the window over.
+func TestClockBehindRedisKeepsCounts(t *testing.T) {
+	t.Parallel()
+	c := client(t)
+	ctx := context.Background()
+	// The window ends 500ms after the first call; the second call runs
+	// 700ms after it on the real clock, when its own clock, 600ms behind,
+	// reads 100ms after it: 400ms of slack for a stall either way.
+	const window, wait, lag = 500 * time.Millisecond, 700 * time.Millisecond, 600 * time.Millisecond
+	if lag >= redisstore.ExpiryGrace {
+		t.Fatalf("a lag of %v is not covered by the grace of %v", lag, redisstore.ExpiryGrace)
+	}
+	first := countlimit.New(redisstore.New(c))
+	behind := countlimit.New(redisstore.New(c), countlimit.WithClock(func() time.Time { return time.Now().Add(-lag) }))
+	rules := []countlimit.Rule{
+		{UseType: storetest.UseType(t, "behind.rolling"), Limit: 1, Window: countlimit.Rolling(window)},
+		{UseType: storetest.UseType(t, "behind.sliding"), Limit: 1, Window: countlimit.Sliding(window)},
+		{UseType: storetest.UseType(t, "behind.smooth"), Limit: 1, Window: countlimit.Smooth(window, 1)},
+		// A window over at once, and the penalty its second call earns.
+		{UseType: storetest.UseType(t, "behind.penalty"), Limit: 1, Window: countlimit.Rolling(time.Millisecond), Block: window},
+	}
+	// Each rule alone on one id (fast.lua), all of them on another
+	// (AllowAll: apply.lua).
+	for _, r := range rules {
+		for _, id := range []string{"one", "all"} {
+			for call := range 2 {
+				res, err := first.Allow(ctx, r, id)
+				if err != nil || res.Allowed != (call == 0) {
+					t.Fatalf("%s: call %d on %s: %+v, %v", r.UseType, call+1, id, res, err)
+				}
+			}
+		}
+	}
+	time.Sleep(wait)
+	// Denied, and by what the first calls stored: the count, or the
+	// penalty.
+	seen := func(r countlimit.Rule, res countlimit.Result) bool {
+		if r.Block > 0 {
+			return !res.BlockedUntil.IsZero()
+		}
+		return res.Used == 1
+	}
+	for _, r := range rules {
+		res, err := behind.Allow(ctx, r, "one")
+		if err != nil || res.Allowed || !seen(r, res) {
+			t.Errorf("%s: a clock %v behind, inside the window it saw begin: %+v, %v; want a denial by what is stored", r.UseType, lag, res, err)
+		}
+	}
+	res, err := behind.AllowAll(ctx, "all", rules...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range res {
+		if r.Allowed || !seen(rules[i], r) {
+			t.Errorf("AllowAll, %s: a clock %v behind: %+v; want a denial by what is stored", rules[i].UseType, lag, r)
 		}
 	}
 }
