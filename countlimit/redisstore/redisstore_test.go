@@ -427,33 +427,41 @@ func TestClockBehindRedisKeepsCounts(t *testing.T) {
 		{UseType: storetest.UseType(t, "behind.rolling"), Limit: 1, Window: countlimit.Rolling(window)},
 		{UseType: storetest.UseType(t, "behind.sliding"), Limit: 1, Window: countlimit.Sliding(window)},
 		{UseType: storetest.UseType(t, "behind.smooth"), Limit: 1, Window: countlimit.Smooth(window, 1)},
-		// A window over at once, and the penalty its second call earns.
-		{UseType: storetest.UseType(t, "behind.penalty"), Limit: 1, Window: countlimit.Rolling(time.Millisecond), Block: window},
+		// Nothing fits: the first call's denial earns the penalty.
+		{UseType: storetest.UseType(t, "behind.penalty"), Limit: 0, Window: countlimit.Rolling(time.Hour), Block: window},
 	}
 	// Each rule alone on one id (fast.lua), all of them on another
-	// (AllowAll: apply.lua).
+	// (AllowAll: apply.lua): one allowed, one denied; the penalty's
+	// first denial.
+	blocked := map[string]time.Time{} // by id
 	for _, r := range rules {
 		for _, id := range []string{"one", "all"} {
 			for call := range 2 {
+				if r.Limit == 0 && call == 0 {
+					continue
+				}
 				res, err := first.Allow(ctx, r, id)
 				if err != nil || res.Allowed != (call == 0) {
 					t.Fatalf("%s: call %d on %s: %+v, %v", r.UseType, call+1, id, res, err)
+				}
+				if r.Block > 0 {
+					blocked[id] = res.BlockedUntil
 				}
 			}
 		}
 	}
 	time.Sleep(wait)
 	// Denied, and by what the first calls stored: the count, or the
-	// penalty.
-	seen := func(r countlimit.Rule, res countlimit.Result) bool {
+	// penalty they set (a key gone, a new denial would set a later one).
+	seen := func(r countlimit.Rule, id string, res countlimit.Result) bool {
 		if r.Block > 0 {
-			return !res.BlockedUntil.IsZero()
+			return res.BlockedUntil.Equal(blocked[id])
 		}
 		return res.Used == 1
 	}
 	for _, r := range rules {
 		res, err := behind.Allow(ctx, r, "one")
-		if err != nil || res.Allowed || !seen(r, res) {
+		if err != nil || res.Allowed || !seen(r, "one", res) {
 			t.Errorf("%s: a clock %v behind, inside the window it saw begin: %+v, %v; want a denial by what is stored", r.UseType, lag, res, err)
 		}
 	}
@@ -462,7 +470,7 @@ func TestClockBehindRedisKeepsCounts(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i, r := range res {
-		if r.Allowed || !seen(rules[i], r) {
+		if r.Allowed || !seen(rules[i], "all", r) {
 			t.Errorf("AllowAll, %s: a clock %v behind: %+v; want a denial by what is stored", rules[i].UseType, lag, r)
 		}
 	}
