@@ -11,6 +11,13 @@ import (
 // SweepSlice is sweepSlice, for the tests of the janitor's slices.
 const SweepSlice = sweepSlice
 
+// ExpiryGrace is expiryGrace, as a duration.
+const ExpiryGrace = time.Duration(expiryGrace) * time.Microsecond
+
+// Elapse moves s's monotonic clock, which only the janitor's deadlines
+// follow, d ahead. Call it while nothing else uses s.
+func Elapse(s *Store, d time.Duration) { s.start = s.start.Add(-d) }
+
 // Sweep runs one sweep now, as the janitor does.
 func Sweep(s *Store) { s.sweep() }
 

@@ -172,6 +172,7 @@ func TestFullShardLooksInVainOnce(t *testing.T) {
 	if err := l.Reset(ctx, short, "gone"); err != nil {
 		t.Fatal(err)
 	}
+	memstore.Elapse(s, memstore.ExpiryGrace) // and its grace is over
 	live := countlimit.Rule{UseType: "live", Limit: 1, Window: countlimit.Fixed(time.Hour)}
 	for i := range rooms {
 		if _, err := l.Allow(ctx, live, fmt.Sprint("id-", i)); err != nil {

@@ -21,7 +21,8 @@
 // lets the heap grow past what is live before it collects (GOGC, and
 // GOMEMLIMIT to cap it).
 //
-// The janitor drops a counter once its window and penalty are over. It
+// The janitor drops a counter a second after its window and penalty are
+// over (a check whose clock was read just before the end still finds it). It
 // sweeps a shard 512 counters at a time, letting go of the shard's
 // lock between slices, so a check never waits for a whole shard to be
 // swept. Go maps never give memory back, so when a sweep leaves a shard
@@ -466,6 +467,16 @@ const smooth = forever
 // allow. The entry outlives its TAT by at most this.
 const smoothSlack = int64(time.Second / time.Microsecond)
 
+// expiryGrace is how long past its end (µs) the janitor keeps a counter,
+// a penalty or a set of leases: a check whose clock was read before the
+// end but that reaches its shard after it (a goroutine descheduled, a
+// shard's lock waited for, a sweep between the two) still finds what the
+// window counted, as redisstore's keys outlive their ends by a second too.
+// Without it such a check would find nothing and count from zero in a
+// window that was full. Checks never read it: what has ended counts
+// nothing either way; the store only holds the bytes a second longer.
+const expiryGrace = int64(time.Second / time.Microsecond)
+
 // until is when the entry's window ends, or for a smooth entry the later
 // of its TAT and the instant its janitor deadline was set for (count).
 func (e *entry) until() int64 {
@@ -831,7 +842,8 @@ func insertSorted(log []int64, t int64, n int) []int64 {
 	return log
 }
 
-// touch sets the janitor's deadline from the entry's window and penalty. A
+// touch sets the janitor's deadline from the entry's window and penalty,
+// expiryGrace after the later of their ends. A
 // write calls it only when it moved the end of either, or the entry is new
 // (expires 0): a check in a current window reads no clock but the
 // Limiter's, and the deadline set when the window opened counts the same
@@ -840,11 +852,11 @@ func insertSorted(log []int64, t int64, n int) []int64 {
 func (s *Store) touch(sh *shard, e *entry, now int64) {
 	mono := s.mono()
 	ttl := max(e.until(), e.blocked, e.leases.last()) - now // µs
-	if ttl >= (forever-mono)/int64(time.Microsecond) {
+	if ttl >= (forever-mono)/int64(time.Microsecond)-expiryGrace {
 		e.expires = forever // lifetime, or beyond what the clock can hold
 		return
 	}
-	e.expires = mono + ttl*int64(time.Microsecond)
+	e.expires = mono + (ttl+expiryGrace)*int64(time.Microsecond)
 	sh.soonest = min(sh.soonest, e.expires)
 	sh.low = min(sh.low, e.expires)
 }

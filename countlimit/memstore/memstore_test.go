@@ -47,7 +47,9 @@ func TestJanitorDropsExpiredState(t *testing.T) {
 	l := countlimit.New(s)
 	ctx := context.Background()
 	short := countlimit.Rule{UseType: "short", Limit: 1, Window: countlimit.Rolling(50 * time.Millisecond)}
-	penalty := countlimit.Rule{UseType: "penalty", Limit: 0, Window: countlimit.Rolling(time.Millisecond), Block: 300 * time.Millisecond}
+	// Each is dropped memstore.ExpiryGrace after it ends: the window at
+	// about 1.05s, the penalty, still on then, at 3s.
+	penalty := countlimit.Rule{UseType: "penalty", Limit: 0, Window: countlimit.Rolling(time.Millisecond), Block: 2 * time.Second}
 	forever := countlimit.Rule{UseType: "forever", Limit: 1, Window: countlimit.Lifetime()}
 	for _, r := range []countlimit.Rule{short, penalty, forever} {
 		if _, err := l.Allow(ctx, r, "id"); err != nil {

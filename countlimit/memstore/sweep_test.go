@@ -13,6 +13,7 @@ import (
 
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/memstore"
+	"github.com/countlimit/countlimit/countlimit/storetest"
 )
 
 func TestSweepRebuildsEmptiedShards(t *testing.T) {
@@ -312,4 +313,79 @@ func benchmarkMemory(b *testing.B, id func(int) string) {
 		b.ReportMetric(float64(holds[len(holds)*99/100].Microseconds()), "µs/slice-p99")
 	}
 	runtime.KeepAlive(s)
+}
+
+// TestStaleCheckAfterSweepKeepsCount: a check whose clock was read before
+// its window or penalty ended, and that reaches the store after a sweep
+// that ran once it had ended, still finds what was counted, as
+// redisstore's TestClockBehindRedisKeepsCounts holds Redis's keys to.
+// Dropped at the end, the counter would be counted from zero in a window
+// that was full, and a penalty would start over.
+func TestStaleCheckAfterSweepKeepsCount(t *testing.T) {
+	t.Parallel()
+	s := memstore.New(memstore.WithJanitorInterval(0))
+	t.Cleanup(func() { s.Close() })
+	clock := storetest.NewClock(t0)
+	l := countlimit.New(s, countlimit.WithClock(clock.Now))
+	ctx := context.Background()
+	// Every window and penalty ends a minute after t0. The late check's
+	// clock reads 250ms before that; the store's monotonic clock is 250ms
+	// past it when the sweep runs: a check 500ms stale, inside the grace.
+	const window, early = time.Minute, 250 * time.Millisecond
+	if 2*early >= memstore.ExpiryGrace {
+		t.Fatalf("a check %v stale is not covered by the grace of %v", 2*early, memstore.ExpiryGrace)
+	}
+	rules := []countlimit.Rule{
+		{UseType: "stale.fixed", Limit: 1, Window: countlimit.Fixed(window)},
+		{UseType: "stale.rolling", Limit: 1, Window: countlimit.Rolling(window)},
+		{UseType: "stale.sliding", Limit: 1, Window: countlimit.Sliding(window)},
+		{UseType: "stale.smooth", Limit: 1, Window: countlimit.Smooth(window, 1)},
+		// Nothing fits: the first call's denial earns the penalty.
+		{UseType: "stale.penalty", Limit: 0, Window: countlimit.Rolling(time.Hour), Block: window},
+	}
+	// Each rule alone on one id, all of them on another (AllowAll): one
+	// allowed, one denied; the penalty's first denial.
+	blocked := map[string]time.Time{} // by id
+	for _, r := range rules {
+		for _, id := range []string{"one", "all"} {
+			for call := range 2 {
+				if r.Limit == 0 && call == 0 {
+					continue
+				}
+				res, err := l.Allow(ctx, r, id)
+				if err != nil || res.Allowed != (call == 0) {
+					t.Fatalf("%s: call %d on %s: %+v, %v", r.UseType, call+1, id, res, err)
+				}
+				if r.Block > 0 {
+					blocked[id] = res.BlockedUntil
+				}
+			}
+		}
+	}
+	clock.Set(t0.Add(window - early))
+	memstore.Elapse(s, window+early)
+	memstore.Sweep(s)
+	// Denied, by what the first calls stored: the count, or the penalty
+	// they set (a counter gone, a new denial would set a later one).
+	seen := func(r countlimit.Rule, id string, res countlimit.Result) bool {
+		if r.Block > 0 {
+			return res.BlockedUntil.Equal(blocked[id])
+		}
+		return res.Used == 1
+	}
+	for _, r := range rules {
+		res, err := l.Allow(ctx, r, "one")
+		if err != nil || res.Allowed || !seen(r, "one", res) {
+			t.Errorf("%s: a check %v stale, after a sweep: %+v, %v; want a denial by what is stored", r.UseType, 2*early, res, err)
+		}
+	}
+	res, err := l.AllowAll(ctx, "all", rules...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range res {
+		if r.Allowed || !seen(rules[i], "all", r) {
+			t.Errorf("AllowAll, %s: a check %v stale, after a sweep: %+v; want a denial by what is stored", rules[i].UseType, 2*early, r)
+		}
+	}
 }
