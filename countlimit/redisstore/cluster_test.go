@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -24,6 +23,7 @@ import (
 	"github.com/countlimit/countlimit/countlimit/storetest"
 	"github.com/countlimit/countlimit/internal/modeltest"
 	"github.com/countlimit/countlimit/internal/testbackend"
+	"github.com/countlimit/countlimit/internal/testenv"
 )
 
 // TestCluster starts a three-node Redis Cluster from the local redis-server
@@ -188,29 +188,14 @@ func startCluster(t *testing.T, server, cli string, n int) []string {
 // freePorts finds n loopback ports free for clients, with port+10000 free
 // for the cluster bus, both below the kernel's ephemeral range, where no
 // other test's outgoing connection can take one between this look and
-// redis-server's bind.
+// redis-server's bind (the ports testenv.FreePort leaves to such pairs).
 func freePorts(t *testing.T, n int) []int {
 	t.Helper()
-	free := func(p int) bool {
-		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
-		if err != nil {
-			return false
-		}
-		ln.Close()
-		return true
-	}
-	low := 32768 // Linux's default first ephemeral port
-	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
-		if f := strings.Fields(string(b)); len(f) == 2 {
-			if v, err := strconv.Atoi(f[0]); err == nil && v > 12000+1024 {
-				low = v
-			}
-		}
-	}
+	low := testenv.EphemeralLow()
 	var ports []int
 	for tries := 0; len(ports) < n && tries < 1000; tries++ {
 		p := low - 12000 + rand.IntN(2000) // the bus, p+10000, below low too
-		if free(p) && free(p+10000) && !slices.Contains(ports, p) {
+		if testenv.PortFree(p) && testenv.PortFree(p+10000) && !slices.Contains(ports, p) {
 			ports = append(ports, p)
 		}
 	}

@@ -28,10 +28,12 @@ package testenv
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"path"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -316,13 +318,47 @@ func imagePresent(image string) (present, known bool) {
 }
 
 // FreePort returns a loopback TCP port that was free a moment ago, for a
-// private server a test starts.
+// private server a test starts. It is drawn at random from below the
+// kernel's ephemeral range (EphemeralLow), 2 000 to 10 000 under it: a
+// port the kernel hands out could be taken by another test's outgoing
+// connection between this look and the server's bind, and the server would
+// fail to start. The 2 000 ports right under the range, and those 10 000
+// below them, are left to callers that need a pair 10 000 apart (a Redis
+// Cluster node and its bus).
 func FreePort(t testing.TB) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	low := EphemeralLow()
+	for range 1000 {
+		if p := low - 10000 + rand.IntN(8000); PortFree(p) {
+			return p
+		}
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	t.Fatalf("no free port in %d to %d", low-10000, low-2000)
+	return 0
+}
+
+// PortFree reports whether a listener could bind port on 127.0.0.1 now.
+func PortFree(port int) bool {
+	ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+	if err != nil {
+		return false
+	}
+	ln.Close()
+	return true
+}
+
+// EphemeralLow is the first port of the kernel's ephemeral range, from which
+// it picks the local ports of outgoing connections: Linux's
+// /proc/sys/net/ipv4/ip_local_port_range, or its default 32768 where that
+// cannot be read or leaves fewer than 13 024 ports below it.
+func EphemeralLow() int {
+	low := 32768
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if v, err := strconv.Atoi(f[0]); err == nil && v > 12000+1024 {
+				low = v
+			}
+		}
+	}
+	return low
 }
