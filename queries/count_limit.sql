@@ -22,12 +22,20 @@ FROM countlimit_apply(
 -- (countlimit_reset).
 SELECT countlimit_reset(@unique_id::text, @use_types::text[]);
 
--- name: PurgeExpired :one
--- PurgeExpired is one batch of a purge (countlimit_purge): at most
--- batch_size expired leases and at most batch_size rows whose window,
--- penalty and leases are over, skipping rows live checks hold locked. It
--- returns how many of both it deleted.
-SELECT countlimit_purge(@now::timestamptz, @batch_size::int)::bigint AS deleted;
+-- name: PurgeLeases :one
+-- PurgeLeases is one batch of a purge's leases (countlimit_purge_leases):
+-- at most batch_size expired leases, oldest first, skipping those others
+-- hold locked. It returns how many it deleted.
+SELECT countlimit_purge_leases(@now::timestamptz, @batch_size::int)::bigint AS deleted;
+
+-- name: PurgeRows :one
+-- PurgeRows is one statement of a purge's sweep of count_limit
+-- (countlimit_purge_rows): at most batch_size rows whose window, penalty
+-- and leases are over, among the 1024 pages from (from_page, from_item),
+-- skipping rows live checks hold locked. It returns how many it deleted
+-- and where the next statement goes on (next_page -1: the sweep is done).
+SELECT r.deleted::bigint AS deleted, coalesce(r.next_page, -1)::bigint AS next_page, coalesce(r.next_item, 0)::int AS next_item
+FROM countlimit_purge_rows(@now::timestamptz, @batch_size::int, @from_page::bigint, @from_item::int) AS r;
 
 -- name: StatusNearestLimit :many
 -- The ids nearest their limits now (a full scan of the view: an audit tool).
@@ -52,10 +60,10 @@ LIMIT @max_rows::int;
 -- SchemaReady reports whether countlimit's schema, at its latest migration,
 -- is on the search path: its tables and a function that only the newest
 -- migration makes (update it with every migration, docs/RELEASING.md).
--- For 00003, countlimit_allow_batch_pooled, which a database at 00002
--- or before lacks.
+-- For 00004, countlimit_purge_rows, which a database at 00003 or before
+-- lacks.
 SELECT (to_regclass('count_limit') IS NOT NULL AND to_regclass('count_limit_lease') IS NOT NULL
-    AND to_regprocedure('countlimit_allow_batch_pooled(text[], text[], int[], int[], timestamptz[], bigint[], bigint[], timestamptz[], timestamptz[], timestamptz[], text[])') IS NOT NULL
+    AND to_regprocedure('countlimit_purge_rows(timestamptz, int, bigint, int)') IS NOT NULL
 )::boolean AS ready;
 
 -- name: StoreTime :one

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/internal/gather"
@@ -45,9 +44,4 @@ func (s *Store) QueuedForTest() int { return s.gather.Queued() }
 // AllowAll do, whatever its rule.
 func (s *Store) ApplyForTest(ctx context.Context, r *driver.Request) error {
 	return interpretError(s.apply(ctx, s.db, r))
-}
-
-// PurgeBatchForTest is one batch of Purge.
-func (s *Store) PurgeBatchForTest(ctx context.Context, now time.Time, batchSize int) (int64, error) {
-	return s.purgeBatch(ctx, now, batchSize)
 }

@@ -210,15 +210,8 @@ func TestConcurrentPurgesOfLeases(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for {
-				n, err := store.PurgeBatchForTest(ctx, now, 100)
-				if err != nil {
-					errs <- err
-					return
-				}
-				if n == 0 {
-					return
-				}
+			if _, err := store.Purge(ctx, now, 100); err != nil {
+				errs <- err
 			}
 		}()
 	}

@@ -302,36 +302,55 @@ func (s *Store) Ping(ctx context.Context) error {
 const MaxBatchSize = 1 << 20
 
 // Purge deletes rows whose window, penalty and leases ended before now, and
-// expired leases, in batches of batchSize rows until none is left, and
-// returns how many it deleted.
-// Each batch is one statement that skips rows live checks hold locked, so
-// Purge never waits on live traffic. Lifetime rows are never purged. On a
-// pgx.Tx all batches share the caller's transaction.
+// expired leases, and returns how many it deleted: first the leases, in
+// batches of batchSize, oldest first, until a batch finds fewer; then the
+// rows, in one sweep of count_limit from its first page to its last, each
+// statement reading at most 1024 pages and deleting at most batchSize
+// rows (migration 00004 says why the table is swept).
+// Each statement skips rows live checks hold locked, so
+// Purge never waits on live traffic; a row held, or moved by an update
+// since the sweep passed it, goes in the next purge. Lifetime rows are
+// never purged. On a pgx.Tx all statements share the caller's transaction.
 func (s *Store) Purge(ctx context.Context, now time.Time, batchSize int) (int64, error) {
 	return s.PurgeEach(ctx, now, batchSize, nil)
 }
 
 // PurgeEach is Purge that calls progress, when not nil, with the total
-// deleted so far after every batch: for a progress line.
+// deleted so far after every statement: for a progress line.
 func (s *Store) PurgeEach(ctx context.Context, now time.Time, batchSize int, progress func(total int64)) (int64, error) {
-	var total int64
-	for {
-		n, err := s.purgeBatch(ctx, now, batchSize)
+	var (
+		sw    purgeSweep
+		total int64
+	)
+	for !sw.done {
+		n, err := s.purgeStep(ctx, now, batchSize, &sw)
 		total += n
 		if progress != nil {
 			progress(total)
 		}
-		if err != nil || n < int64(batchSize) {
+		if err != nil {
 			return total, err
 		}
 	}
+	return total, nil
 }
 
-// purgeBatch is one batch of Purge: it deletes at most batchSize expired rows
-// that no one holds locked. A now outside 1970 until 2150 (UTC), as
-// countlimit's clock readings must lie, is countlimit.ErrInvalid, nothing
-// deleted.
-func (s *Store) purgeBatch(ctx context.Context, now time.Time, batchSize int) (int64, error) {
+// purgeSweep is where a purge is: its leases, or the place on disk in
+// count_limit its sweep goes on from.
+type purgeSweep struct {
+	rows       bool // the leases are done: sweeping count_limit
+	page       int64
+	item       int32
+	statements int
+	done       bool
+}
+
+// purgeStep runs the next statement of a purge: a batch of at most
+// batchSize expired leases while the batches find that many, then a range
+// of count_limit's pages, until the sweep reaches the table's end (sw.done).
+// A now outside 1970 until 2150 (UTC), as countlimit's clock readings must
+// lie, is countlimit.ErrInvalid, nothing deleted.
+func (s *Store) purgeStep(ctx context.Context, now time.Time, batchSize int, sw *purgeSweep) (int64, error) {
 	if batchSize < 1 || batchSize > MaxBatchSize {
 		return 0, fmt.Errorf("pgstore: purge: %w: batchSize must be 1 to %d, got %d", countlimit.ErrInvalid, MaxBatchSize, batchSize)
 	}
@@ -339,11 +358,21 @@ func (s *Store) purgeBatch(ctx context.Context, now time.Time, batchSize int) (i
 		// A clock far ahead would purge every live window.
 		return 0, fmt.Errorf("pgstore: purge: %w: now %s is outside 1970-01-01 to 2150-01-01 UTC", countlimit.ErrInvalid, now.UTC().Format(time.RFC3339))
 	}
-	n, err := s.q.PurgeExpired(ctx, s.db, db.PurgeExpiredParams{Now: timestamptz(now), BatchSize: int32(batchSize)})
-	if err != nil {
-		return n, fmt.Errorf("pgstore: purge: %w", interpretError(err))
+	sw.statements++
+	if !sw.rows {
+		n, err := s.q.PurgeLeases(ctx, s.db, db.PurgeLeasesParams{Now: timestamptz(now), BatchSize: int32(batchSize)})
+		if err != nil {
+			return 0, fmt.Errorf("pgstore: purge: %w", interpretError(err))
+		}
+		sw.rows = n < int64(batchSize)
+		return n, nil
 	}
-	return n, nil
+	r, err := s.q.PurgeRows(ctx, s.db, db.PurgeRowsParams{Now: timestamptz(now), BatchSize: int32(batchSize), FromPage: sw.page, FromItem: sw.item})
+	if err != nil {
+		return 0, fmt.Errorf("pgstore: purge: %w", interpretError(err))
+	}
+	sw.page, sw.item, sw.done = r.NextPage, r.NextItem, r.NextPage < 0
+	return r.Deleted, nil
 }
 
 // interpretError maps every driver error to countlimit.ErrUnavailable,

@@ -452,6 +452,87 @@ func TestPurge(t *testing.T) {
 	}
 }
 
+// TestPurgeSweepsTheWholeTable: a purge sweeps count_limit range by range
+// (migration 00004), so over a table of many ranges, with more expired
+// rows in a range than a batch holds, it deletes every expired row and
+// nothing else, through pgstore's Purge and through countlimit_purge
+// called in a loop by hand, as a DBA's job does.
+func TestPurgeSweepsTheWholeTable(t *testing.T) {
+	pool := testbackend.FreshSchema(t)
+	ctx := context.Background()
+	if err := pgstore.Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	// Of 150 000 rows, one in three has ended, but every 7th of those is
+	// kept by a penalty and every 11th by a lease's horizon.
+	const fill = `
+		INSERT INTO count_limit (use_type, unique_id, already_count, begin_time, end_time, limit_value, blocked_until, lease_until)
+		SELECT 'sweep', 'id-' || g, 1, now() - interval '2 hours',
+			CASE WHEN g % 3 = 0 THEN now() - interval '1 hour' ELSE now() + interval '1 hour' END, 1,
+			CASE WHEN g % 21 = 0 THEN now() + interval '1 hour' END,
+			CASE WHEN g % 33 = 0 THEN now() + interval '1 hour' END
+		FROM generate_series(1, 150000) AS g`
+	var want int64
+	for g := 1; g <= 150000; g++ {
+		if g%3 == 0 && g%21 != 0 && g%33 != 0 {
+			want++
+		}
+	}
+	purges := []struct {
+		name  string
+		purge func() (int64, error)
+	}{
+		{"Purge", func() (int64, error) { return pgstore.New(pool).Purge(ctx, time.Now(), 700) }},
+		{"countlimit_purge in a loop", func() (int64, error) {
+			conn, err := pool.Acquire(ctx) // one session: it keeps the sweep's place
+			if err != nil {
+				return 0, err
+			}
+			defer conn.Release()
+			var total int64
+			for {
+				var n int64
+				if err := conn.QueryRow(ctx, `SELECT countlimit_purge(now(), 700)`).Scan(&n); err != nil {
+					return total, err
+				}
+				if total += n; n < 700 {
+					return total, nil
+				}
+			}
+		}},
+	}
+	for _, p := range purges {
+		if _, err := pool.Exec(ctx, `DELETE FROM count_limit`); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := pool.Exec(ctx, fill); err != nil {
+			t.Fatal(err)
+		}
+		var pages int64
+		if err := pool.QueryRow(ctx, `SELECT pg_relation_size('count_limit') / current_setting('block_size')::bigint`).Scan(&pages); err != nil {
+			t.Fatal(err)
+		}
+		if pages < 2*1024 {
+			t.Fatalf("count_limit has %d pages, want at least two ranges of 1024", pages)
+		}
+		n, err := p.purge()
+		if err != nil {
+			t.Fatalf("%s: %v", p.name, err)
+		}
+		if n != want {
+			t.Errorf("%s deleted %d rows, want %d", p.name, n, want)
+		}
+		var expired, live int64
+		if err := pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE end_time <= now() AND blocked_until IS NULL AND lease_until IS NULL),
+			count(*) FILTER (WHERE end_time > now()) FROM count_limit`).Scan(&expired, &live); err != nil {
+			t.Fatal(err)
+		}
+		if expired != 0 || live != 100000 {
+			t.Errorf("%s left %d expired rows and %d live ones, want 0 and 100000", p.name, expired, live)
+		}
+	}
+}
+
 // BenchmarkAllow measures Allow on PostgreSQL at 16 concurrent callers over
 // 256 ids: group commit for a fixed window, one statement per call for a
 // sliding one.

@@ -29,7 +29,8 @@ type PurgePass struct {
 	// Rows counts the rows and leases deleted, as Purge does, failed
 	// passes included (what the batches before the failure deleted).
 	Rows int64
-	// Batches counts the statements the pass ran, a failed one included.
+	// Batches counts the statements the pass ran, a failed one included:
+	// the batches of leases, then the ranges of count_limit's sweep.
 	Batches int
 	// Took is how long the pass took, pauses between batches included,
 	// on this process's monotonic clock (not the purge clock).
@@ -76,14 +77,17 @@ func WithPurgeReport(report func(PurgePass)) PurgeOption {
 // one process or several: a PostgreSQL deployment must purge somehow, or
 // count_limit keeps a row for every (use type, id) it ever saw.
 //
-// A pass deletes in batches (WithPurgeBatchSize) until a batch finds fewer
-// rows than its size, so a pass has an end even while new rows expire:
-// they go in the next pass. Each batch is one short statement that skips
-// the rows live checks hold locked, and after each batch the pass pauses
-// as long as the batch took: the purge takes at most about half of one
+// A pass deletes expired leases in batches (WithPurgeBatchSize) until a
+// batch finds fewer than its size, then sweeps count_limit once from its
+// first page to its last, 1024 pages a statement, deleting at most a
+// batch's size of rows in each (Purge), so a pass has an end even while
+// new rows expire: they go in the next pass. Each statement is short and
+// skips the rows live checks hold locked, and after each the pass pauses
+// as long as it took: the purge takes at most about half of one
 // connection's time, and checks are never queued behind a long run of
-// deletes. A row whose leases a batch deletes goes in the next batch or
-// pass.
+// deletes. A pass reads the whole table (about a second of a core at 10
+// million rows in memory: docs/benchmarks.md), so a large table wants an
+// interval of minutes, not seconds.
 //
 // A pass that fails (the database is down, the schema is missing) is
 // reported with its error and the next pass tries again: PurgeEvery never
@@ -140,10 +144,11 @@ func (s *Store) PurgeEvery(ctx context.Context, interval time.Duration, opts ...
 func (s *Store) purgePass(ctx context.Context, cfg purgeConfig) PurgePass {
 	start := time.Now()
 	p := PurgePass{Now: cfg.now()}
+	var sw purgeSweep
 	for {
 		began := time.Now()
 		bctx, cancel := context.WithTimeout(ctx, purgeBatchTimeout)
-		n, err := s.purgeBatch(bctx, p.Now, cfg.batchSize)
+		n, err := s.purgeStep(bctx, p.Now, cfg.batchSize, &sw)
 		cancel()
 		took := time.Since(began)
 		p.Batches++
@@ -151,7 +156,7 @@ func (s *Store) purgePass(ctx context.Context, cfg purgeConfig) PurgePass {
 		if err != nil && ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
 			err = fmt.Errorf("%w (the batch took over %v)", err, purgeBatchTimeout)
 		}
-		if err != nil || n < int64(cfg.batchSize) {
+		if err != nil || sw.done {
 			p.Err = err
 			p.Took = time.Since(start)
 			return p

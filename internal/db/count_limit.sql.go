@@ -99,24 +99,58 @@ func (q *Queries) Apply(ctx context.Context, db DBTX, arg ApplyParams) ([]ApplyR
 	return items, nil
 }
 
-const purgeExpired = `-- name: PurgeExpired :one
-SELECT countlimit_purge($1::timestamptz, $2::int)::bigint AS deleted
+const purgeLeases = `-- name: PurgeLeases :one
+SELECT countlimit_purge_leases($1::timestamptz, $2::int)::bigint AS deleted
 `
 
-type PurgeExpiredParams struct {
+type PurgeLeasesParams struct {
 	Now       pgtype.Timestamptz
 	BatchSize int32
 }
 
-// PurgeExpired is one batch of a purge (countlimit_purge): at most
-// batch_size expired leases and at most batch_size rows whose window,
-// penalty and leases are over, skipping rows live checks hold locked. It
-// returns how many of both it deleted.
-func (q *Queries) PurgeExpired(ctx context.Context, db DBTX, arg PurgeExpiredParams) (int64, error) {
-	row := db.QueryRow(ctx, purgeExpired, arg.Now, arg.BatchSize)
+// PurgeLeases is one batch of a purge's leases (countlimit_purge_leases):
+// at most batch_size expired leases, oldest first, skipping those others
+// hold locked. It returns how many it deleted.
+func (q *Queries) PurgeLeases(ctx context.Context, db DBTX, arg PurgeLeasesParams) (int64, error) {
+	row := db.QueryRow(ctx, purgeLeases, arg.Now, arg.BatchSize)
 	var deleted int64
 	err := row.Scan(&deleted)
 	return deleted, err
+}
+
+const purgeRows = `-- name: PurgeRows :one
+SELECT r.deleted::bigint AS deleted, coalesce(r.next_page, -1)::bigint AS next_page, coalesce(r.next_item, 0)::int AS next_item
+FROM countlimit_purge_rows($1::timestamptz, $2::int, $3::bigint, $4::int) AS r
+`
+
+type PurgeRowsParams struct {
+	Now       pgtype.Timestamptz
+	BatchSize int32
+	FromPage  int64
+	FromItem  int32
+}
+
+type PurgeRowsRow struct {
+	Deleted  int64
+	NextPage int64
+	NextItem int32
+}
+
+// PurgeRows is one statement of a purge's sweep of count_limit
+// (countlimit_purge_rows): at most batch_size rows whose window, penalty
+// and leases are over, among the 1024 pages from (from_page, from_item),
+// skipping rows live checks hold locked. It returns how many it deleted
+// and where the next statement goes on (next_page -1: the sweep is done).
+func (q *Queries) PurgeRows(ctx context.Context, db DBTX, arg PurgeRowsParams) (PurgeRowsRow, error) {
+	row := db.QueryRow(ctx, purgeRows,
+		arg.Now,
+		arg.BatchSize,
+		arg.FromPage,
+		arg.FromItem,
+	)
+	var i PurgeRowsRow
+	err := row.Scan(&i.Deleted, &i.NextPage, &i.NextItem)
+	return i, err
 }
 
 const reset = `-- name: Reset :exec
@@ -137,15 +171,15 @@ func (q *Queries) Reset(ctx context.Context, db DBTX, arg ResetParams) error {
 
 const schemaReady = `-- name: SchemaReady :one
 SELECT (to_regclass('count_limit') IS NOT NULL AND to_regclass('count_limit_lease') IS NOT NULL
-    AND to_regprocedure('countlimit_allow_batch_pooled(text[], text[], int[], int[], timestamptz[], bigint[], bigint[], timestamptz[], timestamptz[], timestamptz[], text[])') IS NOT NULL
+    AND to_regprocedure('countlimit_purge_rows(timestamptz, int, bigint, int)') IS NOT NULL
 )::boolean AS ready
 `
 
 // SchemaReady reports whether countlimit's schema, at its latest migration,
 // is on the search path: its tables and a function that only the newest
 // migration makes (update it with every migration, docs/RELEASING.md).
-// For 00003, countlimit_allow_batch_pooled, which a database at 00002
-// or before lacks.
+// For 00004, countlimit_purge_rows, which a database at 00003 or before
+// lacks.
 func (q *Queries) SchemaReady(ctx context.Context, db DBTX) (bool, error) {
 	row := db.QueryRow(ctx, schemaReady)
 	var ready bool
