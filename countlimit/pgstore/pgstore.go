@@ -338,11 +338,10 @@ func (s *Store) PurgeEach(ctx context.Context, now time.Time, batchSize int, pro
 // purgeSweep is where a purge is: its leases, or the place on disk in
 // count_limit its sweep goes on from.
 type purgeSweep struct {
-	rows       bool // the leases are done: sweeping count_limit
-	page       int64
-	item       int32
-	statements int
-	done       bool
+	rows bool // the leases are done: sweeping count_limit
+	page int64
+	item int32
+	done bool
 }
 
 // purgeStep runs the next statement of a purge: a batch of at most
@@ -358,7 +357,6 @@ func (s *Store) purgeStep(ctx context.Context, now time.Time, batchSize int, sw 
 		// A clock far ahead would purge every live window.
 		return 0, fmt.Errorf("pgstore: purge: %w: now %s is outside 1970-01-01 to 2150-01-01 UTC", countlimit.ErrInvalid, now.UTC().Format(time.RFC3339))
 	}
-	sw.statements++
 	if !sw.rows {
 		n, err := s.q.PurgeLeases(ctx, s.db, db.PurgeLeasesParams{Now: timestamptz(now), BatchSize: int32(batchSize)})
 		if err != nil {

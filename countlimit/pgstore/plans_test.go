@@ -492,9 +492,9 @@ func (n *planNode) blocksRead() int64 {
 				for _, c := range m.Plans {
 					own -= c.Hit + c.Read
 				}
+				params := paramRef.FindAllString(m.Cond+" "+m.TIDCond, -1)
 				for _, sib := range siblings {
-					if p := initPlanParam.FindStringSubmatch(sib.Subplan); p != nil &&
-						regexp.MustCompile(regexp.QuoteMeta(p[1])+`\b`).MatchString(m.Cond+m.TIDCond) {
+					if p := initPlanParam.FindStringSubmatch(sib.Subplan); p != nil && slices.Contains(params, p[1]) {
 						own -= sib.Hit + sib.Read
 					}
 				}
@@ -509,8 +509,12 @@ func (n *planNode) blocksRead() int64 {
 	return sum
 }
 
-// initPlanParam finds the parameter an InitPlan returns in its name.
-var initPlanParam = regexp.MustCompile(`^InitPlan \d+ \(returns (\$\d+)\)$`)
+// initPlanParam finds the parameter an InitPlan returns in its name, and
+// paramRef the parameters a condition reads.
+var (
+	initPlanParam = regexp.MustCompile(`^InitPlan \d+ \(returns (\$\d+)\)$`)
+	paramRef      = regexp.MustCompile(`\$\d+`)
+)
 
 // firstLine is the first line of a statement that says what it is: its
 // sqlc name, or its first words.
