@@ -168,10 +168,17 @@ BEGIN
                 FOR k IN SELECT i FROM generate_subscripts(p_use_types, 1) AS i ORDER BY p_use_types[i] COLLATE "C" LOOP
                     CONTINUE WHEN p_use_types[k] = ANY (got);
                     -- An empty window (begin = end) that only a counted
-                    -- event opens; for a smooth check, a drained TAT.
+                    -- event opens; for a smooth check, a TAT drained
+                    -- before any clock reading (the epoch), not at p_now:
+                    -- a check whose clock reads earlier than this one's
+                    -- would find one event there that was never counted,
+                    -- should this check be denied and leave the row.
                     INSERT INTO count_limit (use_type, unique_id, begin_time, end_time, limit_value, window_kind,
                         smooth_interval, smooth_burst)
-                    VALUES (p_use_types[k], p_unique_id, p_now, p_now, p_limits[k], nullif(p_kinds[k], ''),
+                    VALUES (p_use_types[k], p_unique_id,
+                        CASE WHEN p_intervals[k] > 0 THEN 'epoch' ELSE p_now END,
+                        CASE WHEN p_intervals[k] > 0 THEN 'epoch' ELSE p_now END,
+                        p_limits[k], nullif(p_kinds[k], ''),
                         CASE WHEN p_intervals[k] > 0 THEN p_intervals[k] * us END,
                         CASE WHEN p_intervals[k] > 0 THEN p_bursts[k] END)
                     ON CONFLICT DO NOTHING;

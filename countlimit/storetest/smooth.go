@@ -22,6 +22,7 @@ var smoothTests = []struct {
 	{"SmoothRefund", testSmoothRefund},
 	{"SmoothPenalty", testSmoothPenalty},
 	{"SmoothLimitZero", testSmoothLimitZero},
+	{"SmoothDenialOfANewKeyKeepsNoInstant", testSmoothDenialOfANewKey},
 	{"SmoothReset", testSmoothReset},
 	{"SmoothKindChanged", testSmoothKindChanged},
 	{"SmoothAllowAll", testSmoothAllowAll},
@@ -118,6 +119,18 @@ func testSmoothLimitZero(t *testing.T, newStore func(*testing.T) driver.Store) {
 	e.run(rule, "a", []step{
 		{at: at(0), want: countlimit.Result{ResetAt: at(0), RetryAfter: -1}},
 		{at: at(sec(1)), op: peek, want: countlimit.Result{ResetAt: at(sec(1)), RetryAfter: -1}},
+	})
+}
+
+// testSmoothDenialOfANewKey: a denied call on a key never allowed leaves
+// no instant behind, not even its own now: a call whose clock reads
+// earlier (read before it, sent after) finds the whole burst.
+func testSmoothDenialOfANewKey(t *testing.T, newStore func(*testing.T) driver.Store) {
+	e := newEnv(t, newStore)
+	rule := countlimit.Rule{UseType: UseType(t, "smoothnewdenied"), Limit: 10, Window: countlimit.Smooth(time.Second, 3)}
+	e.run(rule, "a", []step{
+		{at: at(ms(100)), n: 4, want: smoothNo(10, 3, 0, at(ms(100)), -1)},
+		{at: at(ms(60)), n: 3, want: smoothOK(10, 3, 3, at(ms(360)))},
 	})
 }
 
