@@ -354,6 +354,8 @@ type Store struct {
 	now                 func() time.Time
 	// A combined script's bounds (WithMaxScript).
 	scriptCalls, scriptBytes int
+	// The deadlines of calls sent without one (see send).
+	bounds bounds
 }
 
 // Option configures a Store.
@@ -464,11 +466,19 @@ func writeLogKey(b *strings.Builder, ut, id string) {
 
 var escaper = strings.NewReplacer("%", "%25", ":", "%3A", "{", "%7B", "}", "%7D")
 
+// special marks the bytes escape escapes.
+var special = [256]bool{'%': true, ':': true, '{': true, '}': true}
+
+// escape returns s with the characters of the key format escaped. It runs
+// on every call, for its id and each of its use types: a table lookup a
+// byte, where strings.ContainsAny built its set of four bytes each time.
 func escape(s string) string {
-	if !strings.ContainsAny(s, "%:{}") {
-		return s
+	for i := 0; i < len(s); i++ {
+		if special[s[i]] {
+			return escaper.Replace(s)
+		}
 	}
-	return escaper.Replace(s)
+	return s
 }
 
 // Do implements driver.Store: r joins a pipeline (see the package doc).
@@ -516,7 +526,8 @@ func wrap(err error) error {
 // send is the Batcher's Send: one pipeline, bounded by its callers' latest
 // deadline and by maxCall.
 func (s *Store) send(ctx context.Context, calls []*gather.Call) {
-	end := time.Now().Add(maxCall)
+	now := time.Now()
+	end := now.Add(maxCall)
 	var latest time.Time
 	for _, c := range calls {
 		d, ok := c.Deadline()
@@ -528,9 +539,15 @@ func (s *Store) send(ctx context.Context, calls []*gather.Call) {
 			latest = d
 		}
 	}
-	if d, ok := ctx.Deadline(); !ok || d.After(latest) {
+	switch d, ok := ctx.Deadline(); {
+	case ok && !d.After(latest):
 		// A call sent alone comes with its caller's context, which needs
 		// no other deadline when it has one in time.
+	case latest.Equal(end) && ctx.Done() == nil:
+		// One that its caller can neither cancel nor time out (a worker's
+		// context.Background): a deadline shared with others.
+		ctx = s.bounds.within(ctx, now)
+	default:
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithDeadline(ctx, latest)
 		defer cancel()
@@ -814,25 +831,28 @@ func appendKeys(args []any, r *driver.Request, reply bool) []any {
 	if reply {
 		tok = strconv.AppendUint(seq[:0], callSeq.Add(1), 36)
 	}
+	var one [1]string
+	uts := one[:0] // the checks' use types, escaped once
 	n := 0
 	for i := range r.Checks {
-		n += logKeyLen(escape(string(r.Checks[i].UseType)), id)
+		uts = append(uts, escape(string(r.Checks[i].UseType)))
+		n += logKeyLen(uts[i], id)
 	}
 	if reply {
 		n += replyKeyLen(id, tok)
 	}
 	var b strings.Builder
 	b.Grow(n)
-	for i := range r.Checks {
-		writeLogKey(&b, escape(string(r.Checks[i].UseType)), id)
+	for _, ut := range uts {
+		writeLogKey(&b, ut, id)
 	}
 	if reply {
 		writeReplyKey(&b, id, tok)
 	}
 	all := b.String()
 	at := 0
-	for i := range r.Checks {
-		logLen := logKeyLen(escape(string(r.Checks[i].UseType)), id)
+	for _, ut := range uts {
+		logLen := logKeyLen(ut, id)
 		log := all[at : at+logLen]
 		args = append(args, log[:len(log)-len(logSuffix)], log)
 		at += logLen
