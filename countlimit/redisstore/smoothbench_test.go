@@ -228,3 +228,82 @@ func runOver(b *testing.B, callers int, ids []string, call func(id string) error
 		<-done
 	}
 }
+
+// replayHook answers every script after the first of its reply type with
+// that first reply, without the network: what is left of a call is the
+// client's own work, the Limiter's, the Store's and go-redis's.
+type replayHook struct {
+	slice []int64 // the first *redis.IntSliceCmd's reply (countlimit's scripts)
+	val   any     // the first *redis.Cmd's (redis_rate's script)
+}
+
+func (h *replayHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *replayHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		switch c := cmd.(type) {
+		case *redis.IntSliceCmd:
+			if h.slice == nil {
+				err := next(ctx, cmd)
+				h.slice = c.Val()
+				return err
+			}
+			c.SetVal(append([]int64(nil), h.slice...)) // as go-redis makes one a reply
+		case *redis.Cmd:
+			if h.val == nil {
+				err := next(ctx, cmd)
+				h.val = c.Val()
+				return err
+			}
+			c.SetVal(h.val)
+		default:
+			return next(ctx, cmd)
+		}
+		return nil
+	}
+}
+
+func (h *replayHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// BenchmarkSmoothClientCostVersusRedisRate is the client's side alone of
+// BenchmarkSmoothVersusRedisRate at one caller: each side's Allow over the
+// same ids, its first call answered by Redis and every later one by a hook
+// that hands back that first reply (replayHook), so nothing is written to
+// a socket and ns/op and allocs/op are the Go a call costs on the client,
+// the same from run to run where the round trip's wall time is not. Both
+// sides go through go-redis's Process and its hooks alike.
+func BenchmarkSmoothClientCostVersusRedisRate(b *testing.B) {
+	ctx := context.Background()
+	run := strconv.FormatInt(time.Now().UnixNano(), 36)
+	ut := "bench.smoothclient." + run
+	b.Run("side=redis_rate", func(b *testing.B) {
+		c := client(b)
+		c.AddHook(&replayHook{})
+		rr := redis_rate.NewLimiter(c)
+		perHour := redis_rate.PerHour(smoothRate)
+		b.Cleanup(func() { deleteMatching(b, c, "rate:"+ut+":*") })
+		b.ReportAllocs()
+		for i := 0; b.Loop(); i++ {
+			res, err := rr.Allow(ctx, ut+":"+versusIDs[i%len(versusIDs)], perHour)
+			if err != nil || res.Allowed != 1 {
+				b.Fatal(res, err)
+			}
+		}
+	})
+	b.Run("side=countlimit", func(b *testing.B) {
+		c := client(b)
+		c.AddHook(&replayHook{})
+		l := countlimit.New(redisstore.New(c))
+		rule := countlimit.Rule{UseType: countlimit.UseType(ut), Limit: smoothRate, Window: countlimit.Smooth(time.Hour, smoothRate)}
+		b.Cleanup(func() { deleteMatching(b, c, redisstore.Key(rule.UseType, "*")) })
+		b.ReportAllocs()
+		for i := 0; b.Loop(); i++ {
+			res, err := l.Allow(ctx, rule, versusIDs[i%len(versusIDs)])
+			if err != nil || !res.Allowed {
+				b.Fatal(res, err)
+			}
+		}
+	})
+}
