@@ -341,6 +341,8 @@ func benchBaseline(ctx context.Context, url string, callers []int, d time.Durati
 			if err := ctx.Err(); err != nil {
 				return err
 			}
+			base.stalled(out.warn, "the upsert", cell.callers)
+			ours.stalled(out.warn, "Allow", cell.callers)
 			for _, m := range []*measurement{base, ours} {
 				if m.errs > 0 {
 					return fmt.Errorf("bench: %s failed, the first: %w", plural(m.errs, "call", "calls"), m.firstErr)

@@ -207,6 +207,7 @@ func benchStore(ctx context.Context, st *opened, b benchRules, callers []int, d 
 		if err := ctx.Err(); err != nil {
 			return err
 		}
+		m.stalled(out.warn, call, c)
 		out.add(newBenchRun(m, c, ids, call))
 		if m.errs > 0 && failed == nil {
 			failed = m
@@ -322,6 +323,10 @@ type measurement struct {
 	errs            int
 	firstErr        error
 	elapsed         time.Duration
+	// cut counts the calls that failed because their run ended under them,
+	// which no rate counts; longestCut is how long the longest had run.
+	cut        int
+	longestCut time.Duration
 }
 
 func (m *measurement) calls() int    { return len(m.lat) }
@@ -340,6 +345,8 @@ func (m *measurement) add(o *measurement) {
 	if m.firstErr == nil {
 		m.firstErr = o.firstErr
 	}
+	m.cut += o.cut
+	m.longestCut = max(m.longestCut, o.longestCut)
 	m.elapsed += o.elapsed
 }
 
@@ -402,7 +409,11 @@ func measure(ctx context.Context, workers int, d time.Duration, pick func(w, i i
 				lat := t1.Sub(t0)
 				switch {
 				case err != nil && over():
-					continue // cut short by the end of the run
+					// Cut short by the end of the run: not counted, but a
+					// run that ends with nothing else finished says so.
+					t.cut++
+					t.longestCut = max(t.longestCut, lat)
+					continue
 				case err != nil:
 					t.errs++
 					if t.firstErr == nil {
@@ -429,9 +440,22 @@ func measure(ctx context.Context, workers int, d time.Duration, pick func(w, i i
 		if m.firstErr == nil {
 			m.firstErr = t.firstErr
 		}
+		m.cut += t.cut
+		m.longestCut = max(m.longestCut, t.longestCut)
 	}
 	slices.Sort(m.lat)
 	return m
+}
+
+// stalled warns on w when m finished no call at all but had calls cut
+// short by the end of its time: a store that stalled for the whole run,
+// whose rate of 0 would otherwise read like a result.
+func (m *measurement) stalled(w io.Writer, what string, callers int) {
+	if m.calls() > 0 || m.cut == 0 {
+		return
+	}
+	fmt.Fprintf(w, "countlimit: bench: %s finished no call at %d callers in %v: %s cut short when the time ran out, the longest after %v; the store stalled, and the rate of 0 (and a ratio of 0) measures the stall\n",
+		what, callers, m.elapsed.Round(time.Millisecond), plural(m.cut, "call was", "calls were"), m.longestCut.Round(time.Millisecond))
 }
 
 // isSet reports whether the flag name was given on the command line.
