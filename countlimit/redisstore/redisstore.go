@@ -149,7 +149,7 @@
 // does the retry of a call that never reached Redis (a connection killed
 // with the call in it). Reset deletes the hashes, so it keeps its reply
 // under a key of its own, "countlimit:{<id>}:reply:<token>" in the id's
-// slot, for 20 s, and a pipeline gives up 10 s after it is sent, whatever
+// slot, for 20 s, and a pipeline gives up at most 10 s after it is sent, whatever
 // its callers' contexts allow, so that no repeat of a Reset comes after its
 // reply is gone. This holds whatever the client's retry settings, on a
 // single server, Sentinel or Cluster: the record is written, and
