@@ -32,40 +32,22 @@ const smoothRate = 10000
 // (x-redis_rate) and over the fixed Allow's (x-fixed); run it with
 // -benchtime Nx (N calls a side, say 20000x).
 func BenchmarkSmoothVersusRedisRate(b *testing.B) {
-	c := client(b)
-	ctx := context.Background()
+	c, l, theirs, smooth := smoothSides(b, "smooth")
 	run := strconv.FormatInt(time.Now().UnixNano(), 36)
-	rr := redis_rate.NewLimiter(c)
-	perHour := redis_rate.PerHour(smoothRate)
-	l := countlimit.New(redisstore.New(c))
-	rule := countlimit.Rule{UseType: countlimit.UseType("bench.smooth." + run), Limit: smoothRate, Window: countlimit.Smooth(time.Hour, smoothRate)}
 	fixed := countlimit.Rule{UseType: countlimit.UseType("bench.smoothfixed." + run), Limit: 1 << 40, Window: countlimit.Fixed(time.Hour)}
-	b.Cleanup(func() {
-		deleteMatching(b, c, "rate:"+string(rule.UseType)+":*")
-		deleteMatching(b, c, redisstore.Key(rule.UseType, "*"))
-		deleteMatching(b, c, redisstore.Key(fixed.UseType, "*"))
-	})
-	theirs := func(id string) error {
-		res, err := rr.Allow(ctx, string(rule.UseType)+":"+id, perHour)
-		if err == nil && res.Allowed != 1 {
-			err = fmt.Errorf("redis_rate denied %s", id)
+	b.Cleanup(func() { deleteMatching(b, c, redisstore.Key(fixed.UseType, "*")) })
+	allowFixed := func(id string) error {
+		res, err := l.Allow(context.Background(), fixed, id)
+		if err == nil && !res.Allowed {
+			err = fmt.Errorf("countlimit denied %s", id)
 		}
 		return err
-	}
-	allow := func(rule countlimit.Rule) func(string) error {
-		return func(id string) error {
-			res, err := l.Allow(ctx, rule, id)
-			if err == nil && !res.Allowed {
-				err = fmt.Errorf("countlimit denied %s", id)
-			}
-			return err
-		}
 	}
 	for _, callers := range []int{1, 4, 16, 64} {
 		b.Run(fmt.Sprintf("callers=%d", callers), func(b *testing.B) {
 			const rounds = 10
 			var spent [3]time.Duration // redis_rate's, smooth's, fixed's
-			sides := [3]func(string) error{theirs, allow(rule), allow(fixed)}
+			sides := [3]func(string) error{theirs, smooth, allowFixed}
 			var next int64 // the ids go on from round to round
 			b.ResetTimer()
 			for r := range rounds {
@@ -91,6 +73,40 @@ func BenchmarkSmoothVersusRedisRate(b *testing.B) {
 			b.ReportMetric(cl/fx, "x-fixed")
 		})
 	}
+}
+
+// smoothSides returns, on a new client c, go-redis/redis_rate's Allow
+// (theirs) and the Allow of a Limiter l under a Smooth rule of the same
+// rate and burst (ours): smoothRate an hour, bursts of smoothRate, each
+// failing on a denial, under use types of their own (bench.<name>.<run>),
+// whose keys go when b ends.
+func smoothSides(b *testing.B, name string) (c *redis.Client, l *countlimit.Limiter, theirs, ours func(id string) error) {
+	c = client(b)
+	ctx := context.Background()
+	run := strconv.FormatInt(time.Now().UnixNano(), 36)
+	rr := redis_rate.NewLimiter(c)
+	perHour := redis_rate.PerHour(smoothRate)
+	l = countlimit.New(redisstore.New(c))
+	rule := countlimit.Rule{UseType: countlimit.UseType("bench." + name + "." + run), Limit: smoothRate, Window: countlimit.Smooth(time.Hour, smoothRate)}
+	b.Cleanup(func() {
+		deleteMatching(b, c, "rate:"+string(rule.UseType)+":*")
+		deleteMatching(b, c, redisstore.Key(rule.UseType, "*"))
+	})
+	theirs = func(id string) error {
+		res, err := rr.Allow(ctx, string(rule.UseType)+":"+id, perHour)
+		if err == nil && res.Allowed != 1 {
+			err = fmt.Errorf("redis_rate denied %s", id)
+		}
+		return err
+	}
+	ours = func(id string) error {
+		res, err := l.Allow(ctx, rule, id)
+		if err == nil && !res.Allowed {
+			err = fmt.Errorf("countlimit denied %s", id)
+		}
+		return err
+	}
+	return c, l, theirs, ours
 }
 
 // callOver makes calls calls of call from callers goroutines, each on the

@@ -3,17 +3,9 @@
 package redisstore_test
 
 import (
-	"context"
-	"fmt"
-	"strconv"
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/go-redis/redis_rate/v10"
-
-	"github.com/countlimit/countlimit/countlimit"
-	"github.com/countlimit/countlimit/countlimit/redisstore"
 )
 
 // processCPU is the CPU time, user and system, the process has used.
@@ -35,33 +27,8 @@ func processCPU(b *testing.B) time.Duration {
 // CPU a call moves far less from run to run than the round trip's wall
 // time, which is where a difference of a few microseconds shows.
 func BenchmarkSmoothCPUVersusRedisRate(b *testing.B) {
-	c := client(b)
-	ctx := context.Background()
-	run := strconv.FormatInt(time.Now().UnixNano(), 36)
-	rr := redis_rate.NewLimiter(c)
-	perHour := redis_rate.PerHour(smoothRate)
-	l := countlimit.New(redisstore.New(c))
-	rule := countlimit.Rule{UseType: countlimit.UseType("bench.smoothcpu." + run), Limit: smoothRate, Window: countlimit.Smooth(time.Hour, smoothRate)}
-	b.Cleanup(func() {
-		deleteMatching(b, c, "rate:"+string(rule.UseType)+":*")
-		deleteMatching(b, c, redisstore.Key(rule.UseType, "*"))
-	})
-	sides := [2]func(id string) error{
-		func(id string) error {
-			res, err := rr.Allow(ctx, string(rule.UseType)+":"+id, perHour)
-			if err == nil && res.Allowed != 1 {
-				err = fmt.Errorf("redis_rate denied %s", id)
-			}
-			return err
-		},
-		func(id string) error {
-			res, err := l.Allow(ctx, rule, id)
-			if err == nil && !res.Allowed {
-				err = fmt.Errorf("countlimit denied %s", id)
-			}
-			return err
-		},
-	}
+	_, _, theirs, ours := smoothSides(b, "smoothcpu")
+	sides := [2]func(id string) error{theirs, ours}
 	const rounds, calls = 20, 2000
 	var wall, cpu [2]time.Duration // redis_rate's, countlimit's
 	next := 0
