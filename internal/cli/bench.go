@@ -334,19 +334,8 @@ func (m *measurement) rate() float64 { return float64(len(m.lat)) / m.elapsed.Se
 
 // add merges o, measured after m, into m.
 func (m *measurement) add(o *measurement) {
-	m.lat = append(m.lat, o.lat...)
+	m.merge(o, m.elapsed)
 	slices.Sort(m.lat)
-	for _, d := range o.done {
-		m.done = append(m.done, m.elapsed+d)
-	}
-	m.allowed += o.allowed
-	m.denied += o.denied
-	m.errs += o.errs
-	if m.firstErr == nil {
-		m.firstErr = o.firstErr
-	}
-	m.cut += o.cut
-	m.longestCut = max(m.longestCut, o.longestCut)
 	m.elapsed += o.elapsed
 }
 
@@ -431,20 +420,28 @@ func measure(ctx context.Context, workers int, d time.Duration, pick func(w, i i
 	}
 	wg.Wait()
 	m := &measurement{elapsed: time.Since(start)}
-	for _, t := range tallies {
-		m.lat = append(m.lat, t.lat...)
-		m.done = append(m.done, t.done...)
-		m.allowed += t.allowed
-		m.denied += t.denied
-		m.errs += t.errs
-		if m.firstErr == nil {
-			m.firstErr = t.firstErr
-		}
-		m.cut += t.cut
-		m.longestCut = max(m.longestCut, t.longestCut)
+	for i := range tallies {
+		m.merge(&tallies[i], 0)
 	}
 	slices.Sort(m.lat)
 	return m
+}
+
+// merge takes o's calls and tallies into m, o's end times moved on by at
+// (m's lat is left to sort).
+func (m *measurement) merge(o *measurement, at time.Duration) {
+	m.lat = append(m.lat, o.lat...)
+	for _, d := range o.done {
+		m.done = append(m.done, at+d)
+	}
+	m.allowed += o.allowed
+	m.denied += o.denied
+	m.errs += o.errs
+	if m.firstErr == nil {
+		m.firstErr = o.firstErr
+	}
+	m.cut += o.cut
+	m.longestCut = max(m.longestCut, o.longestCut)
 }
 
 // stalled warns on w when m finished no call at all but had calls cut
