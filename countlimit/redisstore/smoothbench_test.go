@@ -23,19 +23,27 @@ const smoothRate = 10000
 // BenchmarkSmoothVersusRedisRate runs, at 1, 4, 16 and 64 callers and
 // through one client, go-redis/redis_rate's Allow and countlimit's Allow
 // under a Smooth rule of the same rate and burst (both GCRA), over the
-// same 10 000 ids, with no denials, and, as a yardstick, countlimit's
-// Allow under a Fixed window of the same limit an hour. Each side makes
-// b.N calls, in 10 rounds whose order rotates (redis_rate, smooth, fixed;
-// then smooth, fixed, redis_rate; ...), so that the load of a shared
+// same 10 000 ids, with no denials; as a yardstick, countlimit's Allow
+// under a Fixed window of the same limit an hour; and, as the run's own
+// bound on what it can tell apart, redis_rate's Allow a second time, on
+// keys of its own (redis_rate again). Each side makes b.N calls, in 50
+// rounds whose order turns (redis_rate, smooth, fixed, again; then the
+// reverse, each time from the next side), so that the load of a shared
 // machine, which drifts over seconds, weighs on all alike. It reports
 // each side's calls/s, the smooth Allow's over redis_rate's
-// (x-redis_rate) and over the fixed Allow's (x-fixed); run it with
-// -benchtime Nx (N calls a side, say 20000x).
+// (x-redis_rate) and over the fixed Allow's (x-fixed), and redis_rate
+// again's over redis_rate's (aa-redis_rate): two copies of the same code,
+// whose distance from 1.00 is how far the run's noise alone moves a ratio
+// (run it with -benchtime Nx, N calls a side, say 20000x).
 func BenchmarkSmoothVersusRedisRate(b *testing.B) {
 	c, l, theirs, smooth := smoothSides(b, "smooth")
 	run := strconv.FormatInt(time.Now().UnixNano(), 36)
 	fixed := countlimit.Rule{UseType: countlimit.UseType("bench.smoothfixed." + run), Limit: 1 << 40, Window: countlimit.Fixed(time.Hour)}
-	b.Cleanup(func() { deleteMatching(b, c, redisstore.Key(fixed.UseType, "*")) })
+	again := countlimit.UseType("bench.smoothagain." + run)
+	b.Cleanup(func() {
+		deleteMatching(b, c, redisstore.Key(fixed.UseType, "*"))
+		deleteMatching(b, c, "rate:"+string(again)+":*")
+	})
 	allowFixed := func(id string) error {
 		res, err := l.Allow(context.Background(), fixed, id)
 		if err == nil && !res.Allowed {
@@ -43,11 +51,19 @@ func BenchmarkSmoothVersusRedisRate(b *testing.B) {
 		}
 		return err
 	}
+	rr, perHour := redis_rate.NewLimiter(c), redis_rate.PerHour(smoothRate)
+	theirsAgain := func(id string) error {
+		res, err := rr.Allow(context.Background(), string(again)+":"+id, perHour)
+		if err == nil && res.Allowed != 1 {
+			err = fmt.Errorf("redis_rate denied %s", id)
+		}
+		return err
+	}
 	for _, callers := range []int{1, 4, 16, 64} {
 		b.Run(fmt.Sprintf("callers=%d", callers), func(b *testing.B) {
-			const rounds = 10
-			var spent [3]time.Duration // redis_rate's, smooth's, fixed's
-			sides := [3]func(string) error{theirs, smooth, allowFixed}
+			const rounds = 50
+			sides := [...]func(string) error{theirs, smooth, allowFixed, theirsAgain}
+			var spent [len(sides)]time.Duration
 			var next int64 // the ids go on from round to round
 			b.ResetTimer()
 			for r := range rounds {
@@ -55,22 +71,25 @@ func BenchmarkSmoothVersusRedisRate(b *testing.B) {
 				if r < b.N%rounds {
 					calls++
 				}
-				for k := range 3 {
-					side := (r + k) % 3
+				for k := range len(sides) {
+					side := (r + k) % len(sides)
+					if r%2 == 1 {
+						side = (r + len(sides) - k) % len(sides)
+					}
 					start := time.Now()
 					next = callOver(b, callers, next, calls, sides[side])
 					spent[side] += time.Since(start)
 				}
 			}
 			b.StopTimer()
-			rate := float64(b.N) / spent[0].Seconds()
-			cl := float64(b.N) / spent[1].Seconds()
-			fx := float64(b.N) / spent[2].Seconds()
+			perSecond := func(side int) float64 { return float64(b.N) / spent[side].Seconds() }
+			rate, cl, fx, aa := perSecond(0), perSecond(1), perSecond(2), perSecond(3)
 			b.ReportMetric(rate, "redis_rate-calls/s")
 			b.ReportMetric(cl, "smooth-calls/s")
 			b.ReportMetric(fx, "fixed-calls/s")
 			b.ReportMetric(cl/rate, "x-redis_rate")
 			b.ReportMetric(cl/fx, "x-fixed")
+			b.ReportMetric(aa/rate, "aa-redis_rate")
 		})
 	}
 }
