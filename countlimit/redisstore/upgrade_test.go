@@ -1,0 +1,63 @@
+package redisstore_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/countlimit/countlimit/countlimit/driver"
+	"github.com/countlimit/countlimit/countlimit/redisstore"
+	"github.com/countlimit/countlimit/internal/modeltest"
+	"github.com/countlimit/countlimit/internal/testbackend"
+)
+
+// releases are the tagged releases whose keys a Redis may still hold when
+// a newer Store starts on it (a rolling upgrade, or a downgrade's undo),
+// each with how it kept a key. v0.1.0 kept the layout the scripts still
+// keep for every kind but Smooth (a counter hash of fields c, b, e, d, x
+// and s, a sliding log and a lease set beside it: apply.lua's header),
+// and no smooth instant. A release whose key layout changes adds its line
+// with a seed of its own (docs/RELEASING.md).
+var releases = []struct {
+	tag  string
+	seed func(ctx context.Context, client redis.Cmdable, ut, id string, k driver.Key) error
+}{
+	{"v0.1.0", seedV010},
+}
+
+// TestUpgradeFromReleases holds a Store on a Redis full of live keys
+// written as each release kept them (counts mid-window, penalties, sliding
+// logs, leases, denial tallies, from the model's run) to the model: every
+// key reads back as the model has it, and the Store then decides on those
+// keys as the model does, smooth rules on keys of every kind included
+// (modeltest.Upgrade). Redis has no schema to migrate: the upgrade is the
+// new Store meeting the old keys.
+func TestUpgradeFromReleases(t *testing.T) {
+	client := testbackend.Redis(t)
+	t.Cleanup(redisstore.PadTTLsForTest(time.Minute))
+	s := redisstore.New(client)
+	for _, rel := range releases {
+		t.Run(rel.tag, func(t *testing.T) {
+			modeltest.Upgrade(t, modeltest.Path{
+				Name:     "Store after the upgrade from " + rel.tag,
+				Do:       modeltest.Each(s.Do),
+				Expires:  true,
+				NoSmooth: noSmooth,
+				Read:     func(ctx context.Context, ut, id string) (driver.Key, error) { return readKey(ctx, client, ut, id) },
+			}, func(ctx context.Context, ut, id string, k driver.Key) error {
+				return rel.seed(ctx, client, ut, id, k)
+			}, func(context.Context) error { return nil })
+		})
+	}
+}
+
+// seedV010 writes k as v0.1.0 kept it.
+func seedV010(ctx context.Context, client redis.Cmdable, ut, id string, k driver.Key) error {
+	if k.TAT != 0 {
+		return fmt.Errorf("v0.1.0 kept no smooth instant, and (%s, %s) has one", ut, id)
+	}
+	return seedKey(ctx, client, ut, id, k)
+}
