@@ -17,9 +17,12 @@ import (
 // releases are the tagged releases whose keys a Redis may still hold when
 // a newer Store starts on it (a rolling upgrade, or a downgrade's undo),
 // each with how it kept a key. v0.1.0 kept the layout the scripts still
-// keep for every kind but Smooth (a counter hash of fields c, b, e, d, x
-// and s, a sliding log and a lease set beside it: apply.lua's header),
-// and no smooth instant. A release whose key layout changes adds its line
+// keep for every kind but Smooth (a counter hash of fields c, b, e, l, d,
+// x, s and r, a sliding log and a lease set beside it: apply.lua's
+// header), and no smooth instant. The seed writes the fields that hold
+// state; l (the limit last applied, which only steers fast.lua to its
+// shortest path) and r (the last script's record, read only by a repeat
+// of that script) are left out, as a key written by hand would have them. A release whose key layout changes adds its line
 // with a seed of its own (docs/RELEASING.md).
 var releases = []struct {
 	tag  string
