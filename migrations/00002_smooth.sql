@@ -38,7 +38,8 @@
 --     those statements replaced to clear it.
 --   * The purge (countlimit_purge, by count_limit_end_time_idx) deletes a
 --     drained smooth key as it deletes an ended window: end_time <= now,
---     no penalty, no lease. No new index.
+--     no penalty, no lease. No new index. (00004_purge_sweep.sql later
+--     drops that index and sweeps the table instead, by the same test.)
 --   * A v0.1.0 binary still running beside a newer one during a rolling
 --     upgrade keeps working on the migrated database: its functions are
 --     all still here (countlimit_apply's new signature is an overload, the
