@@ -173,8 +173,9 @@ of the two. --rows random (not run by default) draws every call's id at
 random from --ids, each cell's tables from TRUNCATE and ANALYZE, so that it
 starts with inserts and turns into updates; it runs its series twice in a
 row and reports both. --rows existing --table-rows N fills both tables with
-N rows first (VACUUM ANALYZE, bytes a row on disk printed) and draws every
-call's id at random from them: how the cost grows with the table. It works
+N rows first (VACUUM ANALYZE and a CHECKPOINT, bytes a row on disk printed)
+and draws every call's id at random from them: how the cost grows with the
+table. It works
 in a schema of its own, dropped at the end, and never touches the
 database's count_limit.
 
