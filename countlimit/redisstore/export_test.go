@@ -21,6 +21,13 @@ func LeaseKey(useType countlimit.UseType, id string) string { return leaseKey(us
 // ReplyTTL is how long a Reset's reply is kept, for the tests.
 const ReplyTTL = replyTTL
 
+// MaxCall and BoundFresh are the bound of a call whose context has none,
+// and how long one shared bound serves new calls (bound.go).
+const (
+	MaxCall    = maxCall
+	BoundFresh = boundFresh
+)
+
 // SetUnguarded turns the lost-reply records off (true) or on, for every
 // Store of the process: a test shows what they protect against.
 func SetUnguarded(off bool) { unguarded.Store(off) }

@@ -270,10 +270,12 @@ func TestRetryAfterLostReplyCountsOnce(t *testing.T) {
 	}
 }
 
-// deadlineHook records the deadline of the contexts commands run with.
+// deadlineHook records the deadline of the contexts commands run with, and
+// when each was sent.
 type deadlineHook struct {
 	mu        sync.Mutex
 	deadlines []time.Time // zero for none
+	sent      []time.Time
 }
 
 func (h *deadlineHook) DialHook(next redis.DialHook) redis.DialHook { return next }
@@ -281,7 +283,7 @@ func (h *deadlineHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		d, _ := ctx.Deadline()
 		h.mu.Lock()
-		h.deadlines = append(h.deadlines, d)
+		h.deadlines, h.sent = append(h.deadlines, d), append(h.sent, time.Now())
 		h.mu.Unlock()
 		return next(ctx, cmd)
 	}
