@@ -19,12 +19,8 @@ import (
 // of its own is sent with it (TestCallsEndBeforeTheirRepliesExpire).
 func TestCallsWithoutADeadlineShareOneBound(t *testing.T) {
 	t.Parallel()
-	c := client(t)
-	h := &deadlineHook{}
-	c.AddHook(h)
-	l := countlimit.New(redisstore.New(c))
+	h, l := deadlineLimiter(t)
 	rule := countlimit.Rule{UseType: storetest.UseType(t, "bound"), Limit: 1 << 30, Window: countlimit.Smooth(time.Hour, 1<<30)}
-	t.Cleanup(func() { deleteMatching(t, c, redisstore.Key(rule.UseType, "*")) })
 	const calls = 200
 	start := time.Now()
 	for i := range calls {

@@ -292,15 +292,21 @@ func (h *deadlineHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis
 	return next
 }
 
+// deadlineLimiter returns a Limiter on a Store on a new client, and the
+// hook that records the deadlines of the client's commands.
+func deadlineLimiter(t *testing.T) (*deadlineHook, *countlimit.Limiter) {
+	c := client(t)
+	h := &deadlineHook{}
+	c.AddHook(h)
+	return h, countlimit.New(redisstore.New(c))
+}
+
 // TestCallsEndBeforeTheirRepliesExpire: go-redis repeats a call only while
 // its context lives, so every call must end well before its reply expires,
 // even on a context without a deadline.
 func TestCallsEndBeforeTheirRepliesExpire(t *testing.T) {
 	t.Parallel()
-	c := client(t)
-	h := &deadlineHook{}
-	c.AddHook(h)
-	l := countlimit.New(redisstore.New(c))
+	h, l := deadlineLimiter(t)
 	rule := countlimit.Rule{UseType: storetest.UseType(t, "bounded"), Limit: 1, Window: countlimit.Fixed(time.Minute)}
 	start := time.Now()
 	if _, err := l.Allow(context.Background(), rule, "id"); err != nil {
