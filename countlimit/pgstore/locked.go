@@ -95,9 +95,10 @@ func (t *stmtTimeout) set(ms int64) {
 }
 
 // The pauses of a call whose row is locked, before it is sent again: from
-// the first, doubling up to the last. The lock is another transaction's, a
-// caller's business transaction say, which commits in its own time: the
-// call waits for it without a connection or a group commit's slot.
+// the first, doubling up to the last, and never shorter than the send
+// that found the row busy. The lock is another transaction's, a caller's
+// business transaction say, which commits in its own time: the call waits
+// for it without a connection or a group commit's slot.
 const (
 	firstBusyPause = time.Millisecond
 	lastBusyPause  = 32 * time.Millisecond
@@ -139,8 +140,12 @@ func (s *Store) waitLocks(ctx context.Context, r *driver.Request, send func() er
 	}
 	defer done()
 	// The turn's first send goes at once: the call that had the turn may
-	// have left because the row is free.
+	// have left because the row is free. A pause is never shorter than the
+	// send before it, which held a connection while it waited for the lock
+	// (countlimit.lock_wait, up to 100 ms): a held row takes at most half
+	// of one connection, whatever the setting.
 	for pause := firstBusyPause; ; pause = min(2*pause, lastBusyPause) {
+		sent := time.Now()
 		if err := send(); err != errBusy {
 			if err != nil && ctx.Err() != nil {
 				// It ended while sent again: still waiting for the lock.
@@ -148,7 +153,7 @@ func (s *Store) waitLocks(ctx context.Context, r *driver.Request, send func() er
 			}
 			return err
 		}
-		t := time.NewTimer(pause)
+		t := time.NewTimer(max(pause, time.Since(sent)))
 		select {
 		case <-ctx.Done():
 			t.Stop()
