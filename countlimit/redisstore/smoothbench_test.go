@@ -44,25 +44,11 @@ func BenchmarkSmoothVersusRedisRate(b *testing.B) {
 		deleteMatching(b, c, redisstore.Key(fixed.UseType, "*"))
 		deleteMatching(b, c, "rate:"+string(again)+":*")
 	})
-	allowFixed := func(id string) error {
-		res, err := l.Allow(context.Background(), fixed, id)
-		if err == nil && !res.Allowed {
-			err = fmt.Errorf("countlimit denied %s", id)
-		}
-		return err
-	}
-	rr, perHour := redis_rate.NewLimiter(c), redis_rate.PerHour(smoothRate)
-	theirsAgain := func(id string) error {
-		res, err := rr.Allow(context.Background(), string(again)+":"+id, perHour)
-		if err == nil && res.Allowed != 1 {
-			err = fmt.Errorf("redis_rate denied %s", id)
-		}
-		return err
-	}
+	theirsAgain := rateAllowOf(redis_rate.NewLimiter(c), string(again), redis_rate.PerHour(smoothRate))
 	for _, callers := range []int{1, 4, 16, 64} {
 		b.Run(fmt.Sprintf("callers=%d", callers), func(b *testing.B) {
 			const rounds = 50
-			sides := [...]func(string) error{theirs, smooth, allowFixed, theirsAgain}
+			sides := [...]func(string) error{theirs, smooth, allowOf(l, fixed), theirsAgain}
 			var spent [len(sides)]time.Duration
 			var next int64 // the ids go on from round to round
 			b.ResetTimer()
@@ -101,7 +87,6 @@ func BenchmarkSmoothVersusRedisRate(b *testing.B) {
 // whose keys go when b ends.
 func smoothSides(b *testing.B, name string) (c *redis.Client, l *countlimit.Limiter, theirs, ours func(id string) error) {
 	c = client(b)
-	ctx := context.Background()
 	run := strconv.FormatInt(time.Now().UnixNano(), 36)
 	rr := redis_rate.NewLimiter(c)
 	perHour := redis_rate.PerHour(smoothRate)
@@ -111,20 +96,8 @@ func smoothSides(b *testing.B, name string) (c *redis.Client, l *countlimit.Limi
 		deleteMatching(b, c, "rate:"+string(rule.UseType)+":*")
 		deleteMatching(b, c, redisstore.Key(rule.UseType, "*"))
 	})
-	theirs = func(id string) error {
-		res, err := rr.Allow(ctx, string(rule.UseType)+":"+id, perHour)
-		if err == nil && res.Allowed != 1 {
-			err = fmt.Errorf("redis_rate denied %s", id)
-		}
-		return err
-	}
-	ours = func(id string) error {
-		res, err := l.Allow(ctx, rule, id)
-		if err == nil && !res.Allowed {
-			err = fmt.Errorf("countlimit denied %s", id)
-		}
-		return err
-	}
+	theirs = rateAllowOf(rr, string(rule.UseType), perHour)
+	ours = allowOf(l, rule)
 	return c, l, theirs, ours
 }
 
@@ -214,20 +187,8 @@ func BenchmarkSmoothMemoryVersusRedisRate(b *testing.B) {
 		return mem1 - mem, usage, int64(len(cmds))
 	}
 	for range b.N {
-		clUsed, clUsage, clKeys := phase(redisstore.Key(ut, "*"), func(id string) error {
-			res, err := l.Allow(ctx, rule, id)
-			if err == nil && !res.Allowed {
-				err = fmt.Errorf("countlimit denied %s", id)
-			}
-			return err
-		})
-		rrUsed, rrUsage, rrKeys := phase("rate:"+string(ut)+":*", func(id string) error {
-			res, err := rr.Allow(ctx, string(ut)+":"+id, perHour)
-			if err == nil && res.Allowed != 1 {
-				err = fmt.Errorf("redis_rate denied %s", id)
-			}
-			return err
-		})
+		clUsed, clUsage, clKeys := phase(redisstore.Key(ut, "*"), allowOf(l, rule))
+		rrUsed, rrUsage, rrKeys := phase("rate:"+string(ut)+":*", rateAllowOf(rr, string(ut), perHour))
 		if clKeys != int64(len(versusIDs)) || rrKeys != int64(len(versusIDs)) {
 			b.Fatalf("%d keys on countlimit's side and %d on redis_rate's, want %d each", clKeys, rrKeys, len(versusIDs))
 		}

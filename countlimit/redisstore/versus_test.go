@@ -95,22 +95,10 @@ func BenchmarkVersusRedisRate(b *testing.B) {
 			})
 		})
 		b.Run(fmt.Sprintf("callers=%d/redis_rate", callers), func(b *testing.B) {
-			rateNs = runCallersOver(b, callers, versusIDs, func(id string) error {
-				res, err := rr.Allow(ctx, run+":"+id, perHour)
-				if err == nil && res.Allowed != 1 {
-					err = fmt.Errorf("redis_rate denied %s", id)
-				}
-				return err
-			})
+			rateNs = runCallersOver(b, callers, versusIDs, rateAllowOf(rr, run, perHour))
 		})
 		b.Run(fmt.Sprintf("callers=%d/Allow", callers), func(b *testing.B) {
-			ns := runCallersOver(b, callers, versusIDs, func(id string) error {
-				res, err := l.Allow(ctx, rule, id)
-				if err == nil && !res.Allowed {
-					err = fmt.Errorf("countlimit denied %s", id)
-				}
-				return err
-			})
+			ns := runCallersOver(b, callers, versusIDs, allowOf(l, rule))
 			b.ReportMetric(rateNs/ns, "x-redis_rate")
 			b.ReportMetric(bareNs/ns, "x-bare")
 		})
@@ -165,13 +153,7 @@ func BenchmarkMemoryVersusRedisRate(b *testing.B) {
 			}
 			allow := func(ut countlimit.UseType) (bytes, keys, calls int64) {
 				rule := countlimit.Rule{UseType: ut, Limit: 1000, Window: countlimit.Fixed(time.Hour)}
-				return phase(redisstore.Key(rule.UseType, "*"), func(id string) error {
-					res, err := l.Allow(ctx, rule, id)
-					if err == nil && !res.Allowed {
-						err = fmt.Errorf("countlimit denied %s", id)
-					}
-					return err
-				})
+				return phase(redisstore.Key(rule.UseType, "*"), allowOf(l, rule))
 			}
 			// A first run, not measured: the first phase after the server
 			// took the filler keys now and then read more memory than the
@@ -183,13 +165,7 @@ func BenchmarkMemoryVersusRedisRate(b *testing.B) {
 			redisstore.SetUnguarded(false)
 			rr := redis_rate.NewLimiter(c)
 			perHour := redis_rate.PerHour(1000)
-			rate, rateKeys, rateCalls := phase("rate:"+run+":*", func(id string) error {
-				res, err := rr.Allow(ctx, run+":"+id, perHour)
-				if err == nil && res.Allowed != 1 {
-					err = fmt.Errorf("redis_rate denied %s", id)
-				}
-				return err
-			})
+			rate, rateKeys, rateCalls := phase("rate:"+run+":*", rateAllowOf(rr, run, perHour))
 			b.ReportMetric(float64(cl), "B-countlimit")
 			b.ReportMetric(float64(keys), "keys-countlimit")
 			b.ReportMetric(float64(off), "B-records-off")
@@ -276,5 +252,28 @@ func eachMatching(b testing.TB, c *redis.Client, pattern string, do func(p redis
 	}
 	if _, err := p.Exec(ctx); err != nil {
 		b.Fatal(err)
+	}
+}
+
+// allowOf is l's Allow under rule, as a benchmark's call: a denial fails it.
+func allowOf(l *countlimit.Limiter, rule countlimit.Rule) func(id string) error {
+	return func(id string) error {
+		res, err := l.Allow(context.Background(), rule, id)
+		if err == nil && !res.Allowed {
+			err = fmt.Errorf("countlimit denied %s", id)
+		}
+		return err
+	}
+}
+
+// rateAllowOf is go-redis/redis_rate's Allow of "<prefix>:<id>" under
+// limit, as a benchmark's call: a denial fails it.
+func rateAllowOf(rr *redis_rate.Limiter, prefix string, limit redis_rate.Limit) func(id string) error {
+	return func(id string) error {
+		res, err := rr.Allow(context.Background(), prefix+":"+id, limit)
+		if err == nil && res.Allowed != 1 {
+			err = fmt.Errorf("redis_rate denied %s", id)
+		}
+		return err
 	}
 }
