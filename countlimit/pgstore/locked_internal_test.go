@@ -42,12 +42,17 @@ func TestBusy(t *testing.T) {
 	canceled := &pgconn.PgError{Code: "57014", Message: "annulation de la requête à la demande de l'utilisateur"}
 	timedOut := &pgconn.PgError{Code: "57014", Message: "annulation de la requête à cause du délai écoulé pour l'exécution de l'instruction"}
 	english := &pgconn.PgError{Code: "57014", Message: "canceling statement due to statement timeout"}
-	now, long := time.Now(), time.Now().Add(-time.Second)
+	// ago is how long before busy is called the statement was sent: the
+	// instant is taken at the call, as the Store takes it at the error, not
+	// once before the table, whose earlier cases open the pools'
+	// connections (hundreds of ms in a loaded CI container, which made a
+	// statement "sent now" look older than the 100 ms statement_timeout).
+	const now, long = time.Duration(0), time.Second
 	for _, tc := range []struct {
 		name string
 		s    *Store
 		err  error
-		sent time.Time
+		ago  time.Duration
 		want bool
 	}{
 		{"lock timeout", none, lockTimeout, now, true},
@@ -60,7 +65,7 @@ func TestBusy(t *testing.T) {
 		{"not PostgreSQL's", none, fmt.Errorf("timeout: context deadline exceeded"), now, false},
 		{"nil", none, nil, now, false},
 	} {
-		if got := tc.s.busy(ctx, tc.err, tc.sent); got != tc.want {
+		if got := tc.s.busy(ctx, tc.err, time.Now().Add(-tc.ago)); got != tc.want {
 			t.Errorf("%s: busy(%v) = %v, want %v", tc.name, tc.err, got, tc.want)
 		}
 	}
