@@ -54,20 +54,28 @@ local tok = ARGV[1]
 local guard = tok ~= '0'
 local repeated = guard and ARGV[2] == '1'
 
--- A smooth key may be kept as a string (smoothkey.lua, which Go puts
--- before this script: parsed, stringed, unstring).
+-- A smooth key may be kept as a string (smoothkey.lua: parsed, stringed,
+-- unstring). Go puts smoothkey.lua below the commonest smooth call, not
+-- before this script as before apply.lua and lease.lua: Lua makes every
+-- function of a script anew on each run, and each closure costs Redis
+-- 500-1 800 instructions, more with upvalues (callgrind: docs/benchmarks.md,
+-- "The commonest smooth call before any closure").
 
--- instant applies the smooth call of the hash h and arguments ARGV[a..a+6]
--- when h holds nothing or a smooth key's string and the call fits: it
--- writes the string and returns the reply's values, or the error of a
--- write refused. Anything else writes nothing and returns nil and whether
--- h holds a smooth key's string, its instant and its record.
-local function instant(h, a)
+-- instant applies the smooth call of the hash h and arguments ARGV[a..a+6],
+-- under the script's token and the TTLs' grace (ms), when h holds
+-- nothing or a smooth key's string and the call fits: it writes the
+-- string and returns the reply's values, or the error of a write refused.
+-- Anything else writes nothing and returns nil and whether h holds a
+-- smooth key's string, its instant and its record. It has no upvalues
+-- (they are what makes a closure dear), so it reads a string as
+-- smoothkey.lua's parsed does, in its place.
+local function instant(h, a, token, grace)
   local v = redis.pcall('GET', h)
   if type(v) == 'table' then return nil, false end -- a hash: no string
   local now, ahead, t, r = ARGV[a] + 0, 0, nil, nil
   if v then
-    t, r = parsed(v)
+    t, r = string.match(v, '^(-?%d+):?(%d*)$') -- parsed
+    t = tonumber(t)
     if t == nil then return nil, false end
     if t > now then ahead = t - now end
   end
@@ -80,8 +88,8 @@ local function instant(h, a)
   -- instructions more.
   local ms = math.ceil(ahead / 1000)
   if ms < 1 then ms = 1 end
-  ms = ms + GRACE
-  if guard then v = string.format('%d:%s', now + ahead, tok) else v = string.format('%d', now + ahead) end
+  ms = ms + grace
+  if token ~= '0' then v = string.format('%d:%s', now + ahead, token) else v = string.format('%d', now + ahead) end
   -- An error (a write refused: OOM, READONLY) is returned as such, to
   -- fail the call alone, as count's.
   local w = redis.pcall('SET', h, v, 'PX', string.format('%d', ms))
@@ -98,11 +106,13 @@ end
 local str, st, sr -- the single call's key: a smooth string, its instant and record
 if #KEYS == 2 and not repeated and ARGV[9] == '-1' then
   local used, e
-  used, e, st, sr = instant(KEYS[1], 3)
+  used, e, st, sr = instant(KEYS[1], 3, tok, GRACE)
   if type(used) == 'table' then return redis.error_reply(used.err) end
   if used then return {used, NONE, e, NONE, NONE, 1} end
   str = e
 end
+
+-- smoothkey.lua
 
 -- fields returns HMGET's reply for h's fields c, b, e, x, s, l, r, t, a
 -- smooth key's string made its hash first; for any other key that is no
@@ -561,7 +571,7 @@ for i = 1, calls do
   local f
   if ARGV[a + 6] == '-1' then
     local t, r
-    used, we, t, r = instant(h, a)
+    used, we, t, r = instant(h, a, tok, GRACE)
     if type(used) == 'table' then
       f = used -- failed alone
     elseif used then

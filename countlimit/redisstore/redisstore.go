@@ -228,10 +228,13 @@ const expiryGrace = time.Second
 var (
 	// prelude goes before each script that reads or writes a counter
 	// hash: the grace every TTL carries (GRACE, ms), and smoothkey.lua (a
-	// smooth key may be kept as a string).
+	// smooth key may be kept as a string). fast.lua takes smoothkey.lua
+	// at its own line "-- smoothkey.lua", below its commonest smooth call
+	// (see fast.lua).
 	//go:embed smoothkey.lua
 	smoothKeySrc string
-	prelude      = fmt.Sprintf("local GRACE = %d -- ms: redisstore.go, expiryGrace\n", expiryGrace.Milliseconds()) + smoothKeySrc
+	grace        = fmt.Sprintf("local GRACE = %d -- ms: redisstore.go, expiryGrace\n", expiryGrace.Milliseconds())
+	prelude      = grace + smoothKeySrc
 
 	//go:embed apply.lua
 	applyBody   string
@@ -240,13 +243,22 @@ var (
 
 	//go:embed fast.lua
 	fastBody   string
-	fastSrc    = prelude + fastBody
+	fastSrc    = grace + spliced(fastBody, "\n-- smoothkey.lua\n", "\n"+smoothKeySrc)
 	fastScript = redis.NewScript(fastSrc)
 
 	//go:embed reset.lua
 	resetSrc    string
 	resetScript = redis.NewScript(resetSrc)
 )
+
+// spliced returns src with its one line at (with the newlines around it)
+// made with; it panics when src holds that line other than once.
+func spliced(src, at, with string) string {
+	if strings.Count(src, at) != 1 {
+		panic(fmt.Sprintf("redisstore: a script holds %q %d times, want once", strings.TrimSpace(at), strings.Count(src, at)))
+	}
+	return strings.Replace(src, at, with, 1)
+}
 
 const (
 	// replyTTL is how long a Reset's reply is kept for a repeat of the call.

@@ -1,6 +1,7 @@
 -- countlimit: a smooth key kept as a string. Go puts this before
--- fast.lua, apply.lua and lease.lua, each of which reads and writes the
--- counter hash of a (use type, id).
+-- apply.lua and lease.lua, and into fast.lua below its commonest smooth
+-- call, each of which reads and writes the counter hash of a (use type,
+-- id).
 --
 -- A smooth call that is allowed on a key that holds nothing, or only a
 -- smooth instant, keeps it as a string, "<t>:<r>": the instant (µs) and
