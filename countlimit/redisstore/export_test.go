@@ -79,6 +79,16 @@ func (s *Store) ApplyForTest(ctx context.Context, r *driver.Request) error {
 	return wrap(err)
 }
 
+// FastForTest sends r, an Allow of one rule, as the Store sends a call
+// that goes alone (fast.lua's EVALSHA), and reads its reply into r's
+// states, without the Batcher: the script and the round trip alone.
+func (s *Store) FastForTest(ctx context.Context, r *driver.Request) error {
+	cmds := []redis.Cmder{fastCommand(ctx, r)}
+	s.execLoading(ctx, cmds)
+	_, err := finish(r, cmds[0], 0, 1)
+	return wrap(err)
+}
+
 // PadTTLsForTest makes the scripts of every Store of the process give each
 // key they expire pad more time to live than its end calls for, until
 // restore is called; no test may run beside it. A test whose clock is not

@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/countlimit/countlimit/countlimit"
+	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/countlimit/redisstore"
 )
 
@@ -76,6 +77,93 @@ func BenchmarkSmoothVersusRedisRate(b *testing.B) {
 			b.ReportMetric(cl/rate, "x-redis_rate")
 			b.ReportMetric(cl/fx, "x-fixed")
 			b.ReportMetric(aa/rate, "aa-redis_rate")
+		})
+	}
+}
+
+// BenchmarkSmoothVersusRedisRatePaired compares the same sides as
+// BenchmarkSmoothVersusRedisRate at 1 and 4 callers, where every call is a
+// round trip of its own on either side, call by call instead of in rounds:
+// each caller makes, on each of its ids in turn, one call of each side, in
+// an order that turns from id to id, and times each. The machine's drift,
+// which moves a round of 400 calls by several percent, then weighs on
+// every side within a few hundred microseconds, and a ratio of the sides'
+// time a call is good to about 1% (the A/A side, redis_rate's Allow again
+// on keys of its own, says how good in each run: aa-redis_rate). A fourth
+// side, script, sends the smooth Allow's fast.lua command as the Store
+// sends a call that goes alone and reads its reply, without the Limiter or
+// the Batcher: what Redis and the round trip cost, apart from the client's
+// path. Each ratio is redis_rate's time a call over the side's (above 1:
+// the side is quicker, as x-redis_rate in the benchmark in rounds).
+func BenchmarkSmoothVersusRedisRatePaired(b *testing.B) {
+	c, _, theirs, smooth := smoothSides(b, "paired")
+	run := strconv.FormatInt(time.Now().UnixNano(), 36)
+	again := countlimit.UseType("bench.pairedagain." + run)
+	alone := "bench.pairedscript." + run
+	b.Cleanup(func() {
+		deleteMatching(b, c, "rate:"+string(again)+":*")
+		deleteMatching(b, c, redisstore.Key(countlimit.UseType(alone), "*"))
+	})
+	theirsAgain := rateAllowOf(redis_rate.NewLimiter(c), string(again), redis_rate.PerHour(smoothRate))
+	s := redisstore.New(c)
+	ctx := context.Background()
+	script := func(id string) error {
+		now := time.Now().Truncate(time.Microsecond)
+		r := &driver.Request{Op: driver.OpAllow, ID: id, Now: now, N: 1, Checks: []driver.Check{{
+			UseType: alone, Limit: smoothRate, Interval: time.Hour / smoothRate, Burst: smoothRate, Kind: "smooth"}}}
+		if err := s.FastForTest(ctx, r); err != nil {
+			return err
+		}
+		if !r.Checks[0].State.Allowed {
+			return fmt.Errorf("%s: denied", id)
+		}
+		return nil
+	}
+	names := [...]string{"redis_rate", "smooth", "script", "again"}
+	for _, callers := range []int{1, 4} {
+		b.Run(fmt.Sprintf("callers=%d", callers), func(b *testing.B) {
+			sides := [...]func(string) error{theirs, smooth, script, theirsAgain}
+			var mu sync.Mutex
+			var spent [len(sides)]time.Duration
+			var wg sync.WaitGroup
+			b.ResetTimer()
+			for g := range callers {
+				per := b.N / callers
+				if g < b.N%callers {
+					per++
+				}
+				wg.Go(func() {
+					var mine [len(sides)]time.Duration
+					for i := range per {
+						id := versusIDs[(g+callers*i)%len(versusIDs)]
+						for k := range len(sides) {
+							side := (i + k) % len(sides)
+							if i%2 == 1 {
+								side = (i + len(sides) - k) % len(sides)
+							}
+							start := time.Now()
+							if err := sides[side](id); err != nil {
+								b.Error(err)
+								return
+							}
+							mine[side] += time.Since(start)
+						}
+					}
+					mu.Lock()
+					defer mu.Unlock()
+					for k := range mine {
+						spent[k] += mine[k]
+					}
+				})
+			}
+			wg.Wait()
+			b.StopTimer()
+			for k, name := range names {
+				b.ReportMetric(float64(spent[k].Microseconds())/float64(b.N), name+"-µs/call")
+			}
+			b.ReportMetric(float64(spent[0])/float64(spent[1]), "x-redis_rate")
+			b.ReportMetric(float64(spent[0])/float64(spent[2]), "script-redis_rate")
+			b.ReportMetric(float64(spent[0])/float64(spent[3]), "aa-redis_rate")
 		})
 	}
 }
