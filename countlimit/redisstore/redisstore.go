@@ -476,10 +476,27 @@ func writeLogKey(b *strings.Builder, ut, id string) {
 	b.WriteString("}" + logSuffix)
 }
 
-var escaper = strings.NewReplacer("%", "%25", ":", "%3A", "{", "%7B", "}", "%7D")
+// escaped holds the characters of the key format, which escape writes as
+// %XX (their byte in upper-case hex), and nothing else.
+const escaped = "%:{}"
 
-// special marks the bytes escape escapes.
-var special = [256]bool{'%': true, ':': true, '{': true, '}': true}
+var (
+	// escaper replaces each of escaped.
+	escaper = func() *strings.Replacer {
+		var pairs []string
+		for _, c := range []byte(escaped) {
+			pairs = append(pairs, string(c), fmt.Sprintf("%%%02X", c))
+		}
+		return strings.NewReplacer(pairs...)
+	}()
+	// special marks the bytes of escaped.
+	special = func() (t [256]bool) {
+		for _, c := range []byte(escaped) {
+			t[c] = true
+		}
+		return t
+	}()
+)
 
 // escape returns s with the characters of the key format escaped. It runs
 // on every call, for its id and each of its use types: a table lookup a
