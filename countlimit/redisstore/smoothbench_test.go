@@ -128,10 +128,7 @@ func BenchmarkSmoothVersusRedisRatePaired(b *testing.B) {
 			var wg sync.WaitGroup
 			b.ResetTimer()
 			for g := range callers {
-				per := b.N / callers
-				if g < b.N%callers {
-					per++
-				}
+				per := (b.N + callers - 1 - g) / callers // b.N in all
 				wg.Go(func() {
 					var mine [len(sides)]time.Duration
 					for i := range per {
