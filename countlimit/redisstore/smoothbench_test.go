@@ -35,7 +35,9 @@ const smoothRate = 10000
 // (x-redis_rate) and over the fixed Allow's (x-fixed), and redis_rate
 // again's over redis_rate's (aa-redis_rate): two copies of the same code,
 // whose distance from 1.00 is how far the run's noise alone moves a ratio
-// (run it with -benchtime Nx, N calls a side, say 20000x).
+// (run it with -benchtime Nx, N calls a side, say 20000x). At 1 and 4
+// callers that is ±5% a run; BenchmarkSmoothVersusRedisRatePaired measures
+// them call by call, to about 1%.
 func BenchmarkSmoothVersusRedisRate(b *testing.B) {
 	c, l, theirs, smooth := smoothSides(b, "smooth")
 	run := strconv.FormatInt(time.Now().UnixNano(), 36)
