@@ -52,5 +52,4 @@ func TestCallsWithoutADeadlineShareOneBound(t *testing.T) {
 	if most := 2 + int(elapsed/redisstore.BoundFresh); len(distinct) > most {
 		t.Errorf("%d calls in %v were sent with %d deadlines, want at most %d: one shared a BoundFresh (%v)", calls, elapsed, len(distinct), most, redisstore.BoundFresh)
 	}
-
 }

@@ -73,18 +73,20 @@ func (s *Store) CombinedForTest(ctx context.Context, reqs []*driver.Request) err
 // reset) whatever its rule, as a script of its own: what an Allow of one
 // rule would meet if fast.lua did not take it.
 func (s *Store) ApplyForTest(ctx context.Context, r *driver.Request) error {
-	cmds := []redis.Cmder{applyCommand(ctx, r)}
-	s.execLoading(ctx, cmds) // cmds[0] is then the EVAL if the server had no script
-	_, err := finish(r, cmds[0], 0, 1)
-	return wrap(err)
+	return s.alone(ctx, r, applyCommand(ctx, r))
 }
 
 // FastForTest sends r, an Allow of one rule, as the Store sends a call
 // that goes alone (fast.lua's EVALSHA), and reads its reply into r's
 // states, without the Batcher: the script and the round trip alone.
 func (s *Store) FastForTest(ctx context.Context, r *driver.Request) error {
-	cmds := []redis.Cmder{fastCommand(ctx, r)}
-	s.execLoading(ctx, cmds)
+	return s.alone(ctx, r, fastCommand(ctx, r))
+}
+
+// alone sends cmd, r's one command, and reads its reply into r's states.
+func (s *Store) alone(ctx context.Context, r *driver.Request, cmd redis.Cmder) error {
+	cmds := []redis.Cmder{cmd}
+	s.execLoading(ctx, cmds) // cmds[0] is then the EVAL if the server had no script
 	_, err := finish(r, cmds[0], 0, 1)
 	return wrap(err)
 }

@@ -104,13 +104,12 @@ func BenchmarkSmoothVersusRedisRate(b *testing.B) {
 func BenchmarkSmoothVersusRedisRatePaired(b *testing.B) {
 	c, _, theirs, smooth := smoothSides(b, "paired")
 	run := strconv.FormatInt(time.Now().UnixNano(), 36)
-	again := countlimit.UseType("bench.pairedagain." + run)
-	alone := "bench.pairedscript." + run
+	again, alone := "bench.pairedagain."+run, "bench.pairedscript."+run
 	b.Cleanup(func() {
-		deleteMatching(b, c, "rate:"+string(again)+":*")
+		deleteMatching(b, c, "rate:"+again+":*")
 		deleteMatching(b, c, redisstore.Key(countlimit.UseType(alone), "*"))
 	})
-	theirsAgain := rateAllowOf(redis_rate.NewLimiter(c), string(again), redis_rate.PerHour(smoothRate))
+	theirsAgain := rateAllowOf(redis_rate.NewLimiter(c), again, redis_rate.PerHour(smoothRate))
 	s := redisstore.New(c)
 	ctx := context.Background()
 	script := func(id string) error {
