@@ -22,21 +22,22 @@ import (
 )
 
 // TestLockedRowHoldsNoOtherIDHostage: another transaction holds one id's
-// row for six seconds (holdFor), locked (as a check inside a caller's pgx.Tx does
-// until it commits, on an id it has seen before) or inserted and not
-// committed (the same check on a brand-new id), while 64 callers spread
-// over 1 000 ids, with a store timeout and the circuit breaker on, as the
-// service runs. The timeout (3 s) is generous for a loaded machine and
-// half the time the lock is held, so a statement that waited for the lock
-// would fail. (With 2 s and 1 s, an other id's call under the load of CI's
-// container step, several packages and their servers on two cores, once
-// waited out the 1 s in the pool's queue: with nothing else running the
-// slowest took 130-420 ms, beside three CPU-bound loops 230-780 ms.) Group commit must not hold the other ids' calls behind
-// that lock, nor may the locked id's own calls, in a batch or in a
-// statement of their own (a sliding or smooth window's), take the pool's
-// connections or count as store failures: no call for another id fails,
-// the breaker stays closed, and the locked id's calls either wait for the
-// lock or fail with ErrLocked.
+// row for six seconds (holdFor), locked (as a check inside a caller's
+// pgx.Tx does until it commits, on an id it has seen before) or inserted
+// and not committed (the same check on a brand-new id), while 64 callers
+// spread over 1 000 ids, with a store timeout and the circuit breaker on,
+// as the service runs. The timeout (3 s) is generous for a loaded machine
+// and half the time the lock is held, so a statement that waited for the
+// lock would fail. (With 2 s and 1 s, an other id's call under the load of
+// CI's container step, several packages and their servers on two cores,
+// once waited out the 1 s in the pool's queue: with nothing else running
+// the slowest took 130-420 ms, beside three CPU-bound loops 230-780 ms.)
+// Group commit must not hold the other ids' calls behind that lock, nor may
+// the locked id's own calls, in a batch or in a statement of their own (a
+// sliding or smooth window's), take the pool's connections or count as
+// store failures: no call for another id fails, the breaker stays closed,
+// and the locked id's calls either wait for the lock or fail with
+// ErrLocked.
 func TestLockedRowHoldsNoOtherIDHostage(t *testing.T) {
 	for _, tc := range hostageCases {
 		t.Run(tc.name, func(t *testing.T) {

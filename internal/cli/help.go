@@ -175,9 +175,8 @@ starts with inserts and turns into updates; it runs its series twice in a
 row and reports both. --rows existing --table-rows N fills both tables with
 N rows first (VACUUM ANALYZE and a CHECKPOINT, bytes a row on disk printed)
 and draws every call's id at random from them: how the cost grows with the
-table. It works
-in a schema of its own, dropped at the end, and never touches the
-database's count_limit.
+table. It works in a schema of its own, dropped at the end, and never
+touches the database's count_limit.
 
 --json or --csv print the results for machines (one record per run and
 side, latencies in seconds) while the table goes to stderr; --plot FILE.svg
