@@ -7,10 +7,12 @@
 -- the scripts to each other besides.
 --
 -- KEYS, per check i: KEYS[2i-1] the counter hash, KEYS[2i] the sliding log
--- (a sorted set: member "<µs>:<seq>", score µs).
+-- (a sorted set: member "<µs>:<seq>", score µs), or the hash again where Go
+-- names no log (see fast.lua's KEYS): a script given no log for a check
+-- whose hash has one (field s) answers verdict -3 and writes nothing.
 -- ARGV: op ('allow' | 'peek' | 'refund'), now (µs), n, the script's token
--- ('0' for peek), its attempt ('0' the first time the command is written to
--- a connection, '1' when go-redis sends it again), then per check: limit,
+-- ('0' for peek), its attempt ('1' when an earlier send of the command may
+-- have run, else '0'; see redisstore's attempt), then per check: limit,
 -- begin (µs), length (µs; 0 = lifetime), span (µs; 0 = not sliding; -1 =
 -- smooth), block (µs; 0 = none). A sliding check's begin and length are 0:
 -- its log is its window. A smooth check (GCRA) has no window: its begin is
@@ -160,6 +162,16 @@ for i = 1, cnt do
   end
   c.exists = f[2] ~= false
   c.hadlog = f[5] ~= false
+  if c.hadlog and c.z == c.h then
+    -- A log it was not given (see KEYS): asked for, with nothing written
+    -- yet but a smooth key's string made the hash it stands for (Go names
+    -- every log of a refund, the one op that writes above). Go reads the
+    -- verdict alone.
+    local out = {}
+    for j = 1, 5 * cnt do out[j] = 0 end
+    out[5 * cnt + 1] = -3
+    return out
+  end
   c.counted = f[1] ~= false or c.exists or c.hadlog
   local x = tonumber(f[4])
   c.x, c.e, c.t = x, tonumber(f[3]), tonumber(f[6])

@@ -1,15 +1,10 @@
+//go:build unix
+
 package redisstore_test
 
 import (
 	"context"
 	"errors"
-	"fmt"
-	"math/rand/v2"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"slices"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -23,22 +18,15 @@ import (
 	"github.com/countlimit/countlimit/countlimit/storetest"
 	"github.com/countlimit/countlimit/internal/modeltest"
 	"github.com/countlimit/countlimit/internal/testbackend"
-	"github.com/countlimit/countlimit/internal/testenv"
+	"github.com/countlimit/countlimit/internal/testenv/rediscluster"
+	"github.com/countlimit/countlimit/internal/testenv/redisserver"
 )
 
 // TestCluster starts a three-node Redis Cluster from the local redis-server
 // and runs the model harness and the conformance suite through
 // redis.NewClusterClient.
 func TestCluster(t *testing.T) {
-	server, err := exec.LookPath("redis-server")
-	if err != nil {
-		testbackend.Unavailable(t, "redis-server (for a Redis Cluster)", err)
-	}
-	cli, err := exec.LookPath("redis-cli")
-	if err != nil {
-		testbackend.Unavailable(t, "redis-cli (for a Redis Cluster)", err)
-	}
-	addrs := startCluster(t, server, cli, 3)
+	addrs := rediscluster.Start(t, 3, 0).Addrs()
 	ctx := context.Background()
 	clients := make([]*redis.ClusterClient, 2)
 	for i := range clients {
@@ -127,91 +115,53 @@ func TestCluster(t *testing.T) {
 	}
 }
 
-// startCluster starts n cluster-enabled redis-server processes on free
-// loopback ports, forms a cluster of them, and stops them when t ends.
-func startCluster(t *testing.T, server, cli string, n int) []string {
-	t.Helper()
-	var addrs []string
-	for _, port := range freePorts(t, n) {
-		dir := t.TempDir()
-		logf, err := os.Create(filepath.Join(dir, "redis.log"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		cmd := exec.Command(server,
-			"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
-			"--cluster-enabled", "yes", "--cluster-config-file", filepath.Join(dir, "nodes.conf"),
-			"--cluster-node-timeout", "5000",
-			"--dir", dir, "--save", "", "--appendonly", "no", "--daemonize", "no")
-		cmd.Stdout, cmd.Stderr = logf, logf
-		if err := cmd.Start(); err != nil {
-			t.Fatalf("start redis-server: %v", err)
-		}
-		exited := make(chan struct{})
-		var waitErr error
-		go func() { waitErr = cmd.Wait(); close(exited) }()
-		t.Cleanup(func() {
-			_ = cmd.Process.Kill()
-			<-exited
-			logf.Close()
-		})
-		addr := fmt.Sprintf("127.0.0.1:%d", port)
-		addrs = append(addrs, addr)
-		waitFor(t, 10*time.Second, "redis-server on "+addr, func() bool {
-			select {
-			case <-exited: // a port taken since freePorts looked, say
-				log, _ := os.ReadFile(filepath.Join(dir, "redis.log"))
-				t.Fatalf("redis-server on %s exited (%v):\n%s", addr, waitErr, log)
-			default:
+// TestClusterReadsSlotMapAfterFailure: after a call fails without a reply
+// (a connection refused: a master that died), a ClusterClient reads its
+// slot map anew, so calls reach the node that took the slots over (here a
+// map the test changes, as a replica's promotion does) within seconds, not
+// at go-redis's next reading of its own, a minute later.
+func TestClusterReadsSlotMapAfterFailure(t *testing.T) {
+	t.Parallel()
+	srv := redisserver.Start(t, "--save", "", "--appendonly", "no")
+	_, dead := testbackend.DeadAddrs(t)
+	var promoted atomic.Bool
+	var reads atomic.Int32
+	cl := redis.NewClusterClient(&redis.ClusterOptions{
+		ClusterSlots: func(context.Context) ([]redis.ClusterSlot, error) {
+			reads.Add(1)
+			addr := dead
+			if promoted.Load() {
+				addr = srv.Addr()
 			}
-			c := redis.NewClient(&redis.Options{Addr: addr})
-			defer c.Close()
-			return c.Ping(context.Background()).Err() == nil
-		})
+			return []redis.ClusterSlot{{Start: 0, End: 16383, Nodes: []redis.ClusterNode{{Addr: addr}}}}, nil
+		},
+	})
+	t.Cleanup(func() { cl.Close() })
+	l := countlimit.New(redisstore.New(cl))
+	rule := countlimit.Rule{UseType: storetest.UseType(t, "failover"), Limit: 10, Window: countlimit.Fixed(time.Hour)}
+	allow := func() (countlimit.Result, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		return l.Allow(ctx, rule, "id")
 	}
-	args := append([]string{"--cluster", "create"}, addrs...)
-	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
-	if out, err := exec.Command(cli, args...).CombinedOutput(); err != nil {
-		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
+	if _, err := allow(); !errors.Is(err, countlimit.ErrUnavailable) {
+		t.Fatalf("Allow on a master that is gone = %v, want ErrUnavailable", err)
 	}
-	for _, addr := range addrs {
-		waitFor(t, 30*time.Second, "cluster_state:ok on "+addr, func() bool {
-			c := redis.NewClient(&redis.Options{Addr: addr})
-			defer c.Close()
-			info, err := c.ClusterInfo(context.Background()).Result()
-			return err == nil && strings.Contains(info, "cluster_state:ok")
-		})
-	}
-	return addrs
-}
-
-// freePorts finds n loopback ports free for clients, with port+10000 free
-// for the cluster bus, both below the kernel's ephemeral range, where no
-// other test's outgoing connection can take one between this look and
-// redis-server's bind (the ports testenv.FreePort leaves to such pairs).
-func freePorts(t *testing.T, n int) []int {
-	t.Helper()
-	low := testenv.EphemeralLow()
-	var ports []int
-	for tries := 0; len(ports) < n && tries < 1000; tries++ {
-		p := low - 12000 + rand.IntN(2000) // the bus, p+10000, below low too
-		if testenv.PortFree(p) && testenv.PortFree(p+10000) && !slices.Contains(ports, p) {
-			ports = append(ports, p)
+	promoted.Store(true)
+	before := reads.Load()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		r, err := allow()
+		if err == nil {
+			if r.Used != 1 {
+				t.Errorf("Allow on the new master = %+v, want Used 1", r)
+			}
+			break
 		}
-	}
-	if len(ports) < n {
-		t.Fatal("no free ports for a Redis Cluster")
-	}
-	return ports
-}
-
-func waitFor(t *testing.T, limit time.Duration, what string, ok func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(limit)
-	for !ok() {
+		if !errors.Is(err, countlimit.ErrUnavailable) {
+			t.Fatalf("Allow while the slot map is stale = %v, want ErrUnavailable", err)
+		}
 		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", limit, what)
+			t.Fatalf("no call reached the new master within 5 s (the slot map was read %d times since)", reads.Load()-before)
 		}
-		time.Sleep(50 * time.Millisecond)
 	}
 }

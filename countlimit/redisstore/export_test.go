@@ -73,21 +73,28 @@ func (s *Store) CombinedForTest(ctx context.Context, reqs []*driver.Request) err
 // reset) whatever its rule, as a script of its own: what an Allow of one
 // rule would meet if fast.lua did not take it.
 func (s *Store) ApplyForTest(ctx context.Context, r *driver.Request) error {
-	return s.alone(ctx, r, applyCommand(ctx, r))
+	return s.alone(ctx, r, func(logs bool) redis.Cmder { return applyCommand(ctx, r, logs) })
 }
 
 // FastForTest sends r, an Allow of one rule, as the Store sends a call
 // that goes alone (fast.lua's EVALSHA), and reads its reply into r's
 // states, without the Batcher: the script and the round trip alone.
 func (s *Store) FastForTest(ctx context.Context, r *driver.Request) error {
-	return s.alone(ctx, r, fastCommand(ctx, r))
+	return s.alone(ctx, r, func(logs bool) redis.Cmder { return fastCommand(ctx, logs, r) })
 }
 
-// alone sends cmd, r's one command, and reads its reply into r's states.
-func (s *Store) alone(ctx context.Context, r *driver.Request, cmd redis.Cmder) error {
-	cmds := []redis.Cmder{cmd}
+// alone sends r's one command, as command(logs) makes it, and reads its
+// reply into r's states: on a Cluster first with the logs the call needs,
+// then, if the script asks for its logs, with every one, as the Store does.
+func (s *Store) alone(ctx context.Context, r *driver.Request, command func(logs bool) redis.Cmder) error {
+	cmds := []redis.Cmder{command(s.cluster == nil)}
 	s.execLoading(ctx, cmds) // cmds[0] is then the EVAL if the server had no script
-	_, err := finish(r, cmds[0], 0, 1)
+	done, err := finish(r, cmds[0], 0, 1)
+	if !done {
+		cmds[0] = command(true)
+		s.execLoading(ctx, cmds)
+		err = finishAlone(r, cmds[0])
+	}
 	return wrap(err)
 }
 

@@ -18,9 +18,13 @@
 --
 -- KEYS: for each call its counter hash and its sliding log (for a window
 -- that is not sliding, deleted when a log is there: counting with another
--- kind of window drops it).
--- ARGV: the script's token, its attempt ('0' the first time the command is
--- written to a connection, '1' when go-redis sends it again), then for each
+-- kind of window drops it). On a Cluster Go names the log only where the
+-- call needs it (a sliding window), and the hash again in its place
+-- otherwise, so that a slot in migration does not refuse the call for a
+-- log that is not there; a call whose hash has a log (field s) that it was not given
+-- answers verdict -3 and writes nothing, and Go sends it again with its log.
+-- ARGV: the script's token, its attempt ('1' when an earlier send of the
+-- command may have run, else '0'; see redisstore's attempt), then for each
 -- call: now (µs), n, limit, begin (µs), length (µs; 0 = lifetime), block
 -- (µs; 0 = none), span (µs; 0 = not sliding; begin and length are 0 when
 -- it is not; -1 = smooth, whose begin is then its burst and length its
@@ -456,6 +460,8 @@ end
 -- allow applies the call whose hash is h, log lg, fields f and arguments
 -- ARGV[a..a+6] and returns its reply's values.
 local function allow(h, lg, f, a)
+  -- A log it was not given (see KEYS): asked for, nothing written.
+  if f[5] and lg == h then return 0, NONE, NONE, NONE, NONE, -3 end
   if ARGV[a+6] == '-1' then return smoothAllow(h, lg, f, a) end
   if ARGV[a+6] ~= '0' then return slideAllow(h, lg, f, a) end
   local ok, now, n, exists, cur, e, x, blocked, used, wb, we = decide(f, a)

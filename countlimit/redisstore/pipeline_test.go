@@ -69,7 +69,7 @@ func (h *pipeHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 			names[i] = c.Name()
 			calls += callsIn(c)
 		}
-		if !strings.HasPrefix(names[0], "eval") {
+		if calls == 0 {
 			return next(ctx, cmds) // a connection's handshake
 		}
 		h.mu.Lock()
@@ -86,8 +86,13 @@ func (h *pipeHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 }
 
 // callsIn returns how many calls a command carries: a fast.lua script
-// may carry several (KEYS: two a call), any other one.
+// may carry several (KEYS: two a call), any other script one, and any
+// other command (a connection's handshake, a Cluster pipeline's EXISTS)
+// none.
 func callsIn(cmd redis.Cmder) int {
+	if !strings.HasPrefix(cmd.Name(), "eval") {
+		return 0
+	}
 	args := cmd.Args()
 	if len(args) < 3 || (args[1] != fastScript.Hash() && args[1] != redisstore.FastSource) {
 		return 1
@@ -100,7 +105,7 @@ var fastScript = redis.NewScript(redisstore.FastSource)
 
 // oneSlot adds a pipeHook to c and returns it with a Store on c with one
 // pipeline slot (and opts) and its Limiter: what gathered works with.
-func oneSlot(c *redis.Client, opts ...redisstore.Option) (*pipeHook, *redisstore.Store, *countlimit.Limiter) {
+func oneSlot(c redis.UniversalClient, opts ...redisstore.Option) (*pipeHook, *redisstore.Store, *countlimit.Limiter) {
 	h := &pipeHook{}
 	c.AddHook(h)
 	s := redisstore.New(c, append(opts, redisstore.WithMaxInFlight(1))...)

@@ -123,14 +123,17 @@
 // an event twice, refund twice, or reset away a count made in between.
 //
 // So every script carries its attempt, an argument go-redis writes anew
-// each time it sends the command (an encoding.BinaryMarshaler: "0" the
-// first time, "1" after), and only the first attempt applies the call: a
-// repeat writes nothing, so however a command's attempts meet in Redis, in
-// whatever order and on whatever connections, a call counts, refunds or
-// resets at most once. For the repeat to answer, every script that writes
-// a counter leaves its token, a number of 31 bits drawn for it, in field r
-// of each hash it writes (fast.lua's header says how; a denial leaves it
-// too), overwriting the token of the script before. This costs no key and
+// each time it sends the command (an encoding.BinaryMarshaler: "1" when an
+// earlier send of the command may have run, else "0"; a send that the
+// server refused before running anything, MOVED, ASK, TRYAGAIN or
+// NOSCRIPT among others, did not run, see attempt), and only a first
+// attempt applies the call: a repeat writes nothing, so however a
+// command's attempts meet in Redis, in whatever order and on whatever
+// connections, a call counts, refunds or resets at most once. For the
+// repeat to answer, every script that writes a counter leaves its token, a
+// number of 31 bits drawn for it, in field r of each hash it writes
+// (fast.lua's header says how; a denial leaves it too), overwriting the
+// token of the script before. This costs no key and
 // no command of its own: the field is written with the count. A repeat
 // reads its hashes and:
 //
@@ -160,6 +163,12 @@
 // of a repeat's): it would then report the other call's outcome, and count
 // nothing.
 //
+// go-redis records why a send failed before it sends again wherever it
+// retries by itself (a ClusterClient, whose nodes' clients retry nothing by
+// default); a *redis.Client retries a connection's errors in a loop of its
+// own (MaxRetries) without, so each of its repeats counts as one that may
+// have run, whatever refused the send before.
+//
 // Hashes written before records existed hold no field r and are read as
 // before; a process of the version before (a reply key per write) and one
 // of this version may share a Redis during a rolling upgrade, but the
@@ -181,6 +190,45 @@
 // and a call sent alone, until the client's ReadTimeout (the callers of a
 // pipeline stop waiting at their own deadlines). Either way a failure is
 // countlimit.ErrUnavailable.
+//
+// # Cluster
+//
+// On a Redis Cluster (a *redis.ClusterClient) the hash tag {<id>} puts
+// every key of an id in one slot, so each call is one script on one node.
+// There a call names only the keys it needs: its counters, a sliding
+// rule's log (a Refund and a Reset name every log), a Concurrent rule's
+// lease set; a rule of another kind names its counter twice, which Redis
+// takes for one key. A script that finds a log it was not given (its rule
+// was sliding before) asks for it, having written nothing, and goes again
+// with it, after the rest of its pipeline; so a call that a later one of
+// its pipeline on the same id follows names every log, and a pipeline's
+// calls still apply in the order they came. (Elsewhere every call names
+// every log, as it costs nothing where no slot migrates.) In a pipeline, a
+// script of several keys goes after an EXISTS of its first key, so that
+// go-redis never sends a node's part of it again whole, scripts that ran
+// included, for a TRYAGAIN at its head (see guarded).
+//
+// While a slot moves, its old master serves the keys it still has and
+// sends a call for keys it has none of to the new one (ASK), which serves
+// it; a call whose keys are some on each node, or are missing there, is
+// refused (TRYAGAIN) until the slot has moved. A call that names one key
+// (an Allow of a fixed, rolling, calendar, lifetime or smooth rule) is
+// never refused. go-redis follows MOVED and ASK and retries TRYAGAIN, and
+// none of these ran the script: the send after them is a first attempt
+// (see Lost replies). A call that a slot still refuses when go-redis
+// gives up goes again from its caller's goroutine, after pauses of 5 ms
+// doubling up to 100 ms, until the slot has moved or the call's context
+// ends (10 s after the first refusal without a deadline); the calls that
+// shared its pipeline have their answers meanwhile.
+//
+// A ClusterClient reads the slot map every minute, and at once only when
+// a node answers MOVED, ASK or READONLY, which a master that died never
+// does: its slots' calls would fail until the next reading, long after a
+// replica took them over. So after a call that failed without a reply (a
+// connection refused or broken, a timeout) the Store has the client read
+// the map anew (ReloadState), at most every 100 ms. docs/library.md
+// ("Redis Cluster") gives the figures of a reshard and of a kill -9 of a
+// master under traffic.
 //
 // Redis scripts compute in double precision, exact up to 2^53, which is
 // where the Limiter bounds limits, costs and burst (countlimit.MaxLimit);
@@ -324,30 +372,6 @@ func token() any {
 	}
 }
 
-// attempt is a script's argument that tells it whether go-redis is sending
-// the command for the first time: go-redis writes an argument that is an
-// encoding.BinaryMarshaler by calling MarshalBinary each time it writes the
-// command to a connection, once more for each retry. A script sent again
-// may have run already, and then may only answer from its records.
-type attempt struct{ writes atomic.Int32 }
-
-var (
-	firstAttempt = []byte("0")
-	laterAttempt = []byte("1")
-)
-
-// MarshalBinary implements encoding.BinaryMarshaler: "0" the first time,
-// "1" after.
-func (a *attempt) MarshalBinary() ([]byte, error) {
-	if a.writes.Add(1) == 1 {
-		return firstAttempt, nil
-	}
-	return laterAttempt, nil
-}
-
-// String keeps a command's printed form (logs, hooks) from counting as a write.
-func (a *attempt) String() string { return "attempt" }
-
 // errLost is a repeat's answer when its first attempt's outcome cannot be
 // told: it may have counted, and is not counted again.
 var errLost = errors.New("the reply to an earlier attempt was lost and its outcome cannot be told: it may have counted")
@@ -368,6 +392,11 @@ type Store struct {
 	scriptCalls, scriptBytes int
 	// The deadlines of calls sent without one (see send).
 	bounds bounds
+	// A Cluster client (nil for any other), which reads its slot map anew
+	// when asked; reloaded is when it was asked last (Unix ns; see
+	// reloadOnFailure).
+	cluster  stateReloader
+	reloaded atomic.Int64
 }
 
 // Option configures a Store.
@@ -432,6 +461,7 @@ func New(client redis.UniversalClient, opts ...Option) *Store {
 	_, single := client.(*redis.Client) // one server, or Sentinel's master
 	s := &Store{client: client, now: time.Now, scriptCalls: cfg.scriptCalls, scriptBytes: cfg.scriptBytes}
 	s.combine.Store(single && !cfg.scriptPerCall)
+	s.cluster, _ = client.(stateReloader)
 	if cfg.maxBatch > 1 {
 		s.gather = gather.New(s.send, cfg.maxBatch, cfg.maxInFlight)
 		// go-redis ends a call at its context's deadline (with
@@ -510,12 +540,23 @@ func escape(s string) string {
 	return s
 }
 
-// Do implements driver.Store: r joins a pipeline (see the package doc).
+// Do implements driver.Store: r joins a pipeline (see the package doc). A
+// call that a Cluster slot in migration refused, having run nothing, is
+// sent anew after a pause (see movingWait), from its caller's goroutine:
+// the calls that shared its pipeline have their answers meanwhile.
 func (s *Store) Do(ctx context.Context, r *driver.Request) error {
-	if s.gather != nil {
-		return wrap(s.gather.Do(ctx, r))
+	var wait movingWait
+	for {
+		var err error
+		if s.gather != nil {
+			err = wrap(s.gather.Do(ctx, r))
+		} else {
+			err = s.pipeline(ctx, []*driver.Request{r})
+		}
+		if err == nil || !wait.again(ctx, err) {
+			return err
+		}
 	}
-	return s.pipeline(ctx, []*driver.Request{r})
 }
 
 // pipeline sends reqs together in one pipeline of their own, on the
@@ -602,8 +643,9 @@ func (s *Store) run(ctx context.Context, calls []*gather.Call, combine bool) {
 	}
 	if of == nil {
 		cmds = cmds[:0]
-		for _, c := range calls {
-			cmds = append(cmds, command(ctx, &c.Req))
+		followed := s.followed(calls)
+		for i, c := range calls {
+			cmds = append(cmds, command(ctx, &c.Req, s.cluster == nil || (followed != nil && followed[i])))
 		}
 	}
 	s.execLoading(ctx, cmds)
@@ -631,21 +673,76 @@ func (s *Store) run(ctx context.Context, calls []*gather.Call, combine bool) {
 		if done, c.Err = finish(&c.Req, cmds[j], pos, k); !done {
 			alone = append(alone, c)
 		}
+		c.Err = s.moving(cmds[j], c.Err)
 	}
 	if alone == nil {
 		return
 	}
 	// A call that fails alone fails as it did in the combined script, with
-	// its error (see fast.lua).
+	// its error (see fast.lua). Every call goes with its logs, which a call
+	// that asked for them needs, and which cost a call that failed in a
+	// combined script (on one server) nothing.
 	cmds = cmds[:0]
 	for _, c := range alone {
-		cmds = append(cmds, fastCommand(ctx, &c.Req))
+		cmds = append(cmds, command(ctx, &c.Req, true))
 	}
 	s.execLoading(ctx, cmds)
 	for i, c := range alone {
-		_, c.Err = finish(&c.Req, cmds[i], 0, 1) // one call: never left undone
+		c.Err = s.moving(cmds[i], finishAlone(&c.Req, cmds[i]))
 	}
 }
+
+// followed reports, on a Cluster, which of calls a later one of them on
+// the same id follows (nil when none is, and off a Cluster). Such a call
+// names every log (see appendKeys): one given none may have to go again
+// after its pipeline, and so after a later call on its keys, while a
+// pipeline's calls apply in the order they came.
+func (s *Store) followed(calls []*gather.Call) []bool {
+	if s.cluster == nil || len(calls) < 2 {
+		return nil
+	}
+	var out []bool
+	mark := func(i int) {
+		if out == nil {
+			out = make([]bool, len(calls))
+		}
+		out[i] = true
+	}
+	if len(calls) <= 16 {
+		for i, c := range calls {
+			for _, d := range calls[i+1:] {
+				if d.Req.ID == c.Req.ID {
+					mark(i)
+					break
+				}
+			}
+		}
+		return out
+	}
+	last := make(map[string]int, len(calls))
+	for i, c := range calls {
+		last[c.Req.ID] = i
+	}
+	for i, c := range calls {
+		if last[c.Req.ID] > i {
+			mark(i)
+		}
+	}
+	return out
+}
+
+// finishAlone is finish for cmd, r's command of its own, with its logs.
+func finishAlone(r *driver.Request, cmd redis.Cmder) error {
+	done, err := finish(r, cmd, 0, 1)
+	if !done {
+		return errLogAgain
+	}
+	return err
+}
+
+// errLogAgain is the error of a call that asked for its sliding logs when
+// it had them: a script that does not know its keys.
+var errLogAgain = errors.New("the script asked for the sliding logs it was given")
 
 // refused reports whether the server refused cmd, a combined fast.lua
 // script, as a whole with an error of its own: the script then applied
@@ -689,14 +786,14 @@ func combined(ctx context.Context, cmds []redis.Cmder, calls []*gather.Call, max
 	bytes, open := 0, -1 // the script being filled: its bytes, its command
 	flush := func() {
 		if open >= 0 {
-			cmds[open] = fastCommand(ctx, fast...)
+			cmds[open] = fastCommand(ctx, true, fast...) // one server: no slot migrates
 			fast, open = fast[:0], -1
 		}
 	}
 	for i, c := range calls {
 		if !isFast(&c.Req) {
 			of[i] = int32(len(cmds))
-			cmds = append(cmds, command(ctx, &c.Req))
+			cmds = append(cmds, command(ctx, &c.Req, true))
 			size = append(size, 1)
 			continue
 		}
@@ -726,8 +823,10 @@ func fastBytes(r *driver.Request) int {
 
 // execLoading sends cmds in one round trip (see exec) and sends those the
 // server answered NOSCRIPT again, in one more, with EVAL of the script's
-// source; cmds[i] is then that EVAL.
+// source; cmds[i] is then that EVAL. A connection that failed has a
+// Cluster's slot map read anew (see reloadOnFailure).
 func (s *Store) execLoading(ctx context.Context, cmds []redis.Cmder) {
+	defer s.reloadOnFailure(ctx, cmds)
 	s.exec(ctx, cmds)
 	var again []redis.Cmder
 	for i, cmd := range cmds {
@@ -754,26 +853,32 @@ func (s *Store) exec(ctx context.Context, cmds []redis.Cmder) {
 		return
 	}
 	p := s.client.Pipeline()
-	_ = p.BatchProcess(ctx, cmds...)
+	if s.cluster != nil {
+		guarded(ctx, p, cmds)
+	} else {
+		_ = p.BatchProcess(ctx, cmds...)
+	}
 	_, _ = p.Exec(ctx)
 }
 
 // command returns the EVALSHA of r's script: lease.lua for leases (see
 // lease.go), reset.lua for a reset, fast.lua for an Allow of one rule,
-// else apply.lua (see each for its KEYS and ARGV).
-func command(ctx context.Context, r *driver.Request) redis.Cmder {
+// else apply.lua (see each for its KEYS and ARGV). With logs it names every
+// check's sliding log, else only those the call needs (see appendKeys).
+func command(ctx context.Context, r *driver.Request, logs bool) redis.Cmder {
 	if r.OnLeases() {
 		return leaseCommand(ctx, r)
 	}
 	if isFast(r) {
-		return fastCommand(ctx, r)
+		return fastCommand(ctx, logs, r)
 	}
-	return applyCommand(ctx, r)
+	return applyCommand(ctx, r, logs)
 }
 
 // applyCommand returns the EVALSHA of r, not on leases, for reset.lua (a
-// reset) or apply.lua (any other op, whatever its rules).
-func applyCommand(ctx context.Context, r *driver.Request) redis.Cmder {
+// reset) or apply.lua (any other op, whatever its rules); logs as for
+// command.
+func applyCommand(ctx context.Context, r *driver.Request, logs bool) redis.Cmder {
 	reset := r.Op == driver.OpReset
 	nkeys := 2 * len(r.Checks)
 	if reset {
@@ -781,26 +886,28 @@ func applyCommand(ctx context.Context, r *driver.Request) redis.Cmder {
 	}
 	nargs := 5 + 5*len(r.Checks)
 	if reset {
-		nargs = 1
+		nargs = 2
 	}
 	args := make([]any, 3, 3+nkeys+nargs)
 	args[0], args[2] = "evalsha", nkeys
-	args = appendKeys(args, r, reset)
+	args = appendKeys(args, r, reset, logs)
 	var cmd redis.Cmder
 	if reset {
 		args[1] = resetSHA
 		args = withLeaseKeys(args, r)
-		args = append(args, replyMS)
+		at := newAttempt() // which reset.lua does not read (see Store.moving)
+		args = append(args, replyMS, at)
 		c := redis.NewIntCmd(ctx, args...)
 		c.SetFirstKeyPos(3)
-		cmd = c
+		cmd = at.carry(c)
 	} else {
 		args[1] = applySHA
 		tok := noToken
 		if r.Op != driver.OpPeek {
 			tok = token()
 		}
-		args = append(args, opArg[r.Op], r.Now.UnixMicro(), r.N, tok, &attempt{})
+		at := newAttempt()
+		args = append(args, opArg[r.Op], r.Now.UnixMicro(), r.N, tok, at)
 		for i := range r.Checks {
 			c := &r.Checks[i]
 			begin, length, span := shape(c)
@@ -808,7 +915,7 @@ func applyCommand(ctx context.Context, r *driver.Request) redis.Cmder {
 		}
 		c := redis.NewIntSliceCmd(ctx, args...)
 		c.SetFirstKeyPos(3)
-		cmd = c
+		cmd = at.carry(c)
 	}
 	return cmd
 }
@@ -831,14 +938,15 @@ func isFast(r *driver.Request) bool {
 }
 
 // fastCommand is fast.lua's EVALSHA for rs, Allows of one rule, applied in
-// order under one token.
-func fastCommand(ctx context.Context, rs ...*driver.Request) redis.Cmder {
+// order under one token; logs as for command.
+func fastCommand(ctx context.Context, logs bool, rs ...*driver.Request) redis.Cmder {
 	args := make([]any, 3, 3+2*len(rs)+2+7*len(rs))
 	args[0], args[1], args[2] = "evalsha", fastSHA, 2*len(rs)
 	for _, r := range rs {
-		args = appendKeys(args, r, false)
+		args = appendKeys(args, r, false, logs)
 	}
-	args = append(args, token(), &attempt{})
+	at := newAttempt()
+	args = append(args, token(), at)
 	for _, r := range rs {
 		c := &r.Checks[0]
 		begin, length, span := shape(c)
@@ -846,14 +954,21 @@ func fastCommand(ctx context.Context, rs ...*driver.Request) redis.Cmder {
 	}
 	cmd := redis.NewIntSliceCmd(ctx, args...)
 	cmd.SetFirstKeyPos(3)
-	return cmd
+	return at.carry(cmd)
 }
 
 // appendKeys appends r's keys to args: each check's counter and log, then,
 // when reply is set (a Reset), a reply key for the call (see the package
 // doc), in the id's slot. No Key starts with "countlimit:{": a use type is never empty.
 // The keys are cut from one string, one allocation.
-func appendKeys(args []any, r *driver.Request, reply bool) []any {
+//
+// Without logs (on a Cluster, see the package doc) a check's log is named
+// only where the call needs it: for a sliding check, for a Refund and for a
+// Reset, which deletes it; every other check names its counter twice in
+// the log's place, which Redis counts as one key. A script that finds a
+// log there all the same (field s: a sliding rule counted in the hash)
+// asks for it, having written nothing (see finish).
+func appendKeys(args []any, r *driver.Request, reply, logs bool) []any {
 	id := escape(r.ID)
 	var seq [13]byte
 	var tok []byte
@@ -880,10 +995,16 @@ func appendKeys(args []any, r *driver.Request, reply bool) []any {
 	}
 	all := b.String()
 	at := 0
-	for _, ut := range uts {
+	logs = logs || reply || r.Op == driver.OpRefund
+	for i, ut := range uts {
 		logLen := logKeyLen(ut, id)
 		log := all[at : at+logLen]
-		args = append(args, log[:len(log)-len(logSuffix)], log)
+		counter := log[:len(log)-len(logSuffix)]
+		if logs || r.Checks[i].Span > 0 {
+			args = append(args, counter, log)
+		} else {
+			args = append(args, counter, counter)
+		}
 		at += logLen
 	}
 	if reply {
@@ -910,12 +1031,14 @@ func writeReplyKey(b *strings.Builder, id string, tok []byte) {
 func withSource(ctx context.Context, cmd redis.Cmder) redis.Cmder {
 	args := append([]any(nil), cmd.Args()...)
 	args[0] = "eval"
+	var at *attempt
 	for i, a := range args {
-		// An EVALSHA written once, and answered NOSCRIPT, never ran: its
-		// EVAL is a first attempt. One written more often may have run
-		// (a lost reply, then a SCRIPT FLUSH) and stays a repeat.
-		if at, ok := a.(*attempt); ok && at.writes.Load() <= 1 {
-			args[i] = &attempt{}
+		// The EVALSHA answered NOSCRIPT ran nothing: its EVAL is a repeat
+		// only where an earlier send of it may have run (a lost reply,
+		// then a SCRIPT FLUSH).
+		if old, ok := a.(*attempt); ok {
+			at = old.successor()
+			args[i] = at
 		}
 	}
 	var out redis.Cmder
@@ -937,12 +1060,17 @@ func withSource(ctx context.Context, cmd redis.Cmder) redis.Cmder {
 		c.SetFirstKeyPos(3)
 		out = c
 	}
+	if at != nil {
+		at.carry(out)
+	}
 	return out
 }
 
 // finish writes the reply of cmd, of k calls (k > 1: a combined fast.lua
 // script), for its pos-th call, r, into r's check states. It returns false,
-// and sets nothing, for a call that a combined script left undone.
+// and sets nothing, for a call that a combined script left undone or that
+// asks for its sliding logs (see appendKeys): the script wrote nothing for
+// it, and it goes again with its logs.
 func finish(r *driver.Request, cmd redis.Cmder, pos, k int) (done bool, err error) {
 	if err := cmd.Err(); err != nil {
 		return true, err
@@ -957,7 +1085,7 @@ func finish(r *driver.Request, cmd redis.Cmder, pos, k int) (done bool, err erro
 		return true, fmt.Errorf("the script returned %d values for %d calls of %d checks, want %d", len(out), k, len(r.Checks), k*n)
 	}
 	out = out[pos*n : (pos+1)*n]
-	if k > 1 && out[n-1] == -1 {
+	if (k > 1 && out[n-1] == -1) || out[n-1] == needsLogs {
 		return false, nil
 	}
 	if out[n-1] == -2 {
@@ -980,3 +1108,7 @@ func finish(r *driver.Request, cmd redis.Cmder, pos, k int) (done bool, err erro
 
 // none is apply.lua's NONE: no time.
 const none = -1 << 53
+
+// needsLogs is the verdict of a call that was sent without a sliding log
+// its hash has (see appendKeys).
+const needsLogs = -3

@@ -22,6 +22,7 @@ import (
 	"github.com/countlimit/countlimit/countlimit/redisstore"
 	"github.com/countlimit/countlimit/countlimit/storetest"
 	"github.com/countlimit/countlimit/internal/testbackend"
+	"github.com/countlimit/countlimit/internal/testenv"
 	"github.com/countlimit/countlimit/internal/testenv/redisserver"
 )
 
@@ -52,7 +53,7 @@ func startSentinel(t *testing.T) *sentinelSet {
 	}
 	replica := redisserver.Start(t, append(settings, "--replicaof", host, port)...)
 	rc := replica.Client(t)
-	waitFor(t, 30*time.Second, "the replica's first sync", func() bool {
+	testenv.WaitFor(t, 30*time.Second, "the replica's first sync", func() bool {
 		info, err := rc.Info(ctx, "replication").Result()
 		return err == nil && strings.Contains(info, "master_link_status:up")
 	})
@@ -67,7 +68,7 @@ func startSentinel(t *testing.T) *sentinelSet {
 	}, "\n"))
 	sc := redis.NewSentinelClient(&redis.Options{Addr: sentinel.Addr()})
 	t.Cleanup(func() { sc.Close() })
-	waitFor(t, 30*time.Second, "the Sentinel to see the replica in sync", func() bool {
+	testenv.WaitFor(t, 30*time.Second, "the Sentinel to see the replica in sync", func() bool {
 		rs, err := sc.Replicas(ctx, sentinelName).Result()
 		return err == nil && slices.ContainsFunc(rs, func(r map[string]string) bool {
 			return r["name"] == replica.Addr() && r["flags"] == "slave" && r["master-link-status"] == "ok"
@@ -417,11 +418,11 @@ func TestSentinelFailover(t *testing.T) {
 			return true
 		}
 	}
-	waitFor(t, 30*time.Second, "callers to call", callsAtLeast(20, []int64{0, 0}))
+	testenv.WaitFor(t, 30*time.Second, "callers to call", callsAtLeast(20, []int64{0, 0}))
 
 	start := time.Now()
 	var reply string
-	waitFor(t, 30*time.Second, "SENTINEL FAILOVER to be accepted", func() bool {
+	testenv.WaitFor(t, 30*time.Second, "SENTINEL FAILOVER to be accepted", func() bool {
 		var err error
 		reply, err = set.sc.Failover(ctx, sentinelName).Result()
 		if err != nil && strings.HasPrefix(err.Error(), "INPROG") {
@@ -429,7 +430,7 @@ func TestSentinelFailover(t *testing.T) {
 		}
 		return err == nil // NOGOODSLAVE: ask again
 	})
-	waitFor(t, 30*time.Second, "the Sentinel to name the replica master", func() bool {
+	testenv.WaitFor(t, 30*time.Second, "the Sentinel to name the replica master", func() bool {
 		addr, err := set.sc.GetMasterAddrByName(ctx, sentinelName).Result()
 		return err == nil && net.JoinHostPort(addr[0], addr[1]) == set.replica.Addr()
 	})
@@ -439,7 +440,7 @@ func TestSentinelFailover(t *testing.T) {
 	probe := countlimit.Rule{UseType: "failover.probe", Limit: 1, Window: countlimit.Rolling(time.Hour)}
 	for _, s := range sides {
 		k := 0
-		waitFor(t, 30*time.Second, s.name+" to write to the new master", func() bool {
+		testenv.WaitFor(t, 30*time.Second, s.name+" to write to the new master", func() bool {
 			k++
 			p := fmt.Sprintf("%s-%d", s.name, k)
 			if _, err := s.l.Allow(ctx, probe, p); err != nil {
@@ -451,7 +452,7 @@ func TestSentinelFailover(t *testing.T) {
 	}
 	arrived := time.Since(start)
 	// The callers go on, on the new master, for a while.
-	waitFor(t, 30*time.Second, "callers to call after the switch", callsAtLeast(40, []int64{sides[0].calls.Load(), sides[1].calls.Load()}))
+	testenv.WaitFor(t, 30*time.Second, "callers to call after the switch", callsAtLeast(40, []int64{sides[0].calls.Load(), sides[1].calls.Load()}))
 	halt()
 	// The replica ran the scripts' effects, not the scripts: the new
 	// master answers NOSCRIPT until the store sends each one with EVAL.

@@ -362,3 +362,16 @@ func EphemeralLow() int {
 	}
 	return low
 }
+
+// WaitFor calls ok every 50 ms until it reports true, and fails t, naming
+// what it waited for, when limit has passed first.
+func WaitFor(t testing.TB, limit time.Duration, what string, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", limit, what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

@@ -2,8 +2,8 @@ package redisserver
 
 import "syscall"
 
-// procAttr has the kernel kill the server when the test process dies, so
+// ProcAttr has the kernel kill the server when the test process dies, so
 // that a test binary killed by its timeout leaves no server behind.
-func procAttr() *syscall.SysProcAttr {
+func ProcAttr() *syscall.SysProcAttr {
 	return &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 }

@@ -4,6 +4,6 @@ package redisserver
 
 import "syscall"
 
-// procAttr is nil where the kernel has no parent-death signal: a server
+// ProcAttr is nil where the kernel has no parent-death signal: a server
 // outlives a test binary killed by its timeout.
-func procAttr() *syscall.SysProcAttr { return nil }
+func ProcAttr() *syscall.SysProcAttr { return nil }

@@ -119,7 +119,7 @@ func (s *Server) Run(t testing.TB) {
 	}
 	cmd := exec.Command(s.bin, args...)
 	cmd.Stdout, cmd.Stderr = s.log, s.log
-	cmd.SysProcAttr = procAttr()
+	cmd.SysProcAttr = ProcAttr()
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start redis-server: %v", err)
 	}
