@@ -144,6 +144,13 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			OnChange: breakerLog(log),
 		}))
 	}
+	// A schema behind this release's migrations does not stop the service
+	// either: it holds checks back, and serves once it is migrated.
+	var schema func(context.Context) error
+	if st.behind != nil {
+		schema = st.schemaReady
+		log.Warn("the store's schema is behind this release: checks answer 503 until it is migrated", "err", st.behind)
+	}
 	metrics, observe := server.NewMetrics()
 	opts = append(opts, observe)
 	var purges *server.Purges
@@ -161,6 +168,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		Token:       token,
 		OmitMetrics: metricsLn != nil,
 		StartErr:    storeDown,
+		Schema:      schema,
 		Conns:       conns,
 		Purges:      purges,
 	})
@@ -201,6 +209,9 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	if storeDown != nil {
 		fmt.Fprintln(stdout, "countlimit: the store does not answer yet; serving anyway, unhealthy until it does")
+	}
+	if st.behind != nil {
+		fmt.Fprintf(stdout, "countlimit: %v; serving anyway, unhealthy until it is migrated\n", st.behind)
 	}
 	if token == "" && !isLoopback(*addr) {
 		log.Warn("serving beyond loopback with no token (--insecure): whoever reaches the address can reset and refund any id", "addr", ln.Addr().String())

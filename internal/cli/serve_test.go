@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/countlimit/countlimit/internal/cli"
+	"github.com/countlimit/countlimit/internal/testbackend"
 )
 
 // watched is a syncBuffer that closes ready once serve says it serves.
@@ -412,5 +413,70 @@ func TestServeSilentConnsYield(t *testing.T) {
 	letGo() // a handler reading a body would hold the shutdown
 	if code := s.stop(); code != cli.ExitOK {
 		t.Errorf("exit %d", code)
+	}
+}
+
+// TestServeSchemaBehind: serve on a PostgreSQL schema that lacks
+// migrations (none applied, or the latest rolled back) starts; /healthz
+// and checks answer 503 saying which migrations are missing and what to
+// run, without calling the store; once "countlimit migrate up" has run,
+// /healthz turns 200 and checks are served.
+func TestServeSchemaBehind(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name    string
+		down    int    // migrations rolled back after all were applied; -1: none applied
+		missing string // a migration /healthz must name
+	}{
+		{"none applied", -1, "00001_countlimit.sql"},
+		{"latest rolled back", 1, "00004_purge_sweep.sql"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			url := testbackend.FreshSchemaURL(t)
+			if tc.down >= 0 {
+				if code, _, stderr := run(t, "migrate", "up", "--store", url); code != cli.ExitOK {
+					t.Fatal(stderr)
+				}
+				for range tc.down {
+					if code, _, stderr := run(t, "migrate", "down", "--store", url); code != cli.ExitOK {
+						t.Fatal(stderr)
+					}
+				}
+			}
+			s := launch(t, "--store", url)
+			if out := s.stdout.String(); !strings.Contains(out, tc.missing) {
+				t.Errorf("stdout does not name the missing migration %s: %s", tc.missing, out)
+			}
+			allow := `{"rule": "sms.code", "id": "behind"}`
+			for i := range 2 {
+				code, out, _ := request(t, "GET", s.base+"/healthz", "", "")
+				reason, _ := out["reason"].(string)
+				if code != 503 || out["error"] != "store schema not ready" || !strings.Contains(reason, tc.missing) || !strings.Contains(reason, `"countlimit migrate up"`) {
+					t.Errorf("step %d: healthz: %d %v, want 503 naming %s and \"countlimit migrate up\"", i, code, out, tc.missing)
+				}
+				code, out, _ = request(t, "POST", s.base+"/v1/allow", allow, "")
+				msg, _ := out["error"].(string)
+				if code != 503 || !strings.Contains(msg, tc.missing) || !strings.Contains(msg, `"countlimit migrate up"`) {
+					t.Errorf("step %d: allow: %d %v, want 503 naming %s and \"countlimit migrate up\"", i, code, out, tc.missing)
+				}
+			}
+
+			if code, _, stderr := run(t, "migrate", "up", "--store", url); code != cli.ExitOK {
+				t.Fatal(stderr)
+			}
+			if code, out, _ := request(t, "GET", s.base+"/healthz", "", ""); code != 200 {
+				t.Errorf("healthz once migrated: %d %v, want 200", code, out)
+			}
+			if code, out, _ := request(t, "POST", s.base+"/v1/allow", allow, ""); code != 200 || out["allowed"] != true {
+				t.Errorf("allow once migrated: %d %v, want 200 allowed", code, out)
+			}
+			if code := s.stop(); code != cli.ExitOK {
+				t.Errorf("exit %d", code)
+			}
+			if logs := s.stderr.String(); !strings.Contains(logs, "the store's schema is ready: serving checks") {
+				t.Errorf("the log does not say the schema turned ready:\n%s", logs)
+			}
+		})
 	}
 }

@@ -22,17 +22,33 @@ import (
 // for idle keep-alive connections is the server's IdleTimeout.
 //
 // The cap yields to new clients. At the cap, a new connection is let in by
-// closing the open connection that has gone longest without a request in
-// progress, that is without a handler at work on a whole request. That is
-// a connection idle between requests (http.StateIdle), or one whose
-// request is incomplete: new and silent, sending its request line or
-// headers (however slowly), or sending a body its handler waits for (see
-// below). Each such connection queues from the instant it began to wait:
-// when it was accepted, turned idle, or its handler began to read its
-// body. Whatever the server has not begun to act on is lost with it, and
-// nothing else: an idle client reconnects when it needs to, and a request
-// closed before it was whole was never answered or counted, so it may be
-// sent again.
+// closing an open connection without a request in progress, that is
+// without a handler at work on a whole request: the one idle longest
+// between requests (http.StateIdle), else the one longest with its request
+// incomplete: new and silent, sending its request line or headers (however
+// slowly), or sending a body its handler waits for (see below). Each such
+// connection queues from the instant it began to wait: when it was
+// accepted, turned idle, or its handler began to read its body. Whatever
+// the server has not begun to act on is lost with it, and nothing else: an
+// idle client reconnects when it needs to, and a request closed before it
+// was whole was never answered or counted, so it may be sent again. Idle
+// connections go first because they lose nothing but the connection, where
+// an incomplete one may be a client about to send the rest, or all, of a
+// request: under a flood of idle connections that reconnect as fast as
+// they are closed, the line turns over in a fraction of a second, less
+// than a loaded client may take from connecting to sending.
+//
+// A connection gives way only while its server waits on its client. One
+// whose client has sent bytes that the server has not read yet (they wait
+// in the socket), or has read and not yet acted on, waits on the server,
+// which is late: it is passed over, and goes to the back of its line as if
+// it began to wait then. The line can turn over faster than a loaded
+// server gets from accepting a connection to starting its handler; a new
+// client's whole request would otherwise be closed with its connection
+// before the server read it, to make room for a newcomer that may be a
+// flood's own. When every connection an admission looks at (at most
+// maxPassOver) waits on the server, the first of them gives way all the
+// same: a newcomer is refused only when every connection is at work.
 //
 // A handler at work keeps its connection: from the moment the server has
 // read a request's headers and called its handler, until the response is
@@ -71,10 +87,10 @@ type ConnLimit struct {
 
 	mu   sync.Mutex
 	open int // admitted and not closed: each holds a file
-	// The connections without a request in progress, the longest waiting
-	// first: what may be closed for a new connection.
-	waiting list.List // of *limitedConn
-	idle    int       // how many in waiting are idle between requests
+	// The connections without a request in progress, what may be closed
+	// for a new connection: those idle between requests and those whose
+	// request is incomplete, each line the longest waiting first.
+	idle, incomplete list.List // of *limitedConn
 	// What was logged since open connections were last well below the cap.
 	warnedYield, warnedRefused, warnedFiles bool
 
@@ -117,7 +133,7 @@ func (l *ConnLimit) Stats() ConnStats {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return ConnStats{
-		Open: l.open, Idle: l.idle, Incomplete: l.waiting.Len() - l.idle,
+		Open: l.open, Idle: l.idle.Len(), Incomplete: l.incomplete.Len(),
 		IdleClosed: l.idleClosed.Load(), IncompleteClosed: l.incompleteClosed.Load(), Refused: l.refused.Load(),
 	}
 }
@@ -192,42 +208,43 @@ func (l *ConnLimit) connState(nc net.Conn, state http.ConnState) {
 	case http.StateIdle:
 		l.wait(c, true)
 	case http.StateActive:
-		// Bytes of the next request came. Not at work until its handler
-		// starts: it keeps its place, no longer idle.
+		// The next request's headers came. Not at work until its handler
+		// starts, a moment later: no longer idle.
 		if c.elem != nil && c.idle {
-			c.idle = false
-			l.idle--
+			l.wait(c, false)
 		}
 	case http.StateHijacked:
 		l.unwait(c)
 	}
 }
 
-// wait queues c, last, as holding its slot without a request in
-// progress: idle between requests, or else with an incomplete request.
+// wait queues c, last in its line, as holding its slot without a request
+// in progress: idle between requests, or else with an incomplete request.
 // l.mu must be held.
 func (l *ConnLimit) wait(c *limitedConn, idle bool) {
 	if c.gone {
 		return
 	}
 	l.unwait(c)
-	c.elem = l.waiting.PushBack(c)
 	c.idle = idle
-	if idle {
-		l.idle++
-	}
+	c.elem = l.line(c).PushBack(c)
 }
 
-// unwait takes c out of the queue, if it is there. l.mu must be held.
+// unwait takes c out of its line, if it is in one. l.mu must be held.
 func (l *ConnLimit) unwait(c *limitedConn) {
 	if c.elem == nil {
 		return
 	}
-	l.waiting.Remove(c.elem)
+	l.line(c).Remove(c.elem)
 	c.elem = nil
+}
+
+// line returns the line c waits in, or would. l.mu must be held.
+func (l *ConnLimit) line(c *limitedConn) *list.List {
 	if c.idle {
-		l.idle--
+		return &l.idle
 	}
+	return &l.incomplete
 }
 
 // work marks c at work on a request, never to be closed for another until
@@ -271,9 +288,9 @@ type limitedListener struct {
 
 // Accept returns the next connection admitted. A listener out of files
 // while below the cap (the files went to something else: the store's
-// connections, a log) closes the connection longest without a request in
-// progress and accepts again, rather than leave the server to back off and
-// retry while the connection waits in the listen queue.
+// connections, a log) closes a connection without a request in progress
+// (see pick) and accepts again, rather than leave the server to back off
+// and retry while the connection waits in the listen queue.
 func (ln *limitedListener) Accept() (net.Conn, error) {
 	for {
 		nc, err := ln.Listener.Accept()
@@ -293,9 +310,9 @@ func outOfFiles(err error) bool {
 	return errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE)
 }
 
-// admit counts nc in, closing the connection longest without a request in
-// progress when at the cap to make room; with every connection at work it
-// refuses nc and returns nil.
+// admit counts nc in, closing a connection without a request in progress
+// (see pick) when at the cap to make room; with every connection at work
+// it refuses nc and returns nil.
 func (l *ConnLimit) admit(nc net.Conn) *limitedConn {
 	l.mu.Lock()
 	var victim *limitedConn
@@ -321,23 +338,25 @@ func (l *ConnLimit) admit(nc net.Conn) *limitedConn {
 	l.mu.Unlock()
 	if victim != nil {
 		if warn {
-			l.log.Warn("open connections at the cap: closing the connection longest without a request in progress (idle, or its request incomplete) for each new one", "max_conns", l.max)
+			l.log.Warn("open connections at the cap: closing the connection longest without a request in progress (idle ones first, then ones whose request is incomplete) for each new one", "max_conns", l.max)
 		}
 		_ = victim.Close()
 	}
 	return c
 }
 
-// takeWaiting takes the connection longest without a request in progress
-// out of the queue and out of the count (its slot is the caller's), and
-// returns it for the caller to close; nil when every connection is at
-// work. l.mu must be held.
+// maxPassOver bounds the connections one admission looks at for one whose
+// server waits on its client: each look is a system call under l.mu.
+const maxPassOver = 64
+
+// takeWaiting takes the connection pick picks out of its line and out of
+// the count (its slot is the caller's), and returns it for the caller to
+// close; nil when every connection is at work. l.mu must be held.
 func (l *ConnLimit) takeWaiting() *limitedConn {
-	e := l.waiting.Front()
-	if e == nil {
+	c := l.pick()
+	if c == nil {
 		return nil
 	}
-	c := e.Value.(*limitedConn)
 	if c.idle {
 		l.idleClosed.Add(1)
 	} else {
@@ -348,8 +367,34 @@ func (l *ConnLimit) takeWaiting() *limitedConn {
 	return c
 }
 
-// closeWaiting closes the connection longest without a request in
-// progress to free its file, and reports whether there was one.
+// pick returns the connection idle longest, else the one longest with its
+// request incomplete, whose server waits on its client; it passes over
+// (to the back of their lines) those whose clients have sent what the
+// server has yet to read or act on, and when the first maxPassOver all
+// have, it returns the first of them. Nil when no connection waits. l.mu
+// must be held.
+func (l *ConnLimit) pick() *limitedConn {
+	var first *limitedConn
+	looked := 0
+	for _, line := range [...]*list.List{&l.idle, &l.incomplete} {
+		for n := line.Len(); n > 0 && looked < maxPassOver; n-- {
+			e := line.Front()
+			c := e.Value.(*limitedConn)
+			if !c.owed.Load() && !unread(c.Conn) {
+				return c
+			}
+			if first == nil {
+				first = c
+			}
+			looked++
+			line.MoveToBack(e)
+		}
+	}
+	return first
+}
+
+// closeWaiting closes a connection without a request in progress (see
+// pick) to free its file, and reports whether there was one.
 func (l *ConnLimit) closeWaiting() bool {
 	l.mu.Lock()
 	victim := l.takeWaiting()
@@ -407,12 +452,26 @@ type limitedConn struct {
 	net.Conn
 	l      *ConnLimit
 	closed atomic.Bool
-	// Guarded by l.mu: its place in l.waiting while it has no request in
-	// progress, whether it is idle there, and whether it no longer counts
+	// Guarded by l.mu: its place in a line while it has no request in
+	// progress, whether that is l.idle, and whether it no longer counts
 	// in l.open (closed, or its slot given to a new connection).
 	elem *list.Element
 	idle bool
 	gone bool
+	// owed is set while the server holds bytes from the client that it
+	// has not acted on: from a Read that returned some until the server
+	// reads again, having taken in what it had and waiting for more.
+	owed atomic.Bool
+}
+
+// Read tells the server's reads apart for pick: see owed.
+func (c *limitedConn) Read(p []byte) (int, error) {
+	c.owed.Store(false)
+	n, err := c.Conn.Read(p)
+	if n > 0 {
+		c.owed.Store(true)
+	}
+	return n, err
 }
 
 func (c *limitedConn) Close() error {

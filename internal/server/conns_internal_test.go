@@ -96,3 +96,54 @@ func (r *onRead) Read(p []byte) (int, error) {
 	}
 	return r.Reader.Read(p)
 }
+
+// TestYieldPassesOverWhatTheServerOwes: a newcomer takes the slot of the
+// connection longest waiting on its client, passing over (to the back of
+// the line) those whose client's bytes the server has yet to act on; when
+// every one it looks at is owed, or the first maxPassOver are, the longest
+// waiting of them gives way, rather than the newcomer being refused.
+func TestYieldPassesOverWhatTheServerOwes(t *testing.T) {
+	t.Parallel()
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	queued := func(l *ConnLimit, n int, owed bool) []*limitedConn {
+		cs := make([]*limitedConn, n)
+		for i := range cs {
+			cs[i] = l.admit(pipeConn(t))
+			cs[i].owed.Store(owed)
+			l.mu.Lock()
+			l.wait(cs[i], false)
+			l.mu.Unlock()
+		}
+		return cs
+	}
+
+	l := NewConnLimit(4, quiet)
+	owed := queued(l, 2, true)
+	free := queued(l, 2, false)
+	if v := yield(l); v != free[0] {
+		t.Fatalf("a newcomer took %v, want the first connection the server owes nothing", v)
+	}
+	// The line is now free[1], then the owed two.
+	free[1].owed.Store(true)
+	if v := yield(l); v != free[1] {
+		t.Errorf("with every connection owed, a newcomer took %v, want the longest waiting", v)
+	}
+	owed[1].owed.Store(false)
+	if v := yield(l); v != owed[1] {
+		t.Errorf("a newcomer took %v, want the one connection the server no longer owes", v)
+	}
+
+	l = NewConnLimit(maxPassOver+2, quiet)
+	owed = queued(l, maxPassOver+1, true)
+	free = queued(l, 1, false)
+	if v := yield(l); v != owed[0] {
+		t.Errorf("with the first %d connections owed, a newcomer took %v, want the longest waiting", maxPassOver, v)
+	}
+	// Those looked at went to the back: the next newcomer looks further.
+	if v := yield(l); v != free[0] {
+		t.Errorf("the next newcomer took %v, want the connection past the ones looked at", v)
+	}
+	if st := l.Stats(); st.IncompleteClosed != 2 || st.Incomplete != maxPassOver {
+		t.Errorf("stats %+v, want 2 incomplete closed, %d incomplete left", st, maxPassOver)
+	}
+}

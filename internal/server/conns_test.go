@@ -31,6 +31,13 @@ const guard = 30 * time.Second
 // after cl has seen it.
 func capped(t *testing.T, cl *server.ConnLimit, h http.Handler, wrap func(net.Listener) net.Listener) (string, <-chan net.Conn) {
 	t.Helper()
+	return cappedHook(t, cl, h, wrap, nil)
+}
+
+// cappedHook is capped whose server also calls hook, when not nil, on each
+// change of a connection's state, after cl has seen it.
+func cappedHook(t *testing.T, cl *server.ConnLimit, h http.Handler, wrap func(net.Listener) net.Listener, hook func(net.Conn, http.ConnState)) (string, <-chan net.Conn) {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -43,6 +50,9 @@ func capped(t *testing.T, cl *server.ConnLimit, h http.Handler, wrap func(net.Li
 		Handler:           h,
 		ReadHeaderTimeout: guard,
 		ConnState: func(c net.Conn, s http.ConnState) {
+			if hook != nil {
+				hook(c, s)
+			}
 			if s == http.StateIdle {
 				idle <- c
 			}
@@ -154,6 +164,39 @@ func TestConnLimitClosesLongestIdle(t *testing.T) {
 		if !strings.Contains(body, want) {
 			t.Errorf("/metrics lacks %q", want)
 		}
+	}
+}
+
+// TestConnLimitClosesIdleFirst: at the cap, newcomers take the slots of
+// idle connections before that of a connection whose client has not sent
+// its request yet, however long it has waited: an idle one loses nothing
+// but the connection, where the other may be a client about to send. A
+// flood of idle connections that reconnect as fast as they are closed
+// otherwise turns the line over faster than a loaded client sends its
+// request once connected.
+func TestConnLimitClosesIdleFirst(t *testing.T) {
+	t.Parallel()
+	const max = 4
+	cl := server.NewConnLimit(max, quiet)
+	addr, idle := capped(t, cl, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, "ok")
+	}), nil)
+	slow := dial(t, addr)
+	for range max - 1 {
+		idleAfter(t, addr, idle)
+	}
+	// Newcomers, each idle once answered, twice the cap of them.
+	for i := range 2 * max {
+		if code, _, err := get(dial(t, addr), "/healthz"); code != 200 {
+			t.Fatalf("newcomer %d: %d %v", i, code, err)
+		}
+		waitIdle(t, idle)
+	}
+	if code, body, err := get(slow, "/healthz"); code != 200 || body != "ok" {
+		t.Errorf("the client that connected first and sent its request after %d newcomers: %d %q %v; want it answered", 2*max, code, body, err)
+	}
+	if st := cl.Stats(); st.IdleClosed != 2*max || st.IncompleteClosed != 0 || st.Refused != 0 {
+		t.Errorf("stats %+v, want %d idle closed, none incomplete, none refused", st, 2*max)
 	}
 }
 
@@ -410,15 +453,17 @@ func TestConnLimitYieldsToNewClients(t *testing.T) {
 	if code, body, err := readResponse(allow); code != 200 || !strings.Contains(body, `"allowed":true`) {
 		t.Errorf("the allow waiting on its store: %d %q %v; want its answer", code, body, err)
 	}
-	// Oldest first: every trickler and silent connection made room, and the
-	// first client's idle connection for the third.
-	if st := cl.Stats(); st.Refused != 0 || st.Open != max || st.IncompleteClosed != 3*each || st.IdleClosed != 1 {
-		t.Errorf("stats %+v, want none refused, %d open, %d incomplete and 1 idle closed", st, max, 3*each)
+	// Idle first: the first client's connection, idle once answered, made
+	// room for the second, and the second's for the third. The tricklers
+	// and silent connections made the rest, oldest first: all but the
+	// newest, a header trickler, which an idle connection spared.
+	if st := cl.Stats(); st.Refused != 0 || st.Open != max || st.IncompleteClosed != 3*each-1 || st.IdleClosed != 2 {
+		t.Errorf("stats %+v, want none refused, %d open, %d incomplete and 2 idle closed", st, max, 3*each-1)
 	}
 	if t.Failed() {
 		return
 	}
-	for range 2 * each {
+	for range 2*each - 1 {
 		select {
 		case cut := <-cuts:
 			if !cut {

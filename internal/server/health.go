@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/countlimit/countlimit/countlimit"
 )
 
 // DefaultHealthTimeout is Config.HealthTimeout's default: under the 1 s a
@@ -215,6 +217,15 @@ func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 			resp.Since = &since
 		}
 		writeJSON(w, http.StatusServiceUnavailable, resp)
+	}
+	if s.gate != nil {
+		// A store that cannot say is left to the ping.
+		if err := s.gate.state(r.Context(), 0); err != nil && !errors.Is(err, countlimit.ErrUnavailable) {
+			if r.Context().Err() == nil {
+				writeJSON(w, http.StatusServiceUnavailable, healthResponse{Status: "unavailable", Error: "store schema not ready", Reason: err.Error()})
+			}
+			return
+		}
 	}
 	if s.pinger != nil {
 		var err error

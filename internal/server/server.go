@@ -66,6 +66,18 @@ type Config struct {
 	// returns under "warnings" and stays 200; the texts, like Settings',
 	// must name no address or user.
 	Warnings func(context.Context) []string
+	// Schema, when set, says whether the store's schema is ready for this
+	// release: nil once it is; an error wrapping countlimit.ErrUnavailable
+	// when the store failed to say; any other error when the store
+	// answered that it is not (a PostgreSQL database behind the release's
+	// migrations), its text saying what to run and naming no address or
+	// user. Until it returns nil, checks answer 503 with that text (or
+	// "store unavailable") without calling the store, whose schema may not
+	// decide as this release does, and /healthz answers 503 with it as the
+	// reason. The server asks it at each /healthz, and for checks at most
+	// once a second, within HealthTimeout; once it returns nil, never
+	// again. Nil: the schema is ready.
+	Schema func(context.Context) error
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 	// StoreTimeout bounds each request's calls to the store (default
@@ -152,7 +164,8 @@ type Server struct {
 	mux     *http.ServeMux
 	token   *[sha256.Size]byte // nil: no authentication
 	state   *storeState
-	pinger  *pinger // nil: no Ping
+	pinger  *pinger     // nil: no Ping
+	gate    *schemaGate // nil: no Schema
 	reg     *prometheus.Registry
 	lim     *promlimit.Metrics // the Limiter's metrics, and the decisions
 	latency *prometheus.HistogramVec
@@ -180,6 +193,9 @@ func New(cfg Config) *Server {
 	}
 	if cfg.Ping != nil || cfg.Settings != nil || cfg.Warnings != nil {
 		s.pinger = &pinger{ping: cfg.Ping, settings: cfg.Settings, warnings: cfg.Warnings, timeout: s.cfg.HealthTimeout}
+	}
+	if cfg.Schema != nil {
+		s.gate = &schemaGate{ask: cfg.Schema, timeout: s.cfg.HealthTimeout, log: s.log}
 	}
 	s.lim = cfg.Metrics
 	if s.lim == nil {
@@ -314,7 +330,7 @@ type apiError struct {
 func (s *Server) check(o driver.Op) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		req, rules, ok := s.decode(w, r, o)
-		if !ok {
+		if !ok || !s.schemaReady(w, r) {
 			return
 		}
 		ctx, cancel := context.WithTimeout(r.Context(), s.cfg.StoreTimeout)
@@ -344,7 +360,7 @@ func (s *Server) check(o driver.Op) http.HandlerFunc {
 // allow's, with the lease string when allowed.
 func (s *Server) acquire(w http.ResponseWriter, r *http.Request) {
 	req, rules, ok := s.decode(w, r, driver.OpAcquire)
-	if !ok {
+	if !ok || !s.schemaReady(w, r) {
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.StoreTimeout)
@@ -386,6 +402,9 @@ func (s *Server) lease(o driver.Op) http.HandlerFunc {
 				field = fe.Field
 			}
 			writeJSON(w, http.StatusBadRequest, apiError{Error: err.Error(), Field: field})
+			return
+		}
+		if !s.schemaReady(w, r) {
 			return
 		}
 		ctx, cancel := context.WithTimeout(r.Context(), s.cfg.StoreTimeout)
