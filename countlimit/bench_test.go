@@ -2,6 +2,8 @@ package countlimit_test
 
 import (
 	"context"
+	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -32,5 +34,42 @@ func BenchmarkLimiterOverhead(b *testing.B) {
 		if _, err := l.Allow(ctx, rule, "user-1"); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// BenchmarkWaitWithRoom is Wait where Allow would be allowed, against
+// Allow, on a store that does nothing: what taking a turn in the line for
+// the rule and id costs when nobody waits, serially and from every CPU on
+// ids of their own.
+func BenchmarkWaitWithRoom(b *testing.B) {
+	l := countlimit.New(nopStore{})
+	rule := countlimit.Rule{UseType: "api", Limit: countlimit.MaxLimit, Window: countlimit.Fixed(time.Hour)}
+	for _, side := range []struct {
+		name string
+		call func(context.Context, countlimit.Rule, string) (countlimit.Result, error)
+	}{{"allow", l.Allow}, {"wait", l.Wait}} {
+		b.Run(side.name, func(b *testing.B) {
+			ctx := context.Background()
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := side.call(ctx, rule, "user-1"); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run(side.name+"/parallel", func(b *testing.B) {
+			var next atomic.Int64
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				ctx := context.Background()
+				id := "user-" + strconv.FormatInt(next.Add(1), 10)
+				for pb.Next() {
+					if _, err := side.call(ctx, rule, id); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+		})
 	}
 }

@@ -51,11 +51,18 @@ type Lease struct {
 // slot frees itself after ttl, so keep ttl no longer than the work needs.
 func (l *Limiter) Acquire(ctx context.Context, r Rule, id string) (Lease, Result, error) {
 	var res Result
+	ls, err := l.acquire(ctx, &res, r, id, true)
+	return ls, res, err
+}
+
+// acquire is Acquire, which tells the observer its decision when tell is
+// set.
+func (l *Limiter) acquire(ctx context.Context, res *Result, r Rule, id string, tell bool) (Lease, error) {
 	token := newToken()
-	if err := l.one(ctx, &res, driver.OpAcquire, r, id, 1, token); err != nil || !res.Allowed {
-		return Lease{}, res, err
+	if err := l.one(ctx, res, driver.OpAcquire, r, id, 1, token, tell); err != nil || !res.Allowed {
+		return Lease{}, err
 	}
-	return Lease{l: l, useType: r.UseType, id: id, token: token, ttl: truncMicro(r.Window.d)}, res, nil
+	return Lease{l: l, useType: r.UseType, id: id, token: token, ttl: truncMicro(r.Window.d)}, nil
 }
 
 // Release gives the slot back. It is idempotent: releasing a lease that was

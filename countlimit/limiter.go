@@ -4,14 +4,16 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/countlimit/countlimit/countlimit/driver"
 )
 
 // Limiter checks rules against a Store. It is safe for concurrent use; its
-// state is the store, the clock and what its failure options count. Make
-// one with New: the zero Limiter has no store, and its methods panic.
+// state is the store, the clock, what its failure options count and the
+// lines its Wait calls stand in. Make one with New: the zero Limiter has
+// no store, and its methods panic.
 type Limiter struct {
 	store driver.Store
 	// now reads the clock at the stores' precision: to the microsecond,
@@ -23,8 +25,13 @@ type Limiter struct {
 	sclock  *storeClock // nil without WithStoreClock
 	// leaseKey signs lease strings; nil without WithLeaseKey.
 	leaseKey []byte
-	// sleep is how Wait sleeps: sleepCtx, or a test's.
-	sleep func(context.Context, time.Duration) error
+	// sleep is how Wait sleeps: sleepCtx, or a test's; jitter draws the
+	// time it sleeps past a RetryAfter, below its argument: randJitter, or
+	// a test's.
+	sleep  func(context.Context, time.Duration) error
+	jitter func(time.Duration) time.Duration
+	// waits are the queues of Wait's waiters, made by the first Wait.
+	waits atomic.Pointer[waitQueues]
 }
 
 // Option configures a Limiter.
@@ -52,7 +59,7 @@ func New(s driver.Store, opts ...Option) *Limiter {
 	if s == nil {
 		panic("countlimit: New called with a nil Store")
 	}
-	l := &Limiter{store: s, now: wallClock, sleep: sleepCtx}
+	l := &Limiter{store: s, now: wallClock, sleep: sleepCtx, jitter: randJitter}
 	for _, o := range opts {
 		o(l)
 	}
@@ -92,7 +99,7 @@ func (c *call) set(op driver.Op, id string, now time.Time, n int64) *driver.Chec
 // counts it if so. It is AllowN(ctx, r, id, 1).
 func (l *Limiter) Allow(ctx context.Context, r Rule, id string) (Result, error) {
 	var res Result
-	err := l.one(ctx, &res, driver.OpAllow, r, id, 1, "")
+	err := l.one(ctx, &res, driver.OpAllow, r, id, 1, "", true)
 	return res, err
 }
 
@@ -101,14 +108,14 @@ func (l *Limiter) Allow(ctx context.Context, r Rule, id string) (Result, error) 
 // RetryAfter -1; n < 1 is ErrInvalid.
 func (l *Limiter) AllowN(ctx context.Context, r Rule, id string, n int64) (Result, error) {
 	var res Result
-	err := l.one(ctx, &res, driver.OpAllow, r, id, n, "")
+	err := l.one(ctx, &res, driver.OpAllow, r, id, n, "", true)
 	return res, err
 }
 
 // Peek reports what Allow would answer now, counting nothing.
 func (l *Limiter) Peek(ctx context.Context, r Rule, id string) (Result, error) {
 	var res Result
-	err := l.one(ctx, &res, driver.OpPeek, r, id, 1, "")
+	err := l.one(ctx, &res, driver.OpPeek, r, id, 1, "", true)
 	return res, err
 }
 
@@ -117,7 +124,7 @@ func (l *Limiter) Peek(ctx context.Context, r Rule, id string) (Result, error) {
 // leaves a penalty in place.
 func (l *Limiter) Refund(ctx context.Context, r Rule, id string, n int64) (Result, error) {
 	var res Result
-	err := l.one(ctx, &res, driver.OpRefund, r, id, n, "")
+	err := l.one(ctx, &res, driver.OpRefund, r, id, n, "", true)
 	return res, err
 }
 
@@ -150,18 +157,14 @@ func (l *Limiter) keyOp(ctx context.Context, op driver.Op, ut UseType, id, token
 	return ch.State.Allowed, nil
 }
 
-// one carries out a single-rule call and fills res. res is the caller's
-// (Allow's, inlined into its caller): a Result returned by value was copied
-// out right after it was written, which stalled the copy.
-func (l *Limiter) one(ctx context.Context, res *Result, op driver.Op, r Rule, id string, n int64, lease string) error {
-	if err := validate(&r, id, n); err != nil {
+// one carries out a single-rule call and fills res, and tells the
+// observer its decision when tell is set (Wait tells one decision for its
+// tries). res is the caller's (Allow's, inlined into its caller): a Result
+// returned by value was copied out right after it was written, which
+// stalled the copy.
+func (l *Limiter) one(ctx context.Context, res *Result, op driver.Op, r Rule, id string, n int64, lease string, tell bool) error {
+	if err := checkOne(op, &r, id, n); err != nil {
 		return wrap(op, r.UseType, err)
-	}
-	switch concurrent := r.Window.kind == kindConcurrent; {
-	case op == driver.OpAcquire && !concurrent:
-		return wrap(op, r.UseType, invalidf("Rule.Window", "Acquire takes slots of a Concurrent window, got %s", r.Window))
-	case concurrent && op != driver.OpAcquire && op != driver.OpPeek:
-		return wrap(op, r.UseType, errCountsSlots("Rule.Window"))
 	}
 	now, err := l.clockFor(ctx)
 	if err != nil {
@@ -183,8 +186,23 @@ func (l *Limiter) one(ctx context.Context, res *Result, op driver.Op, r Rule, id
 		retry, _ = need(ch, now, n)
 	}
 	setResult(res, ch, now, retry)
-	if l.obs != nil {
+	if l.obs != nil && tell {
 		l.decided(op, ch, n)
+	}
+	return nil
+}
+
+// checkOne reports why a single-rule call of op cannot be made: bad input,
+// or an operation the rule's window does not take. It validates r in place.
+func checkOne(op driver.Op, r *Rule, id string, n int64) error {
+	if err := validate(r, id, n); err != nil {
+		return err
+	}
+	switch concurrent := r.Window.kind == kindConcurrent; {
+	case op == driver.OpAcquire && !concurrent:
+		return invalidf("Rule.Window", "Acquire takes slots of a Concurrent window, got %s", r.Window)
+	case concurrent && op != driver.OpAcquire && op != driver.OpPeek:
+		return errCountsSlots("Rule.Window")
 	}
 	return nil
 }

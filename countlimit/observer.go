@@ -23,8 +23,9 @@ import (
 // written.
 type Observer struct {
 	// Decided is called once for each rule a call decided: once for
-	// Allow, AllowN, CheckLimit and Acquire, once per rule for AllowAll
-	// (each with the call's verdict). Peek, Refund, Reset and a Lease's
+	// Allow, AllowN, CheckLimit and Acquire, once for each Wait, WaitN and
+	// WaitAcquire however many times it asked (see [Decision].Waited),
+	// once per rule for AllowAll (each with the call's verdict). Peek, Refund, Reset and a Lease's
 	// Release and Extend decide nothing, and a call that failed (bad
 	// input, the store unavailable) decided nothing either. A decision the
 	// fallback store made is told like any other.
@@ -46,13 +47,20 @@ type Observer struct {
 
 // Decision is what [Observer.Decided] is told.
 type Decision struct {
-	// Op is driver.OpAllow (Allow, AllowN, AllowAll, CheckLimit) or
-	// driver.OpAcquire.
+	// Op is driver.OpAllow (Allow, AllowN, AllowAll, CheckLimit, Wait,
+	// WaitN) or driver.OpAcquire (Acquire, WaitAcquire).
 	Op      driver.Op
 	UseType UseType
-	// N is the event's weight (AllowN's n); 1 for the other calls.
+	// N is the event's weight (AllowN's and WaitN's n); 1 for the other
+	// calls.
 	N       int64
 	Allowed bool
+	// Waited reports that the decision ends a Wait, WaitN or WaitAcquire
+	// that slept, or waited in line behind another, before it: allowed in
+	// the end, or given up (its context ended, or its deadline came
+	// first). A wait is one decision however many times it asked the
+	// store; the denials it waited out are not told.
+	Waited bool
 }
 
 // StoreCall is what [Observer.StoreCalled] is told.

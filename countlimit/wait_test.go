@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -52,6 +53,7 @@ func fakeLimiter(t *testing.T) (*countlimit.Limiter, *fakeTime) {
 	ft := &fakeTime{now: time.Date(2026, 11, 27, 10, 0, 30, 0, time.UTC)}
 	l := countlimit.New(memstore.New(), countlimit.WithClock(ft.Now))
 	countlimit.SetSleep(l, ft.sleep)
+	countlimit.SetJitter(l, nil)
 	return l, ft
 }
 
@@ -207,14 +209,19 @@ func TestWaitAcquireWaitsForTheEarliestLease(t *testing.T) {
 	}
 }
 
-// tryCounter counts the calls that reach the store.
+// tryCounter counts the calls that reach the store, and fails them with
+// an unavailable store's error while failing is set.
 type tryCounter struct {
 	driver.Store
-	tries atomic.Int64
+	tries   atomic.Int64
+	failing atomic.Bool
 }
 
 func (s *tryCounter) Do(ctx context.Context, r *driver.Request) error {
 	s.tries.Add(1)
+	if s.failing.Load() {
+		return driver.Unavailable(errors.New("connection refused"))
+	}
 	return s.Store.Do(ctx, r)
 }
 
@@ -279,27 +286,104 @@ func TestConcurrentWaitsKeepTheLimit(t *testing.T) {
 	}
 }
 
-// Each try of a Wait is a decision of its own, as metrics see it.
-func TestEachTryOfAWaitIsADecision(t *testing.T) {
+// decisions keeps what an Observer's Decided is told.
+type decisions struct {
+	mu   sync.Mutex
+	seen []countlimit.Decision
+}
+
+func (d *decisions) observer() countlimit.Observer {
+	return countlimit.Observer{Decided: func(dec countlimit.Decision) {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		d.seen = append(d.seen, dec)
+	}}
+}
+
+// since returns the decisions told after the first from.
+func (d *decisions) since(from int) []countlimit.Decision {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return slices.Clone(d.seen[from:])
+}
+
+// A Wait is one decision, however many times it asked the store: one that
+// slept five times, as another process took the room each time it woke,
+// is told once, allowed and Waited, and not as five denials; one that
+// gives up is one denial, Waited when it slept first.
+func TestAWaitIsOneDecision(t *testing.T) {
 	ctx := context.Background()
 	ft := &fakeTime{now: time.Date(2026, 11, 27, 10, 0, 30, 0, time.UTC)}
-	var mu sync.Mutex
-	seen := map[bool]int{}
-	l := countlimit.New(memstore.New(), countlimit.WithClock(ft.Now), countlimit.WithObserver(countlimit.Observer{
-		Decided: func(d countlimit.Decision) {
-			mu.Lock()
-			defer mu.Unlock()
-			seen[d.Allowed]++
-		},
-	}))
-	countlimit.SetSleep(l, ft.sleep)
+	store := memstore.New()
+	var seen decisions
+	l := countlimit.New(store, countlimit.WithClock(ft.Now), countlimit.WithObserver(seen.observer()))
+	other := countlimit.New(store, countlimit.WithClock(ft.Now))
 	r := countlimit.Rule{UseType: "report.export", Limit: 1, Window: countlimit.Fixed(time.Minute)}
-	for range 2 {
-		if _, err := l.Wait(ctx, r, "u1"); err != nil {
-			t.Fatal(err)
+	takes := 0 // how many times other takes the room a Wait woke for
+	countlimit.SetSleep(l, func(ctx context.Context, d time.Duration) error {
+		if err := ft.sleep(ctx, d); err != nil {
+			return err
 		}
+		if takes > 0 {
+			takes--
+			if res, err := other.Allow(ctx, r, "u1"); err != nil || !res.Allowed {
+				t.Errorf("the other process's Allow: %+v, %v", res, err)
+			}
+		}
+		return nil
+	})
+	countlimit.SetJitter(l, nil)
+	allowed := func(waited bool) countlimit.Decision {
+		return countlimit.Decision{Op: driver.OpAllow, UseType: r.UseType, N: 1, Allowed: true, Waited: waited}
 	}
-	if seen[true] != 2 || seen[false] != 1 {
-		t.Errorf("decisions: %d allowed, %d denied; want 2 and 1 (the second Wait's first try)", seen[true], seen[false])
+	denied := func(waited bool) countlimit.Decision {
+		return countlimit.Decision{Op: driver.OpAllow, UseType: r.UseType, N: 1, Waited: waited}
+	}
+	for _, step := range []struct {
+		what  string
+		takes int
+		ctx   func() (context.Context, context.CancelFunc)
+		err   error
+		want  countlimit.Decision
+	}{
+		{"a Wait with room", 0, nil, nil, allowed(false)},
+		{"a Wait that slept five times", 4, nil, nil, allowed(true)},
+		{"a Wait whose deadline comes first", 0, func() (context.Context, context.CancelFunc) {
+			return context.WithTimeout(ctx, 10*time.Second)
+		}, context.DeadlineExceeded, denied(false)},
+		{"a Wait cancelled in its second sleep", 0, func() (context.Context, context.CancelFunc) {
+			ctx, cancel := context.WithCancel(ctx)
+			calls := 0
+			countlimit.SetSleep(l, func(sctx context.Context, d time.Duration) error {
+				if calls++; calls == 2 {
+					cancel()
+					return sctx.Err()
+				}
+				if err := ft.sleep(sctx, d); err != nil {
+					return err
+				}
+				if res, err := other.Allow(sctx, r, "u1"); err != nil || !res.Allowed {
+					t.Errorf("the other process's Allow: %+v, %v", res, err)
+				}
+				return nil
+			})
+			return ctx, cancel
+		}, context.Canceled, denied(true)},
+	} {
+		from := len(seen.since(0))
+		takes = step.takes
+		wctx, cancel := ctx, context.CancelFunc(func() {})
+		if step.ctx != nil {
+			wctx, cancel = step.ctx()
+		}
+		slept := len(ft.slept)
+		res, err := l.Wait(wctx, r, "u1")
+		cancel()
+		if !errors.Is(err, step.err) || res.Allowed != (step.err == nil) {
+			t.Fatalf("%s: %+v, %v; want the error %v", step.what, res, err, step.err)
+		}
+		if got := seen.since(from); len(got) != 1 || got[0] != step.want {
+			t.Errorf("%s (it slept %v): told %+v, want one decision %+v", step.what, ft.slept[slept:], got, step.want)
+		}
 	}
 }
