@@ -101,3 +101,41 @@ func ExampleMetrics_Watch() {
 	// countlimit_breaker_state 1
 	// countlimit_store_failures_total 2
 }
+
+// Use types a caller chooses (one per tenant, here) are no fixed set:
+// MaxRuleLabels keeps the first two as labels of their own and counts the
+// rest under "other".
+func ExampleMaxRuleLabels() {
+	metrics := promlimit.New(promlimit.MaxRuleLabels(2))
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(metrics)
+
+	store := memstore.New()
+	defer store.Close()
+	limiter := countlimit.New(store, countlimit.WithObserver(metrics.Observer()))
+	for _, tenant := range []string{"acme", "globex", "initech", "umbrella"} {
+		exports := countlimit.Rule{UseType: countlimit.UseType("export." + tenant), Limit: 10, Window: countlimit.Fixed(time.Hour)}
+		if _, err := limiter.Allow(context.Background(), exports, "user-1"); err != nil {
+			fmt.Println(err)
+		}
+	}
+
+	families, err := reg.Gather()
+	if err != nil {
+		fmt.Println(err)
+	}
+	for _, f := range families {
+		if f.GetName() != "countlimit_decisions_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			if m.GetLabel()[1].GetValue() == "allowed" {
+				fmt.Printf("rule=%q allowed: %v\n", m.GetLabel()[0].GetValue(), m.GetCounter().GetValue())
+			}
+		}
+	}
+	// Output:
+	// rule="export.acme" allowed: 1
+	// rule="export.globex" allowed: 1
+	// rule="other" allowed: 2
+}

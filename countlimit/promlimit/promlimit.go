@@ -4,6 +4,7 @@
 // package):
 //
 //	countlimit_decisions_total{rule,verdict}   decisions, by use type and verdict ("allowed", "denied")
+//	countlimit_waits_total{rule}               Waits that slept or waited in line before their decision, by use type
 //	countlimit_store_duration_seconds{op}      store calls' durations, by operation ("allow", "peek", ...)
 //	countlimit_store_failures_total            store calls that failed (timeouts included)
 //	countlimit_store_timeouts_total            store calls that ran out of the store timeout
@@ -13,8 +14,10 @@
 //	countlimit_breaker_rejected_total          checks the open breaker answered without the store
 //	countlimit_fallback_decisions_total        checks the fallback store answered
 //
-// The first two come from the Limiter's Observer, which tells each
-// decision and store call as it happens. The other seven are the
+// The first three come from the Limiter's Observer, which tells each
+// decision and store call as it happens: a Wait, WaitN or WaitAcquire is
+// one decision however many times it asked the store, and, when it slept
+// or waited in line first, one wait too. The other seven are the
 // Limiter's own counts, [countlimit.Limiter.Stats], read at each scrape
 // through [Metrics.Watch]; promlimit does not count them a second time.
 // Make a Metrics with New, register it, give its Observer to the Limiter
@@ -26,9 +29,12 @@
 //	metrics.Watch(limiter.Stats)
 //
 // No id ever becomes a label: the Observer is never told one, and no
-// error's text becomes one either. The labels'
-// values are use types and operation names, bounded sets, so the series are
-// as many as the use types, whatever the traffic.
+// error's text becomes one either. The labels' values are use types and
+// operation names, so the series are as many as the use types, whatever
+// the traffic. An application whose use types are not a fixed set (a use
+// type per tenant, per customer's API key) bounds them with
+// [MaxRuleLabels], past which new ones are counted together under
+// [OtherRule]. A new use type costs the same however many came before.
 //
 // It is Prometheus and not OpenTelemetry because client_golang is already
 // the service's dependency and most Go services' metrics library, and it
@@ -62,13 +68,34 @@ var ops = []driver.Op{driver.OpAllow, driver.OpPeek, driver.OpRefund, driver.OpR
 type Option func(*config)
 
 type config struct {
-	buckets []float64
+	buckets  []float64
+	maxRules int
 }
 
 // Buckets sets the upper bounds, in seconds, of
 // countlimit_store_duration_seconds' buckets (default [DefaultBuckets]).
 func Buckets(b ...float64) Option {
 	return func(c *config) { c.buckets = b }
+}
+
+// OtherRule is the rule label under which [MaxRuleLabels] counts the
+// decisions of the rules past its bound. A rule of that name shares its
+// series with them.
+const OtherRule = "other"
+
+// MaxRuleLabels bounds how many values countlimit_decisions_total's rule
+// label takes (by default there is no bound; n <= 0 removes it). The first
+// n distinct rules (use types, or the names given to [Metrics.Decided])
+// each have their series, as without the bound, for as long as m lives;
+// the decisions of every rule after them are counted together under
+// rule=[OtherRule], whose series appear once the bound is reached. Each
+// series costs the Prometheus server a time series to keep, and m the
+// memory of two counters: set it when the use types are not a fixed set
+// (chosen by callers, one per tenant), so that they cannot grow without
+// bound. The countlimit service needs none: its rules come from its rule
+// file.
+func MaxRuleLabels(n int) Option {
+	return func(c *config) { c.maxRules = n }
 }
 
 // Metrics is a prometheus.Collector of what a Limiter sees: the decisions
@@ -81,10 +108,25 @@ func Buckets(b ...float64) Option {
 // (prometheus.WrapRegistererWith).
 type Metrics struct {
 	decisions *prometheus.CounterVec
-	// rules maps a rule label to its allowed and denied counters: read
-	// without a lock on every decision, copied to add a rule.
-	rules   atomic.Pointer[map[string]*[2]prometheus.Counter]
+	waits     *prometheus.CounterVec
+	// rules maps a rule label to its allowed, denied and waited counters: a copy
+	// of all, read without a lock on every decision. A decision that
+	// misses it looks in all, and all is copied here again once as many
+	// decisions have missed as all holds: a new rule costs constant time
+	// on average however many came before (as sync.Map's read map once
+	// did), and a rule's decisions go on missing for no longer than that.
+	rules atomic.Pointer[map[string]*[3]prometheus.Counter]
+	// other is OtherRule's counters once MaxRuleLabels' bound is reached,
+	// nil before. By then rules holds every rule with a series of its own,
+	// so a decision of a rule missing there is counted here without
+	// taking rulesMu.
+	other atomic.Pointer[[3]prometheus.Counter]
+	// rulesMu guards all and misses.
 	rulesMu sync.Mutex
+	all     map[string]*[3]prometheus.Counter
+	misses  int
+	// maxRules is MaxRuleLabels' bound; 0 for none.
+	maxRules int
 
 	storeSeconds *prometheus.HistogramVec
 	byOp         [driver.OpExtend + 1]prometheus.Observer
@@ -130,10 +172,16 @@ func New(opts ...Option) *Metrics {
 		o(&cfg)
 	}
 	m := &Metrics{
+		all:      map[string]*[3]prometheus.Counter{},
+		maxRules: max(0, cfg.maxRules),
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "countlimit_decisions_total",
 			Help: "Checks answered, by rule (the Limiter's use type; the service's rule or group) and verdict (allowed, denied).",
 		}, []string{"rule", "verdict"}),
+		waits: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "countlimit_waits_total",
+			Help: "Waits (Wait, WaitN, WaitAcquire) that slept or waited in line before their decision, by rule; each is one decision in countlimit_decisions_total, however many times it asked the store.",
+		}, []string{"rule"}),
 		storeSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "countlimit_store_duration_seconds",
 			Help:    "Time the store took to answer or fail a call, by operation.",
@@ -143,18 +191,28 @@ func New(opts ...Option) *Metrics {
 	for _, op := range ops {
 		m.byOp[op] = m.storeSeconds.WithLabelValues(op.String())
 	}
-	m.rules.Store(&map[string]*[2]prometheus.Counter{})
+	m.rules.Store(&map[string]*[3]prometheus.Counter{})
 	return m
 }
 
-// Observer returns the countlimit.Observer that feeds m's decisions and
-// store durations, for countlimit.WithObserver. It tells m nothing of
+// Observer returns the countlimit.Observer that feeds m's decisions, waits
+// and store durations, for countlimit.WithObserver. It tells m nothing of
 // failures, the breaker or the fallback store: the Limiter's Stats count
 // those, and [Metrics.Watch] exports them. Its funcs allocate nothing once
 // a use type has been seen.
 func (m *Metrics) Observer() countlimit.Observer {
 	return countlimit.Observer{
-		Decided: func(d countlimit.Decision) { m.Decided(string(d.UseType), d.Allowed) },
+		Decided: func(d countlimit.Decision) {
+			c := m.lookup(string(d.UseType))
+			if d.Allowed {
+				c[0].Inc()
+			} else {
+				c[1].Inc()
+			}
+			if d.Waited {
+				c[2].Inc()
+			}
+		},
 		StoreCalled: func(c countlimit.StoreCall) {
 			if int(c.Op) < len(m.byOp) && m.byOp[c.Op] != nil {
 				m.byOp[c.Op].Observe(c.Took.Seconds())
@@ -188,13 +246,10 @@ func (m *Metrics) Watch(stats func() countlimit.Stats) {
 // Decided counts a decision under rule, as the Observer counts one under
 // its rule's use type: for code that decides under names of its own (the
 // service counts a group of rules once, under the group's name, and drops
-// the Observer's Decided). rule becomes a label value: it must come from a
-// bounded set, never be an id.
+// the Observer's Decided). rule becomes a label value: it must never be an
+// id, and must come from a bounded set unless [MaxRuleLabels] bounds it.
 func (m *Metrics) Decided(rule string, allowed bool) {
-	c, ok := (*m.rules.Load())[rule]
-	if !ok {
-		c = m.addRule(rule)
-	}
+	c := m.lookup(rule)
 	if allowed {
 		c[0].Inc()
 	} else {
@@ -202,25 +257,64 @@ func (m *Metrics) Decided(rule string, allowed bool) {
 	}
 }
 
-// addRule makes rule's counters, both verdicts at 0, and returns them.
-func (m *Metrics) addRule(rule string) *[2]prometheus.Counter {
-	m.rulesMu.Lock()
-	defer m.rulesMu.Unlock()
-	old := *m.rules.Load()
-	if c, ok := old[rule]; ok {
+// lookup returns the counters of rule: allowed, denied and waited.
+func (m *Metrics) lookup(rule string) *[3]prometheus.Counter {
+	if c, ok := (*m.rules.Load())[rule]; ok {
 		return c
 	}
-	c := &[2]prometheus.Counter{m.decisions.WithLabelValues(rule, "allowed"), m.decisions.WithLabelValues(rule, "denied")}
-	next := maps.Clone(old)
-	next[rule] = c
-	m.rules.Store(&next)
+	return m.missed(rule)
+}
+
+// missed returns the counters of a rule that rules does not hold: those
+// of all, made there (both verdicts at 0) for a new rule, or past the
+// bound of MaxRuleLabels, OtherRule's.
+func (m *Metrics) missed(rule string) *[3]prometheus.Counter {
+	if other := m.other.Load(); other != nil {
+		// rules was copied from all, whole, before other was set: read it
+		// again, as the copy read first may be older.
+		if c, ok := (*m.rules.Load())[rule]; ok {
+			return c
+		}
+		return other
+	}
+	m.rulesMu.Lock()
+	defer m.rulesMu.Unlock()
+	c, ok := m.all[rule]
+	if !ok {
+		if other := m.other.Load(); other != nil {
+			return other // the bound was reached while this call waited
+		}
+		c = m.counters(rule)
+		m.all[rule] = c
+		if m.maxRules > 0 && len(m.all) >= m.maxRules {
+			m.publish()
+			m.other.Store(m.counters(OtherRule))
+			return c
+		}
+	}
+	if m.misses++; m.misses >= len(m.all) {
+		m.publish()
+	}
 	return c
+}
+
+// publish makes rules a copy of all; rulesMu is held.
+func (m *Metrics) publish() {
+	rules := maps.Clone(m.all)
+	m.rules.Store(&rules)
+	m.misses = 0
+}
+
+// counters returns the allowed, denied and waited counters of rule.
+func (m *Metrics) counters(rule string) *[3]prometheus.Counter {
+	return &[3]prometheus.Counter{m.decisions.WithLabelValues(rule, "allowed"), m.decisions.WithLabelValues(rule, "denied"), m.waits.WithLabelValues(rule)}
 }
 
 // Describe implements prometheus.Collector. It describes every series m
 // may emit, those Watch feeds included.
 func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	m.decisions.Describe(ch)
+	m.waits.Describe(ch)
 	m.storeSeconds.Describe(ch)
 	for _, s := range statsSeries {
 		ch <- s.desc
@@ -231,6 +325,7 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 // func once, if Watch was called.
 func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	m.decisions.Collect(ch)
+	m.waits.Collect(ch)
 	m.storeSeconds.Collect(ch)
 	stats := m.stats.Load()
 	if stats == nil {

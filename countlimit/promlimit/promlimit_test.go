@@ -26,6 +26,9 @@ type flaky struct {
 	mem         *memstore.Store
 	pause       time.Duration
 	down, stall atomic.Bool
+	// deny is how many of the next checks to answer as a full window,
+	// whatever the memstore holds.
+	deny atomic.Int64
 }
 
 func newFlaky(t testing.TB) *flaky {
@@ -42,6 +45,12 @@ func (f *flaky) Do(ctx context.Context, r *driver.Request) error {
 		return driver.Unavailable(ctx.Err())
 	case f.down.Load():
 		return driver.Unavailable(errDown)
+	case r.Op == driver.OpAllow && f.deny.Add(-1) >= 0:
+		for i := range r.Checks {
+			c := &r.Checks[i]
+			c.State = driver.State{Used: c.Limit, Begin: c.Begin, End: c.End}
+		}
+		return nil
 	}
 	return f.mem.Do(ctx, r)
 }
@@ -100,6 +109,40 @@ func checkSeries(t *testing.T, step string, got map[string]float64, want map[str
 			t.Errorf("%s: %s = %v (present %v), want %v", step, name, g, ok, w)
 		}
 	}
+}
+
+// TestWaitsAreNotDenials: a Wait denied five times before it was allowed
+// is one decision, allowed, and one wait, not five denials; an Allow
+// denied is still a denial, and a Wait allowed at once no wait.
+func TestWaitsAreNotDenials(t *testing.T) {
+	t.Parallel()
+	f := newFlaky(t)
+	m := promlimit.New()
+	l := countlimit.New(f, countlimit.WithObserver(m.Observer()))
+	ctx := context.Background()
+	r := countlimit.Rule{UseType: "partner.api", Limit: 5, Window: countlimit.Fixed(time.Millisecond)}
+	f.deny.Store(5) // each denial says: room in under a millisecond
+	if res, err := l.Wait(ctx, r, "batch"); err != nil || !res.Allowed {
+		t.Fatalf("Wait: %+v, %v", res, err)
+	}
+	checkSeries(t, "after a Wait denied five times", gather(t, m), map[string]float64{
+		"countlimit_decisions_total{rule=partner.api,verdict=allowed}": 1,
+		"countlimit_decisions_total{rule=partner.api,verdict=denied}":  0,
+		"countlimit_waits_total{rule=partner.api}":                     1,
+		"countlimit_store_duration_seconds{op=allow}":                  6,
+	})
+	f.deny.Store(1)
+	if res, err := l.Allow(ctx, r, "batch"); err != nil || res.Allowed {
+		t.Fatalf("Allow on a full window: %+v, %v", res, err)
+	}
+	if res, err := l.Wait(ctx, r, "batch"); err != nil || !res.Allowed {
+		t.Fatalf("Wait with room: %+v, %v", res, err)
+	}
+	checkSeries(t, "after a denied Allow and a Wait with room", gather(t, m), map[string]float64{
+		"countlimit_decisions_total{rule=partner.api,verdict=allowed}": 2,
+		"countlimit_decisions_total{rule=partner.api,verdict=denied}":  1,
+		"countlimit_waits_total{rule=partner.api}":                     1,
+	})
 }
 
 // TestDecisionsByUseType: decisions are counted by use type and verdict,
