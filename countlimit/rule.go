@@ -36,14 +36,25 @@ const (
 
 // Rule is a limit: at most Limit events of UseType per Window for each id.
 // Rules are plain values; the Limiter and its store keep no configuration, so
-// a changed Limit applies at once to the current window. A changed Window
-// applies from the next window: the window an id is counting in stays
-// current until it ends (a Lifetime window never does: Reset the id), and
-// a Sliding log until its last event leaves its span, so a rule changed
-// from Sliding counts on from the log's events until then. A rule changed
-// to Sliding is the exception: it counts only events of its log, so it
-// starts from none at once, and its first event replaces the window the
-// other kind counted in.
+// a changed Limit applies at once to the current window.
+//
+// A use type keeps one count per id, whatever kind of Window asks, so that
+// a rule changed across a fleet one process at a time (or two handlers that
+// disagree) never starts an id from zero: what one kind counted, the other
+// carries over until the window that holds it ends. A window an id is
+// counting in stays current until it ends (a Lifetime window never does:
+// Reset the id), and a rule of another kind that counts in windows (Fixed,
+// Rolling, Calendar, Lifetime) joins it; so it joins a Sliding log's window
+// (oldest event to newest plus the span) and a Smooth id's (until it is
+// drained), counting what they held. A rule changed to Sliding sees that
+// count as events that leave its log when that window ends (or a span from
+// now, when sooner), a rule changed to Smooth as that many units taken now
+// (a full burst at the most). Either waits for that window's end when the
+// count leaves no room, and says so in RetryAfter. Within a window of
+// either rule, an id is so allowed at most the larger of the two limits,
+// whichever order the calls of two rules come in. A Concurrent window's
+// leases are apart from counts: a rule changed to or from Concurrent
+// starts from none.
 type Rule struct {
 	UseType UseType
 	// Limit is how many events a window allows; for a Smooth window, how

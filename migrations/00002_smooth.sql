@@ -14,28 +14,44 @@
 --
 -- How a smooth key is kept. A smooth rule keeps one instant per key, the
 -- TAT (theoretical arrival time): when the key's events so far are
--- drained at the rule's rate. A smooth key's row holds it as an empty
--- window at the TAT:
+-- drained at the rule's rate. A smooth key's row holds it as the end of a
+-- window that begins at the epoch, with the units not yet drained when
+-- the row was last written as its count:
 --
---   window_kind = 'smooth', begin_time = end_time = the TAT,
---   already_count = 0, events NULL,
+--   window_kind = 'smooth', end_time = the TAT, begin_time = 'epoch',
+--   already_count = ceil((TAT - now) / interval), at most the burst, at
+--   the writing check's now; events NULL;
 --   smooth_interval and smooth_burst: the rule's emission interval and
 --   burst, as the last smooth check of the key had them.
 --
--- The row is smooth while window_kind = 'smooth' and begin_time =
--- end_time; the key is drained once end_time <= now. Why not a column of
--- its own for the TAT:
+-- The row is smooth while window_kind = 'smooth'; the key is drained once
+-- end_time <= now. One count per (use type, id), whatever kind of window
+-- asks (driver.Apply, countlimit/driver/model.go): every row keeps a
+-- count over a window in already_count, begin_time and end_time (a
+-- window's; a sliding log's length over [oldest, newest + span), as last
+-- written; a smooth row's undrained units over [epoch, TAT)), and a check
+-- of another kind carries that count over while the window is current:
 --
---   * Every statement of 00001 (the fast path of one rule,
---     countlimit_allow_one and the group commit's batches; the previous
---     countlimit_apply; leases; the purge) stays as it is and is still
---     right on a smooth row: to them begin_time = end_time is an empty
---     window, which counts nothing, and a check of another kind that
---     counts there opens its own window over it, writing begin_time,
---     end_time and window_kind: the TAT goes, as the contract wants
---     (counting with another kind clears the smooth instant). A denial
---     leaves it. A TAT in a column of its own would need every one of
---     those statements replaced to clear it.
+--   * A check that counts in windows (fixed, rolling, calendar, lifetime:
+--     00001's fast path, countlimit_allow_one and the group commit's
+--     batches, and countlimit_apply) joins the window, a smooth row's as
+--     any other: it sees already_count and counts on top of it, writing
+--     its own window_kind and events NULL, so the TAT goes (the row is a
+--     window that ends at the TAT); a denial leaves the row as it is.
+--     Those statements of 00001 are right on a smooth row as they are:
+--     wherever they count, they write their own window_kind.
+--   * A sliding check (countlimit_apply) on a row with no log sees its
+--     count as that many events logged at min(now, end_time - span): they
+--     leave the log when the window that holds them ends (or a span from
+--     now, when that is sooner).
+--   * A smooth check (countlimit_apply) on a row that is not smooth sees
+--     its count as that many units taken now, a full burst at the most.
+--
+-- Why not a column of its own for the TAT: a TAT there would need every
+-- statement of 00001 that counts replaced, to clear it and to carry its
+-- count; kept as a window, it is carried over and cleared by those
+-- statements as they are. And:
+--
 --   * The purge (countlimit_purge, by count_limit_end_time_idx) deletes a
 --     drained smooth key as it deletes an ended window: end_time <= now,
 --     no penalty, no lease. No new index. (00004_purge_sweep.sql later
@@ -43,7 +59,11 @@
 --   * A v0.1.0 binary still running beside a newer one during a rolling
 --     upgrade keeps working on the migrated database: its functions are
 --     all still here (countlimit_apply's new signature is an overload, the
---     old one stays), and it never sends a smooth check.
+--     old one stays), and it never sends a smooth check. It still resets
+--     what it does not know: its countlimit_apply, under a sliding rule,
+--     starts a log from nothing over another kind's count (and a sliding
+--     refund there sets already_count to 0). A kind changes safely only
+--     once every process runs a release that carries this.
 --
 -- smooth_interval and smooth_burst are for people and for
 -- count_limit_status, which needs them for used and remaining: no check
@@ -58,7 +78,7 @@
 -- pgstore sends a smooth check there, never to the fast path or a group
 -- commit, so countlimit_allow_one, countlimit_allow_batch and
 -- countlimit_allow_distinct know nothing of smooth windows and are left
--- as 00001 made them.
+-- as 00001 made them: a smooth row is a window to them.
 
 -- +goose Up
 
@@ -73,34 +93,57 @@ COMMENT ON COLUMN count_limit.smooth_interval IS
 COMMENT ON COLUMN count_limit.smooth_burst IS
     'Smooth limits only (window_kind smooth): the rule''s burst, how many events fit at once when the key is drained. Written by every smooth check that counts in the row or creates it; meaningful only while window_kind is smooth. For people and count_limit_status; no check reads it.';
 COMMENT ON COLUMN count_limit.window_kind IS
-    'The window kind of the rule that last counted here, or created the row: rolling, fixed, calendar, sliding, lifetime or smooth; NULL for CheckLimit''s window of the caller''s own. A smooth row (window_kind smooth, begin_time = end_time) keeps its TAT in end_time; otherwise for people, no check reads it.';
+    'The window kind of the rule that last counted here, or created the row: rolling, fixed, calendar, sliding, lifetime or smooth; NULL for CheckLimit''s window of the caller''s own. A smooth row (window_kind smooth) keeps its TAT in end_time; otherwise for people, no check reads it.';
+COMMENT ON COLUMN count_limit.already_count IS
+    'Events counted in the window [begin_time, end_time). Counts nothing once end_time has passed. For sliding windows, cardinality(events) as last written. For smooth limits (window_kind smooth), the events not yet drained when the row was last written, at most the burst. A check of another kind carries this count over while the window is current.';
+COMMENT ON COLUMN count_limit.begin_time IS
+    'When the current window began; for sliding windows, the oldest logged event. For smooth limits (window_kind smooth), and a window another kind joined there, the epoch: a smooth row''s window is [epoch, TAT).';
 COMMENT ON COLUMN count_limit.end_time IS
-    'When the current window ends (exclusive); NULL for a lifetime limit. For sliding windows, the newest event plus the window length. For smooth limits (window_kind smooth, begin_time = end_time), the TAT: when the key is drained.';
+    'When the current window ends (exclusive); NULL for a lifetime limit. For sliding windows, the newest event plus the window length. For smooth limits (window_kind smooth), the TAT: when the key is drained.';
 
 -- countlimit_apply, the overload with p_intervals and p_bursts: 00001's
 -- countlimit_apply (read its comment there: the three phases of locks, the
--- retries, a sliding check's log) and smooth checks. A smooth check has
--- p_intervals[k] > 0, its emission interval in microseconds, and
--- p_bursts[k], its burst; its p_begins is NULL and its p_lengths and
--- p_spans 0. Every other check has 0 for both and is decided exactly as
--- 00001's countlimit_apply decides it.
+-- retries, a sliding check's log), smooth checks, and the counts another
+-- kind keeps, carried over. A smooth check has p_intervals[k] > 0, its
+-- emission interval in microseconds, and p_bursts[k], its burst; its
+-- p_begins is NULL and its p_lengths and p_spans 0. Every other check has
+-- 0 for both and is decided as 00001's countlimit_apply decides it, but a
+-- sliding check on a row with no log (below).
+--
+-- A row carries a count over to a check of another kind while it is
+-- "counting": found, already_count > 0 and its window current (begin_time
+-- < end_time, or end_time NULL, and end_time > now), which for a smooth
+-- row is [epoch, TAT).
 --
 -- A smooth check is decided by GCRA, as driver.Apply (the contract as
 -- code, countlimit/driver/model.go) spells it, in whole microseconds: T =
--- p_intervals[k], B = p_bursts[k], the key's TAT its row's end_time when
--- the row is smooth (none otherwise), ahead = max(TAT, now) - now.
+-- p_intervals[k], B = p_bursts[k]; for a smooth row ahead = max(TAT, now)
+-- - now, its TAT in end_time; for a counting row of another kind ahead =
+-- min(already_count, B)*T, that many units taken now (carried); 0
+-- otherwise.
 --
 --   * It fits when not blocked, its limit is above 0, need <= B and
 --     ahead + need*T <= B*T (need*T is taken only once need <= B, so
 --     nothing overflows: B*T is at most 100 years).
---   * Allowed: TAT = now + ahead + n*T, written as the smooth row above,
---     already_count 0 and events NULL (the window and the log of another
---     kind go).
---   * Refund: TAT goes back n*T, never before now (a drained key stays).
+--   * Allowed: TAT = now + ahead + n*T, written as the smooth row above:
+--     already_count ceil((TAT - now)/T) (at most B), begin_time the epoch,
+--     events NULL (the window and the log of another kind go).
+--   * Refund, on a smooth row only: TAT goes back n*T, never before now (a
+--     drained key stays), and already_count follows it.
 --   * Denied: the tally and the penalty, as for every kind.
---   * Its state: used = ceil(ahead/T) (at most B), no begin, end = the TAT
---     while it is after now, free_at (when not allowed, and it could fit)
---     now + ahead + need*T - B*T, the instant need more fit.
+--   * Its state: used = ceil(ahead/T) (at most B), no begin, end = now +
+--     ahead while ahead > 0, free_at (when not allowed, and it could fit)
+--     now + ahead + need*T - B*T, the instant need more fit; for a count
+--     carried over, when the window that holds it ends (NULL for a
+--     lifetime's: no wait helps).
+--
+-- A sliding check on a row with no log (events NULL or empty) that is
+-- counting sees already_count events logged at at = min(now, end_time -
+-- span), never after now, so that they leave the log when that window
+-- ends: used already_count, its window [at, at + span). Allowed, the log
+-- becomes those events and n at now; denied (need fits the limit but not
+-- beside them), free_at is end_time - span (NULL for a lifetime's). A
+-- sliding refund gives nothing back of a row with no log.
 -- +goose StatementBegin
 CREATE FUNCTION countlimit_apply(
     p_op        text,
@@ -140,6 +183,9 @@ DECLARE
     fits    boolean[] := array_fill(NULL::boolean, ARRAY[cnt]);
     freeat  timestamptz[] := array_fill(NULL::timestamptz, ARRAY[cnt]);
     ahead   bigint[] := array_fill(0::bigint, ARRAY[cnt]); -- a smooth check's max(TAT, now) - now, in µs
+    carried boolean[] := array_fill(false, ARRAY[cnt]); -- a sliding or smooth check reads another kind's count
+    held_to timestamptz[] := array_fill(NULL::timestamptz, ARRAY[cnt]); -- the end of the window that holds it
+    counts  boolean;
     t       bigint;
     b       bigint;
     live    timestamptz[];
@@ -217,21 +263,34 @@ BEGIN
             rec := NULL;
         END IF;
         blocked[k] := CASE WHEN rec.blocked_until > p_now THEN rec.blocked_until END;
+        -- The row's count over its window, whatever form the row is in,
+        -- while that window is current: what a check of another kind
+        -- carries over.
+        counts := found_[k] AND rec.already_count > 0
+            AND rec.begin_time < coalesce(rec.end_time, 'infinity') AND coalesce(rec.end_time > p_now, true);
         IF p_intervals[k] > 0 THEN
-            -- Smooth: the TAT of a smooth row, none for any other.
+            -- Smooth: the TAT of a smooth row; another kind's count, as
+            -- that many units taken now (a full burst at the most).
             t := p_intervals[k];
             b := p_bursts[k];
-            IF found_[k] AND rec.window_kind = 'smooth' AND rec.begin_time = rec.end_time AND rec.end_time > p_now THEN
-                ahead[k] := ((extract(epoch FROM rec.end_time) - extract(epoch FROM p_now)) * 1000000)::bigint;
+            IF found_[k] AND rec.window_kind = 'smooth' THEN
+                IF rec.end_time > p_now THEN
+                    ahead[k] := ((extract(epoch FROM rec.end_time) - extract(epoch FROM p_now)) * 1000000)::bigint;
+                END IF;
+            ELSIF counts THEN
+                ahead[k] := least(rec.already_count, b) * t;
+                carried[k] := true;
+                held_to[k] := rec.end_time;
             END IF;
-            IF p_op = 'refund' AND ahead[k] > 0 THEN
+            -- A refund gives back only what a smooth row keeps.
+            IF p_op = 'refund' AND ahead[k] > 0 AND NOT carried[k] THEN
                 IF p_n >= (ahead[k] + t - 1) / t THEN
                     ahead[k] := 0;
                 ELSE
                     ahead[k] := ahead[k] - p_n * t;
                 END IF;
                 UPDATE count_limit c SET
-                    begin_time = p_now + ahead[k] * us,
+                    already_count = least(b, (ahead[k] + t - 1) / t),
                     end_time = p_now + ahead[k] * us,
                     updated_at = now()
                 WHERE c.use_type = p_use_types[k] AND c.unique_id = p_unique_id;
@@ -243,13 +302,35 @@ BEGIN
                 ELSE ahead[k] + need * t <= b * t END;
             IF p_limits[k] > 0 AND need <= b THEN
                 IF ahead[k] + need * t > b * t THEN
-                    freeat[k] := p_now + (ahead[k] + need * t - b * t) * us;
+                    -- A carried count drains when its window ends (a
+                    -- lifetime's never: NULL).
+                    freeat[k] := CASE WHEN carried[k] THEN held_to[k] ELSE p_now + (ahead[k] + need * t - b * t) * us END;
                 END IF;
             END IF;
             all_ok := all_ok AND fits[k];
             CONTINUE;
         END IF;
-        IF p_spans[k] > 0 THEN
+        IF p_spans[k] > 0 AND coalesce(cardinality(rec.events), 0) = 0 THEN
+            -- Sliding, and no log: another kind's count, as that many
+            -- events logged at the latest instant that lets them leave
+            -- when its window ends, never after now. A refund gives
+            -- nothing back of it.
+            IF counts THEN
+                span := p_spans[k] * us;
+                carried[k] := true;
+                held_to[k] := rec.end_time;
+                used[k] := rec.already_count;
+                wbegin[k] := least(p_now, rec.end_time - span);
+                wend[k] := wbegin[k] + span;
+                IF need > p_limits[k] - used[k] AND need <= p_limits[k] THEN
+                    -- The logged time of events that leave when that
+                    -- window ends (a lifetime's never: NULL).
+                    freeat[k] := rec.end_time - span;
+                END IF;
+            ELSE
+                used[k] := 0;
+            END IF;
+        ELSIF p_spans[k] > 0 THEN
             span := p_spans[k] * us;
             live := ARRAY(SELECT e FROM unnest(rec.events) AS e WHERE e > p_now - span ORDER BY e);
             used[k] := cardinality(live);
@@ -275,8 +356,8 @@ BEGIN
             END IF;
         -- Current: not empty, not over. Begin is not compared with p_now, so
         -- a caller whose clock read is older than a window another caller
-        -- just opened joins it instead of resetting it. A smooth row is an
-        -- empty window.
+        -- just opened joins it instead of resetting it: a sliding log's
+        -- window, and a smooth row's, [epoch, TAT), included.
         ELSIF found_[k] AND rec.begin_time < coalesce(rec.end_time, 'infinity') AND (rec.end_time IS NULL OR rec.end_time > p_now) THEN
             used[k] := rec.already_count;
             wbegin[k] := rec.begin_time;
@@ -305,8 +386,8 @@ BEGIN
                 used[k] := least(p_bursts[k], (ahead[k] + t - 1) / t);
                 wend[k] := p_now + ahead[k] * us;
                 UPDATE count_limit c SET
-                    already_count = 0,
-                    begin_time = wend[k],
+                    already_count = used[k],
+                    begin_time = 'epoch',
                     end_time = wend[k],
                     events = NULL,
                     limit_value = p_limits[k],
@@ -318,7 +399,11 @@ BEGIN
             ELSIF all_ok THEN
                 IF p_spans[k] > 0 THEN
                     span := p_spans[k] * us;
-                    SELECT c.events INTO live FROM count_limit c WHERE c.use_type = p_use_types[k] AND c.unique_id = p_unique_id;
+                    IF carried[k] THEN
+                        live := array_fill(wbegin[k], ARRAY[used[k]]::int[]);
+                    ELSE
+                        SELECT c.events INTO live FROM count_limit c WHERE c.use_type = p_use_types[k] AND c.unique_id = p_unique_id;
+                    END IF;
                     -- Sorted, so the log stays in time order when this
                     -- caller's clock read is older than the newest event.
                     live := ARRAY(SELECT e FROM unnest(array_cat(live, array_fill(p_now, ARRAY[p_n]::int[]))) AS e
@@ -330,8 +415,8 @@ BEGIN
                     live := NULL;
                     used[k] := used[k] + p_n;
                 END IF;
-                -- Over a smooth row this opens a window (or a log): its TAT
-                -- goes.
+                -- Over a smooth row this writes a window (or a log) in its
+                -- place: its TAT goes.
                 UPDATE count_limit c SET
                     already_count = used[k],
                     begin_time = wbegin[k],
@@ -385,8 +470,9 @@ COMMENT ON FUNCTION countlimit_apply(text, text, timestamptz, bigint, text[], bi
 -- how many fit at once now (limit_value stays the rule's limit, its events
 -- per period); window_begin is NULL, window_end the TAT (when the key is
 -- drained) and resets_in the time until then, while something is
--- undrained. Every other kind reads as 00001's view reads it. The columns
--- are 00001's, in its order.
+-- undrained. Every other kind reads as 00001's view reads it, but a window
+-- another kind joined from a smooth row's (it begins at the epoch) has no
+-- window_begin either. The columns are 00001's, in its order.
 -- +goose StatementBegin
 CREATE OR REPLACE VIEW count_limit_status AS
 SELECT
@@ -421,7 +507,7 @@ FROM (
         END AS window_kind,
         CASE WHEN k.concurrent THEN h.held ELSE n.counted END AS used,
         CASE WHEN NOT k.concurrent AND m.smooth THEN coalesce(c.smooth_burst, c.limit_value) ELSE c.limit_value END AS cap,
-        CASE WHEN k.concurrent THEN h.first_taken WHEN m.smooth THEN NULL ELSE c.begin_time END AS window_begin,
+        CASE WHEN k.concurrent THEN h.first_taken WHEN m.smooth THEN NULL ELSE nullif(c.begin_time, 'epoch') END AS window_begin,
         CASE WHEN k.concurrent THEN h.last_expiry WHEN m.smooth THEN CASE WHEN c.end_time > now() THEN c.end_time END
             ELSE c.end_time END AS window_end
     FROM count_limit c
@@ -434,8 +520,8 @@ FROM (
           AND l.use_type = c.use_type AND l.unique_id = c.unique_id AND (l.expires_at > now()) IS TRUE
     ) h
     CROSS JOIN LATERAL (
-        -- A smooth row keeps its TAT in end_time, as an empty window.
-        SELECT coalesce(c.window_kind = 'smooth' AND c.begin_time = c.end_time, false) AS smooth
+        -- A smooth row keeps its TAT in end_time.
+        SELECT coalesce(c.window_kind = 'smooth', false) AS smooth
     ) m
     CROSS JOIN LATERAL (
         SELECT CASE
@@ -472,7 +558,7 @@ COMMENT ON VIEW count_limit_status IS
 COMMENT ON COLUMN count_limit_status.window_kind IS 'rolling, fixed or calendar (the rule that last counted in the window; window for CheckLimit''s window of the caller''s own), sliding (an exact log of events), lifetime (never resets), concurrent (slots held at once, as leases in count_limit_lease) or smooth (a rate with bursts, GCRA: one instant per key, the TAT, in count_limit.end_time).';
 COMMENT ON COLUMN count_limit_status.used IS 'Events counted in the current window as of now; 0 once the window has ended. For concurrent limits, the leases live now (slots held). For smooth limits, the events not yet drained at now, ceil((TAT - now) / smooth_interval), at most smooth_burst; 0 once drained.';
 COMMENT ON COLUMN count_limit_status.remaining IS 'limit_value - used, never below 0: how many more events (for concurrent limits, slots) the last applied limit allows now. For smooth limits, smooth_burst - used: how many fit at once now (one more drains every smooth_interval).';
-COMMENT ON COLUMN count_limit_status.window_begin IS 'When the current window began; for sliding windows, the oldest logged event; for concurrent limits, when the oldest live lease was taken (NULL when none is held); NULL for smooth limits.';
+COMMENT ON COLUMN count_limit_status.window_begin IS 'When the current window began; for sliding windows, the oldest logged event; for concurrent limits, when the oldest live lease was taken (NULL when none is held); NULL for smooth limits, and for a window another kind joined from a smooth limit''s (it began at the epoch).';
 COMMENT ON COLUMN count_limit_status.window_end IS 'When the current window ends (exclusive); NULL for lifetime limits. For sliding windows, the newest event plus the window length; for concurrent limits, when the last live lease expires unless extended or released (NULL when none is held); for smooth limits, when the id is fully drained (its TAT), NULL once it is.';
 COMMENT ON COLUMN count_limit_status.resets_in IS 'How long until the window ends and its count goes, while something is counted; NULL otherwise and for lifetime limits. For concurrent limits, until the last live lease expires; for smooth limits, until the id is fully drained.';
 
@@ -482,9 +568,11 @@ COMMENT ON COLUMN count_limit_status.resets_in IS 'How long until the window end
 -- drained, a negative delta on it changes nothing) and never past a full
 -- burst (now() + smooth_burst intervals: used at most smooth_burst, which
 -- denies what follows until an interval drains). It returns the new used,
--- as count_limit_status computes it. A drained smooth row takes a positive
--- delta too: its interval is known, so the undrained events start from 0.
--- Every other kind is adjusted as 00001's function does.
+-- as count_limit_status computes it, and writes it in already_count, the
+-- count a check of another kind carries over, as a smooth check does. A
+-- drained smooth row takes a positive delta too: its interval is known, so
+-- the undrained events start from 0. Every other kind is adjusted as
+-- 00001's function does (a window joined from a smooth key's included).
 -- +goose StatementBegin
 CREATE OR REPLACE FUNCTION countlimit_adjust_count(unique_id text, use_type text, delta bigint)
 RETURNS bigint LANGUAGE plpgsql SET enable_seqscan = off AS $fn$
@@ -507,7 +595,7 @@ BEGIN
         RAISE NOTICE 'countlimit_adjust_count: no row for (%, %): nothing is counted, nothing changed', ut, id;
         RETURN NULL;
     END IF;
-    IF rec.window_kind = 'smooth' AND rec.begin_time = rec.end_time THEN
+    IF rec.window_kind = 'smooth' THEN
         t := extract(epoch FROM rec.smooth_interval) * 1000000;
         IF t IS NULL OR t <= 0 OR rec.smooth_burst IS NULL OR rec.smooth_burst < 1 THEN
             RAISE EXCEPTION 'countlimit_adjust_count: (%, %) is a smooth limit with no interval or burst recorded (smooth_interval %, smooth_burst %)',
@@ -517,12 +605,14 @@ BEGIN
         END IF;
         ahead := greatest(extract(epoch FROM rec.end_time) - extract(epoch FROM now()), 0) * 1000000;
         ahead := least(greatest(ahead + delta * t, 0), rec.smooth_burst * t);
+        counted := least(rec.smooth_burst, ceil(ahead / t))::bigint;
         UPDATE count_limit c SET
-            begin_time = now() + ahead::bigint * interval '1 microsecond',
-            end_time   = now() + ahead::bigint * interval '1 microsecond',
-            updated_at = now()
+            already_count = counted,
+            begin_time    = 'epoch',
+            end_time      = now() + ahead::bigint * interval '1 microsecond',
+            updated_at    = now()
         WHERE c.use_type = ut AND c.unique_id = id;
-        RETURN least(rec.smooth_burst, ceil(ahead / t))::bigint;
+        RETURN counted;
     END IF;
     IF rec.events IS NOT NULL THEN
         RAISE EXCEPTION 'countlimit_adjust_count: (%, %) is a sliding window: its count is its log of events (column events), not already_count', ut, id
@@ -551,9 +641,10 @@ COMMENT ON FUNCTION countlimit_adjust_count(text, text, bigint) IS
 -- count_limit_status and their comments, countlimit_apply without smooth
 -- checks, and count_limit without the two columns (DROP COLUMN, like ADD
 -- COLUMN, changes the catalog only). The rows of smooth keys stay: to
--- 00001's statements each is an empty window, which counts nothing and
--- which the purge deletes once end_time (the TAT) has passed; their TAT is
--- forgotten by the first check that counts there. The binary that runs on
+-- 00001's statements each is a window from the epoch to its TAT that
+-- holds the units undrained when it was last written, which a check that
+-- counts there joins (and the TAT goes) and which the purge deletes once
+-- end_time (the TAT) has passed. The binary that runs on
 -- the database after the Down must be one that never sends smooth checks
 -- (v0.1.0), as 00001's schema cannot decide them.
 -- +goose StatementBegin
@@ -675,6 +766,8 @@ COMMENT ON COLUMN count_limit_status.resets_in IS 'How long until the window end
 DROP FUNCTION countlimit_apply(text, text, timestamptz, bigint, text[], bigint[], timestamptz[], bigint[], bigint[], bigint[], text[], bigint[], bigint[]);
 COMMENT ON FUNCTION countlimit_apply(text, text, timestamptz, bigint, text[], bigint[], timestamptz[], bigint[], bigint[], bigint[], text[]) IS
     'countlimit: one atomic check of one id against one or more rules (allow, peek or refund), taking row locks in key order (existing rows, then new ones, then writes) so that concurrent checks cannot deadlock. Reset is a plain DELETE.';
+COMMENT ON COLUMN count_limit.already_count IS 'Events counted in the window [begin_time, end_time). Counts nothing once end_time has passed. For sliding windows, cardinality(events).';
+COMMENT ON COLUMN count_limit.begin_time IS 'When the current window began; for sliding windows, the oldest logged event.';
 COMMENT ON COLUMN count_limit.end_time IS 'When the current window ends (exclusive); NULL for a lifetime limit. For sliding windows, the newest event plus the window length.';
 COMMENT ON COLUMN count_limit.window_kind IS
     'The window kind of the rule that last counted here, or created the row: rolling, fixed, calendar, sliding or lifetime; NULL for CheckLimit''s window of the caller''s own. For people; no check reads it.';

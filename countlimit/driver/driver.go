@@ -72,21 +72,38 @@ func Unavailable(err error) error {
 //     instead keeps its log of event times e with e > Now - c.Span, in time
 //     order whatever order callers arrive in. Otherwise the check sees a
 //     fresh window [c.Begin, c.End) with nothing counted.
+//   - One count per (use type, id), whatever kind of window asks: a key is
+//     kept in the form of the kind that last counted in it (a window's
+//     count, a sliding log, a smooth instant), and every form keeps a
+//     window and a count besides (a log: its length over [oldest, newest +
+//     its Span), as last written; a smooth key: its units not yet drained
+//     when last written, over [0, TAT)). A check of another kind carries
+//     that count over, as if its events had all been counted at Now under
+//     its own rule: a check that counts in windows joins the window while
+//     it is current; a Sliding check whose key has no log sees Count
+//     events logged at Now while the window is current; a Smooth check
+//     whose key has no TAT sees min(Count, c.Burst) units taken at Now
+//     (TAT = Now + that many intervals). A change of a rule's kind so
+//     never starts from zero.
 //   - The check is blocked when its stored BlockedUntil is after Now; it fits
 //     when it is not blocked and Used + N <= c.Limit.
 //   - OpAllow: if every check fits, each counts N (a stale window is replaced
 //     by [c.Begin, c.End); a sliding check logs N events at Now, and its
-//     window becomes [oldest, newest + Span)) and Allowed is true. Counting
-//     with one kind of window clears what the other kind kept (a sliding log,
-//     or a count). Otherwise nothing is counted anywhere, Allowed is
+//     window becomes [oldest, newest + Span), the log holding what the
+//     check saw and the N new ones) and Allowed is true. Counting writes
+//     the key in the check's own form: a count clears the log and the TAT,
+//     a log clears the TAT. Otherwise nothing is counted anywhere, Allowed is
 //     false, and each check that does not fit adds 1 to its denied tally; if
 //     it was not blocked and c.Block > 0, it is blocked until Now + c.Block.
 //     A denial leaves the window as it was, and creates no state for a
 //     check that fits.
 //   - OpPeek: like OpAllow with N = 1, but writes nothing.
 //   - OpRefund: each check's current window gives back N, never below 0 (a
-//     sliding check drops its N newest events); then Allowed is computed as
-//     for OpPeek.
+//     sliding check drops its N newest events), in the form the key is
+//     kept in: a sliding check gives back nothing of a key that has no log,
+//     and a check that counts in windows lowers the count of whatever
+//     window is current, leaving a log or a TAT as it is; then Allowed is
+//     computed as for OpPeek.
 //   - OpReset: forgets every check's state, penalty included: its count,
 //     its sliding log, its smooth instant and its leases (below), whatever
 //     the check's kind.
@@ -104,14 +121,14 @@ func Unavailable(err error) error {
 //   - The check fits when it is not blocked, c.Limit > 0, N <= B and
 //     tat + N*T - B*T <= Now: after N more units, no more than B are
 //     undrained. A check with Limit 0 never fits.
-//   - OpAllow: if every check of the request fits, TAT becomes tat + N*T.
-//     Counting with a smooth check clears the count, the window and the
-//     sliding log other kinds keep (Count, Begin, End, Log become zero),
-//     and counting with any other kind clears TAT. A denial changes
-//     nothing but the denial tally and the penalty, as for other kinds.
+//   - OpAllow: if every check of the request fits, TAT becomes tat + N*T,
+//     and the key a smooth key: Count is its State's Used, the window [0,
+//     TAT), no log. A denial changes nothing but the denial tally and the
+//     penalty, as for other kinds.
 //   - OpPeek: like OpAllow with N = 1, writing nothing.
 //   - OpRefund: TAT goes back N*T, never before Now (a drained key stays
-//     as it is); then Allowed as for OpPeek.
+//     as it is), and Count and End follow it (the units undrained, TAT);
+//     a key with no TAT gives back nothing. Then Allowed as for OpPeek.
 //
 // Its State after the request: Used is ceil((TAT-Now)/T), the units not
 // yet drained, between 0 and B; Begin is zero; End is TAT when it is after
@@ -140,8 +157,8 @@ func Unavailable(err error) error {
 // Neither OpRelease nor OpExtend counts a denial or looks at the penalty.
 // A key's leases and its count are kept apart: a Concurrent check neither
 // sees nor changes the count or window other kinds keep, and they neither
-// see nor change its leases (a rule that changes kind starts from nothing in
-// the new kind; leases left behind expire). The penalty and the denial tally
+// see nor change its leases (a rule that changes to or from Concurrent
+// starts from nothing in the new kind; leases left behind expire). The penalty and the denial tally
 // are shared.
 //
 // The State of a Concurrent check has Begin the earliest expiry of a live

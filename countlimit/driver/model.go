@@ -25,10 +25,20 @@ const Forever = math.MaxInt64
 // Key is the stored state of one (use type, id), in Unix microseconds: what
 // a store keeps for it and what the harness reads back from each store.
 // The zero Key is a key with nothing stored.
+//
+// A key is kept in the form of the kind of window that last counted in it:
+// a window's count, a sliding log (Log) or a smooth instant (TAT). Every
+// form also keeps a count over a window (Count, Begin, End), which is what
+// a check of another kind carries over when it reads the key (see look):
+// that is how one count is kept per (use type, id) whichever kind of
+// window asks.
 type Key struct {
 	// The window of counts: Count events in [Begin, End); End is Forever
 	// for a lifetime window. Begin == End is no window: an empty one, as a
-	// denial of a key with nothing counted leaves.
+	// denial of a key with nothing counted leaves. A sliding log keeps
+	// here its length and [Log[0], Log[len-1]+span) as it was when last
+	// written; a smooth key its units not yet drained when last written,
+	// over [0, TAT).
 	Count, Begin, End int64
 	// Log is a sliding window's events, in time order: the window is then
 	// [Log[0], Log[len-1]+span) and Count is len(Log).
@@ -41,7 +51,7 @@ type Key struct {
 	Leases map[string]int64
 	// TAT is a Smooth check's theoretical arrival time: when the key is
 	// drained. 0 when none is kept; a TAT at or before now is drained as
-	// well, and a store may drop it.
+	// well, and a store may drop it. End is TAT too while it is kept.
 	TAT int64
 }
 
@@ -70,16 +80,55 @@ type view struct {
 	live       []int64 // a sliding check's events still in its window
 	blocked    bool
 	ahead      int64 // a smooth check's max(TAT, now) - now
+	// until is set for a sliding or smooth check that carries over the
+	// count of a key of another kind (see carried): the end of the window
+	// that holds it. A sliding check's used events are then all logged at
+	// begin.
+	until int64
 }
 
+// carried is the count a check of another kind reads from k at now, and
+// the end of the window that holds it: its window's, while that window is
+// current (not empty, not over); 0 and 0 otherwise. A window's count, a
+// sliding log's length and a smooth key's undrained units are all kept
+// there (see Key).
+func carried(k *Key, now int64) (count, until int64) {
+	if k.Begin < k.End && now < k.End && k.Count > 0 {
+		return k.Count, k.End
+	}
+	return 0, 0
+}
+
+// look is what check c sees of key k at now. A key kept in the form of
+// another kind of window is carried over as a count, held until the window
+// that holds it ends: a sliding check sees that many events logged at the
+// latest instant that lets them leave the log when that window ends, and
+// never after now (min(now, until - span)); a smooth check sees that many
+// units taken at now (a full burst at the most), and, denied, room when
+// that window ends. A check of a kind that counts in windows joins
+// whatever window is current, a sliding log's or a smooth key's included.
+// So a change of a rule's kind carries its count over, and two rules of
+// different kinds on one use type never let an id through more often than
+// the larger limit in a window of either.
 func look(k *Key, c *Check, now int64) view {
 	v := view{blocked: k.Blocked > now}
 	if c.Smooth() {
-		v.ahead = max(k.TAT, now) - now
+		if k.TAT > 0 {
+			v.ahead = max(k.TAT, now) - now
+		} else if m, until := carried(k, now); m > 0 {
+			v.ahead, v.until = min(m, c.Burst)*c.Interval.Microseconds(), until
+		}
 		v.used = drained(c, v.ahead)
 		return v
 	}
 	if span := c.Span.Microseconds(); span > 0 {
+		if len(k.Log) == 0 {
+			if m, until := carried(k, now); m > 0 {
+				at := min(now, until-span)
+				v.used, v.begin, v.end, v.until = m, at, at+span, until
+			}
+			return v
+		}
 		for _, e := range k.Log {
 			if e > now-span {
 				v.live = append(v.live, e)
@@ -97,6 +146,16 @@ func look(k *Key, c *Check, now int64) view {
 	}
 	v.begin, v.end = us(c.Begin), end(c)
 	return v
+}
+
+// logged returns the events of a sliding check's view: the live part of
+// its log, or for a count carried over from another kind, that many
+// events at the view's begin.
+func (v *view) logged() []int64 {
+	if v.until > 0 {
+		return slices.Repeat([]int64{v.begin}, int(v.used))
+	}
+	return slices.Clone(v.live)
 }
 
 func (v *view) fits(c *Check, n int64) bool {
@@ -162,10 +221,11 @@ func Apply(r *Request, keys []*Key) {
 			case ok && c.Smooth():
 				v.ahead += n * c.Interval.Microseconds()
 				v.used = drained(c, v.ahead)
-				*k = Key{Denied: k.Denied, Blocked: k.Blocked, Leases: k.Leases, TAT: now + v.ahead}
+				tat := now + v.ahead
+				*k = Key{Count: v.used, End: tat, Denied: k.Denied, Blocked: k.Blocked, Leases: k.Leases, TAT: tat}
 			case ok && c.Span > 0:
 				span := c.Span.Microseconds()
-				log := slices.Clone(v.live)
+				log := v.logged()
 				at, _ := slices.BinarySearch(log, now+1) // after any equal ones
 				log = slices.Insert(log, at, slices.Repeat([]int64{now}, int(n))...)
 				k.Log, k.Count = log, int64(len(log))
@@ -197,18 +257,33 @@ func Apply(r *Request, keys []*Key) {
 			st.BlockedUntil = tm(k.Blocked)
 		}
 		if c.Span > 0 && !ok && n <= c.Limit && v.used+n > c.Limit {
-			st.FreeAt = tm(v.live[v.used+n-c.Limit-1])
+			if v.until > 0 {
+				// A carried count leaves the log when its window ends (a
+				// lifetime window's, never).
+				if v.until != Forever {
+					st.FreeAt = tm(v.until - c.Span.Microseconds())
+				}
+			} else {
+				st.FreeAt = tm(v.live[v.used+n-c.Limit-1])
+			}
 		}
 		if c.Smooth() && !ok && c.Limit > 0 && n <= c.Burst && !smoothFits(c, v.ahead, n) {
 			t := c.Interval.Microseconds()
 			st.FreeAt = tm(now + v.ahead + n*t - c.Burst*t)
+			if v.until > 0 {
+				st.FreeAt = tm(v.until) // a carried count drains when its window ends (a lifetime's: never)
+			}
 		}
 		c.State = st
 	}
 }
 
 // refund gives n events back to the current window of c's key, never
-// below 0; a sliding check drops its n newest events.
+// below 0, in the form the key is kept in: a sliding check drops its n
+// newest events, a smooth check moves the TAT back n intervals (its count
+// becomes the units still undrained), any other check lowers the count;
+// a check of another form than the key's gives back nothing of the key's
+// log or smooth instant.
 func refund(k *Key, c *Check, now, n int64) {
 	if c.Smooth() {
 		if ahead, t := k.TAT-now, c.Interval.Microseconds(); ahead > 0 {
@@ -217,11 +292,15 @@ func refund(k *Key, c *Check, now, n int64) {
 			} else {
 				k.TAT -= n * t
 			}
+			k.End, k.Count = k.TAT, drained(c, k.TAT-now)
 		}
 		return
 	}
 	v := look(k, c, now)
 	if span := c.Span.Microseconds(); span > 0 {
+		if len(k.Log) == 0 {
+			return
+		}
 		keep := v.live[:max(0, v.used-n)]
 		k.Log, k.Count = slices.Clone(keep), int64(len(keep))
 		if len(keep) > 0 {

@@ -1,7 +1,11 @@
 package memstore
 
 import (
+	"context"
+	"fmt"
 	"testing"
+
+	"github.com/countlimit/countlimit/countlimit"
 )
 
 // TestChainsKeepCollidingIDsApart puts the counters of two ids under one
@@ -68,5 +72,34 @@ func TestChainsKeepCollidingIDsApart(t *testing.T) {
 	check("all removed", map[int]bool{})
 	if len(sh.m) != 0 {
 		t.Errorf("%d chains left, want 0", len(sh.m))
+	}
+}
+
+// TestUseTypesHaveChainsOfTheirOwn: a lookup walks past none of its id's
+// other counters, so its cost does not grow with how many use types the
+// id has: the 2 000 counters of one id are 2 000 chains of one (two would
+// share a chain only if their 64-bit hashes collided).
+func TestUseTypesHaveChainsOfTheirOwn(t *testing.T) {
+	s := New(WithJanitorInterval(0))
+	defer s.Close()
+	l := countlimit.New(s)
+	for i := range 2000 {
+		rule := countlimit.Rule{UseType: countlimit.UseType(fmt.Sprint("ut-", i)), Limit: 1, Window: countlimit.Lifetime()}
+		if _, err := l.Allow(context.Background(), rule, "one-id"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	chains, longest := 0, 0
+	for i := range s.shards {
+		for _, head := range s.shards[i].m {
+			n := 0
+			for e := head; e != nil; e = e.next {
+				n++
+			}
+			chains, longest = chains+1, max(longest, n)
+		}
+	}
+	if chains != 2000 || longest != 1 {
+		t.Errorf("one id's 2000 counters are in %d chains, the longest of %d; want 2000 chains of 1", chains, longest)
 	}
 }

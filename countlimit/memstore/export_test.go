@@ -47,9 +47,9 @@ func BytesPerShard(s *Store) int64 { return s.perBytes }
 // go. Set it before the first sweep.
 func OnPause(s *Store, f func()) { s.pause = f }
 
-// ShardLocked reports whether the lock of id's shard is held.
-func ShardLocked(s *Store, id string) bool {
-	sh := s.shard(s.hash(id))
+// ShardLocked reports whether the lock of the shard of (ut, id) is held.
+func ShardLocked(s *Store, ut, id string) bool {
+	sh := s.shard(s.hash(ut, id))
 	if sh.mu.TryLock() {
 		sh.mu.Unlock()
 		return false
@@ -57,10 +57,11 @@ func ShardLocked(s *Store, id string) bool {
 	return true
 }
 
-// MayHaveExpired reports whether id's shard may hold a counter that has
-// expired, as a full shard judges before it looks for one to drop.
-func MayHaveExpired(s *Store, id string) bool {
-	sh := s.shard(s.hash(id))
+// MayHaveExpired reports whether the shard of (ut, id) may hold a counter
+// that has expired, as a full shard judges before it looks for one to
+// drop.
+func MayHaveExpired(s *Store, ut, id string) bool {
+	sh := s.shard(s.hash(ut, id))
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	return s.mono() >= sh.soonest
@@ -69,12 +70,15 @@ func MayHaveExpired(s *Store, id string) bool {
 // Looks reports how often full shards have looked for expired counters.
 func Looks(s *Store) int64 { return s.looks.Load() }
 
-// SameShard reports whether two ids' counters live in one shard.
-func SameShard(s *Store, a, b string) bool { return s.shard(s.hash(a)) == s.shard(s.hash(b)) }
+// SameShard reports whether the counters of ut for two ids live in one
+// shard.
+func SameShard(s *Store, ut, a, b string) bool {
+	return s.shard(s.hash(ut, a)) == s.shard(s.hash(ut, b))
+}
 
 // KeyForTest returns what s keeps of (ut, id), in the model's terms.
 func KeyForTest(s *Store, ut, id string) driver.Key {
-	h := s.hash(id)
+	h := s.hash(ut, id)
 	sh := s.shard(h)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -86,8 +90,8 @@ func KeyForTest(s *Store, ut, id string) driver.Key {
 	if e.end == forever {
 		k.End = driver.Forever
 	}
-	if e.begin == smooth {
-		k.Count, k.Begin, k.End, k.TAT = 0, 0, 0, e.end
+	if e.smooth() {
+		k.Begin, k.TAT = 0, e.end
 	}
 	if e.leases != nil {
 		k.Leases = map[string]int64{}
@@ -100,7 +104,7 @@ func KeyForTest(s *Store, ut, id string) driver.Key {
 
 // SeedForTest makes s keep k for (ut, id), replacing what it kept.
 func SeedForTest(s *Store, ut, id string, k driver.Key) {
-	h := s.hash(id)
+	h := s.hash(ut, id)
 	sh := s.shard(h)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -115,7 +119,7 @@ func SeedForTest(s *Store, ut, id string, k driver.Key) {
 	}
 	e.events = slices.Clone(k.Log)
 	if k.TAT > 0 {
-		e.count, e.begin, e.end = 0, smooth, k.TAT
+		e.begin, e.end = smoothBegin(k.TAT+smoothSlack), k.TAT
 	}
 	for t, x := range k.Leases {
 		if e.leases == nil {
@@ -130,7 +134,7 @@ func SeedForTest(s *Store, ut, id string, k driver.Key) {
 // DeadlineForTest returns when the janitor may drop the counter of (ut,
 // id), on the store's monotonic scale; 0 when it holds none.
 func DeadlineForTest(s *Store, ut, id string) time.Duration {
-	h := s.hash(id)
+	h := s.hash(ut, id)
 	sh := s.shard(h)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()

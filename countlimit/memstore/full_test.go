@@ -136,7 +136,7 @@ func TestFullStoreDropsExpiredCountersFirst(t *testing.T) {
 		t.Fatal(err)
 	}
 	memstore.Sweep(s)
-	if memstore.MayHaveExpired(s, "keep") {
+	if memstore.MayHaveExpired(s, "live", "keep") {
 		t.Error("with one counter an hour from expiry, the shard thinks one may have expired")
 	}
 	stale(t, l, "old-1")

@@ -31,7 +31,7 @@ func TestCountersNeverShareACacheLine(t *testing.T) {
 		if _, err := l.Allow(context.Background(), rule, id); err != nil {
 			t.Fatal(err)
 		}
-		h := s.hash(id)
+		h := s.hash(string(rule.UseType), id)
 		sh := s.shard(h)
 		sh.mu.Lock()
 		e := sh.get(h, string(rule.UseType), id)

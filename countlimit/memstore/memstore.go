@@ -5,8 +5,12 @@
 // lease string (countlimit.Lease.String) taken on a memstore can be released
 // only in the process that holds that store, by any Limiter over it.
 //
-// All counters of one id live in one shard, so a multi-rule check takes one
-// lock. Checking an existing key allocates nothing.
+// A counter, one (use type, id) pair, lives in the shard that a hash of
+// both picks, so the counters of one id spread over the shards as those of
+// many ids do, and a check finds its counter at the same cost whether its
+// id has one use type or a hundred thousand (use types a caller chooses).
+// A check of several rules locks their shards in one fixed order and is
+// one atomic step across them. Checking an existing key allocates nothing.
 //
 // # Memory
 //
@@ -26,9 +30,9 @@
 // sweeps a shard 512 counters at a time, letting go of the shard's
 // lock between slices, so a check never waits for a whole shard to be
 // swept. Go maps never give memory back, so when a sweep leaves a shard
-// with a quarter or less of the most ids it has held, the janitor moves
-// their counters into a fresh map, again a slice at a time, and the old one
-// is freed.
+// with a quarter or less of the most counters it has held, the janitor
+// moves them into a fresh map, again a slice at a time, and the old one is
+// freed.
 package memstore
 
 import (
@@ -41,6 +45,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/internal/wire"
@@ -59,11 +64,10 @@ const (
 )
 
 // sweepSlice is how many counters the janitor looks at, or moves into a
-// fresh map, per hold of a shard's lock (finishing the id it is at, whose
-// counters go together): few enough that a hold stays short (each counter
-// costs a cache miss or two), so that no check waits long behind a sweep;
-// docs/benchmarks.md has the measured holds. A call that finds its shard
-// full looks at no more.
+// fresh map, per hold of a shard's lock (finishing the chain it is at):
+// few enough that a hold stays short (each counter costs a cache miss or
+// two), so that no check waits long behind a sweep; docs/benchmarks.md has
+// the measured holds. A call that finds its shard full looks at no more.
 const sweepSlice = 512
 
 // lookAgain is how long a full shard that looked for expired counters in
@@ -108,10 +112,10 @@ type Store struct {
 
 type shard struct {
 	mu sync.Mutex
-	// m maps the hash of an id (Store.hash) to a chain of counters linked
-	// by entry.next: the id's, one per UseType, and any of another id with
-	// the same 64-bit hash. The hash that picked the shard is the key, so a
-	// check hashes its id once and no UseType.
+	// m maps the hash of a counter's use type and id (Store.hash) to a
+	// chain of counters linked by entry.next: that counter, and any other
+	// whose 64-bit hash is the same. The hash that picked the shard is the
+	// key, so a check hashes each of its counters once.
 	m map[uint64]*entry
 	// old is a map a sweep is moving into m, a slice at a time, to give its
 	// buckets back; nil otherwise. A chain is in one of the two, never both.
@@ -135,7 +139,7 @@ type shard struct {
 }
 
 // used is what the shard accounts on the heap: its counters, and its maps'
-// slots for the most ids they have held (a Go map never shrinks).
+// slots for the most chains they have held (a Go map never shrinks).
 func (sh *shard) used() int64 { return sh.bytes + int64(sh.peak+sh.oldPeak)*mapSlotBytes }
 
 // holds reports whether a chain of h is in sh, so a new counter of h needs
@@ -170,7 +174,7 @@ func find(e *entry, ut string, id string) *entry {
 	return e
 }
 
-// add puts a new counter, whose id hashes to h, at the head of its chain.
+// add puts a new counter, whose key hashes to h, at the head of its chain.
 func (sh *shard) add(h uint64, e *entry) {
 	m := sh.m
 	if _, ok := sh.old[h]; ok {
@@ -246,13 +250,15 @@ func (sh *shard) prune(m, to map[uint64]*entry, h uint64, mono int64) (seen int,
 type entry struct {
 	useType string
 	id      string
-	next    *entry // the next counter in the chain of the id's hash
+	next    *entry // the next counter in the chain of its key's hash (a collision)
 	count   int64
 	// begin and end bound the window of count; end is forever for
-	// lifetime windows. A Smooth check's entry keeps its TAT in end, with
-	// begin forever (smooth), so no other kind sees a window there (begin
-	// >= end), and in count the instant its janitor deadline was last set
-	// for (see until).
+	// lifetime windows. A sliding log keeps there its length and bounds
+	// as last written. A Smooth check's entry keeps its TAT in end, its
+	// units not yet drained when last written in count, over the window
+	// [0, TAT) (driver.Key's form of a smooth key, which checks of other
+	// kinds carry over), and in begin, negative, the instant its janitor
+	// deadline was last set for (see smoothBegin).
 	begin   int64
 	end     int64
 	blocked int64 // 0 when never blocked
@@ -304,16 +310,18 @@ func WithJanitorInterval(d time.Duration) Option { return func(c *config) { c.in
 // the rest alive), its use type (counted as its own too, though it is
 // mostly the rule's), a Sliding window's log (8 bytes an event, kept at
 // the longest it has been), a Concurrent window's leases with their
-// tokens, and a slot of its shard's map for each id the map has held (both
-// maps while a sweep rebuilds it). The store's fixed part, its shards and
-// their empty maps, is not.
+// tokens, and a slot of its shard's map for each counter the map has held
+// (both maps while a sweep rebuilds it). The store's fixed part, its shards
+// and their empty maps, is not.
 //
 // The bound is kept per shard: each of the store's shards takes at most n
-// divided by the number of shards. Ids go to shards by a hash with a
-// random seed per Store, so they spread evenly and no one can pick ids
-// that pile into one shard; a shard's share must hold the longest Sliding
-// log or set of leases of a rule (up to 80 KiB and 475 KiB at the most
-// their limits allow), or the store refuses it.
+// divided by the number of shards. A counter goes to a shard by a hash of
+// its use type and id with a random seed per Store, so counters spread
+// evenly, the many use types of one id as the ids of one use type do, and
+// no one can pick ids or use types that pile into one shard; a shard's
+// share must hold the longest Sliding log or set of leases of a rule (up
+// to 80 KiB and 475 KiB at the most their limits allow), or the store
+// refuses it.
 //
 // When a call would add a counter to a full shard, or lengthen a sliding
 // log or a set of leases beyond the room its array has, the shard first
@@ -436,12 +444,22 @@ func (s *Store) Do(ctx context.Context, r *driver.Request) error {
 	if s.closed.Load() {
 		return driver.Unavailable(errClosed)
 	}
-	return driver.Unavailable(s.apply(r))
+	if err := s.apply(r); err != nil {
+		return driver.Unavailable(err)
+	}
+	return nil
 }
 
-// hash is the hash of an id: its low bits pick the shard, and the whole
-// is the key of the id's chain in the shard's map.
-func (s *Store) hash(id string) uint64 { return maphash.String(s.seed, id) }
+// key is what a counter is found by.
+type key struct{ useType, id string }
+
+// hash is the hash of a counter's key, seeded per Store so that nobody can
+// choose keys that pile into one shard: its low bits pick the shard, and
+// the whole is the key of the counter's chain in the shard's map. The use
+// type is hashed with the id, so that one id's counters spread over the
+// shards, and their bytes over the shards' shares of WithMaxBytes, as many
+// ids' do, and a lookup walks past none of the id's other counters.
+func (s *Store) hash(ut, id string) uint64 { return maphash.Comparable(s.seed, key{ut, id}) }
 
 func (s *Store) shard(h uint64) *shard { return &s.shards[h&s.mask] }
 
@@ -456,10 +474,32 @@ type view struct {
 	live       int // sliding: index of the oldest event still in the window
 	blocked    bool
 	ahead      int64 // smooth: max(TAT, now) - now
+	// until is set for a sliding or smooth check that carries over the
+	// count of an entry of another kind (driver.Apply's look): the end of
+	// the window that holds it. A sliding check's used events are then all
+	// at begin.
+	until int64
 }
 
-// smooth marks the entry of a Smooth check: its begin (see entry).
-const smooth = forever
+// smooth reports whether e is a Smooth check's entry: its begin is
+// negative (smoothBegin), which no window's begin is (the Limiter takes
+// no time before 1970).
+func (e *entry) smooth() bool { return e.begin < 0 }
+
+// smoothBegin is the begin of a smooth entry whose janitor deadline was
+// last set for the instant at (µs, after 1970): -at, negative.
+func smoothBegin(at int64) int64 { return -at }
+
+// carried is the count a check of another kind reads from e at now, and
+// the end of the window that holds it: its window's while the window is
+// current, else 0 and 0 (driver.Apply's carried). A smooth entry's window
+// is [0, TAT).
+func (e *entry) carried(now int64) (count, until int64) {
+	if e.begin < e.end && now < e.end && e.count > 0 {
+		return e.count, e.end
+	}
+	return 0, 0
+}
 
 // smoothSlack is how far past its TAT a smooth entry's janitor deadline is
 // set (µs), so that a key allowed again and again moves the deadline, and
@@ -478,10 +518,10 @@ const smoothSlack = int64(time.Second / time.Microsecond)
 const expiryGrace = int64(time.Second / time.Microsecond)
 
 // until is when the entry's window ends, or for a smooth entry the later
-// of its TAT and the instant its janitor deadline was set for (count).
+// of its TAT and the instant its janitor deadline was set for (begin).
 func (e *entry) until() int64 {
-	if e.begin == smooth {
-		return max(e.end, e.count)
+	if e.smooth() {
+		return max(e.end, -e.begin)
 	}
 	return e.end
 }
@@ -495,7 +535,11 @@ func look(v *view, e *entry, c *driver.Check, now int64) {
 	if c.Interval > 0 {
 		if e != nil {
 			v.blocked = e.blocked > now
-			if e.begin == smooth && e.end > now {
+			if !e.smooth() {
+				if m, until := e.carried(now); m > 0 {
+					v.ahead, v.until = min(m, c.Burst)*c.Interval.Microseconds(), until
+				}
+			} else if e.end > now {
 				v.ahead = e.end - now
 			}
 		}
@@ -504,6 +548,13 @@ func look(v *view, e *entry, c *driver.Check, now int64) {
 	}
 	if e != nil {
 		v.blocked = e.blocked > now
+		if span > 0 && len(e.events) == 0 {
+			if m, until := e.carried(now); m > 0 {
+				at := min(now, until-span)
+				v.used, v.begin, v.end, v.until = m, at, at+span, until
+			}
+			return
+		}
 		if span > 0 {
 			for v.live < len(e.events) && e.events[v.live] <= now-span {
 				v.live++
@@ -514,7 +565,7 @@ func look(v *view, e *entry, c *driver.Check, now int64) {
 			return
 		}
 		if e.begin < e.end && now < e.end {
-			v.used, v.begin, v.end = e.count, e.begin, e.end
+			v.used, v.begin, v.end = e.count, max(e.begin, 0), e.end
 			return
 		}
 	}
@@ -545,10 +596,12 @@ func drained(c *driver.Check, ahead int64) int64 {
 	return min(c.Burst, (ahead+t-1)/t)
 }
 
-// slot is one check of a request while apply works on it: its entry and
-// view, and what its State needs from the entry, read under the shard's
-// lock so the State is built after it is let go.
+// slot is one check of a request while apply works on it: its key's hash
+// and shard, its entry and view, and what its State needs from the entry,
+// read under the shard's lock so the State is built after it is let go.
 type slot struct {
+	h       uint64
+	sh      *shard
 	e       *entry
 	v       view
 	blocked int64 // the entry's penalty end; 0 for none
@@ -560,10 +613,14 @@ type slot struct {
 // space leaves the stack.
 const inline = 2
 
+// inlineShards is how many shards a request may lock before the list of
+// them leaves the stack (see order): an AllowAll of up to that many rules.
+const inlineShards = 8
+
 // apply carries out one request. The checks of a request have distinct
 // UseTypes (the Limiter makes sure), so each check's entry is looked up
-// once: the shard's lock is held for the lookups and the counter updates,
-// and the States are built after it is let go.
+// once: the locks of the checks' shards are held for the lookups and the
+// counter updates, and the States are built after they are let go.
 //
 // It is a copy, kept for speed, of driver.Apply, the reference model of
 // the driver.Store contract; docs/ARCHITECTURE.md ("The copies") lists
@@ -573,24 +630,6 @@ const inline = 2
 // Results and stored state after each of its seeded steps; it names the
 // copy that was forgotten.
 func (s *Store) apply(r *driver.Request) error {
-	h := s.hash(r.ID)
-	sh := s.shard(h)
-	if r.Op == driver.OpReset {
-		sh.mu.Lock()
-		for i := range r.Checks {
-			sh.remove(h, r.Checks[i].UseType, r.ID)
-		}
-		sh.mu.Unlock()
-		return nil
-	}
-	if r.OnLeases() {
-		return s.leaseOp(r, h, sh)
-	}
-	now := r.Now.UnixMicro()
-	n := r.N
-	if r.Op != driver.OpAllow {
-		n = 1
-	}
 	var buf [inline]slot
 	var slots []slot
 	if len(r.Checks) <= inline {
@@ -598,11 +637,45 @@ func (s *Store) apply(r *driver.Request) error {
 	} else {
 		slots = make([]slot, len(r.Checks)) // AllowAll of more rules
 	}
+	for i := range slots {
+		h := maphash.Comparable(s.seed, key{r.Checks[i].UseType, r.ID}) // s.hash, inlined
+		slots[i].h, slots[i].sh = h, s.shard(h)
+	}
+	var held [inlineShards]*shard
+	locked := held[:1]
+	if len(slots) == 1 {
+		held[0] = slots[0].sh // most requests: nothing to order
+	} else {
+		locked = order(held[:0], slots)
+	}
+	if r.Op == driver.OpReset {
+		for _, sh := range locked {
+			sh.mu.Lock()
+		}
+		for i := range r.Checks {
+			slots[i].sh.remove(slots[i].h, r.Checks[i].UseType, r.ID)
+		}
+		for _, sh := range locked {
+			sh.mu.Unlock()
+		}
+		return nil
+	}
+	if r.OnLeases() {
+		return s.leaseOp(r, slots[0].h, slots[0].sh)
+	}
+	now := r.Now.UnixMicro()
+	n := r.N
+	if r.Op != driver.OpAllow {
+		n = 1
+	}
 
-	sh.mu.Lock()
+	for _, sh := range locked {
+		sh.mu.Lock()
+	}
 	ok, grows := true, false
 	for i := range r.Checks {
 		c, sl := &r.Checks[i], &slots[i]
+		sh, h := sl.sh, sl.h
 		sl.e = sh.get(h, c.UseType, r.ID)
 		if r.Op == driver.OpRefund && sl.e != nil {
 			look(&sl.v, sl.e, c, now)
@@ -615,13 +688,16 @@ func (s *Store) apply(r *driver.Request) error {
 	room := true // for what this request adds
 	if r.Op == driver.OpAllow && grows && (s.perShard > 0 || s.perBytes > 0) {
 		var err error
-		if room, err = s.makeRoom(sh, h, r, slots, ok, n, now); err != nil {
-			sh.mu.Unlock()
+		if room, err = s.makeRoom(locked, r, slots, ok, n, now); err != nil {
+			for _, sh := range locked {
+				sh.mu.Unlock()
+			}
 			return err
 		}
 	}
 	for i := range r.Checks {
 		c, sl := &r.Checks[i], &slots[i]
+		sh, h := sl.sh, sl.h
 		if r.Op == driver.OpAllow && (ok || !sl.v.fits(c, n)) && (sl.e != nil || room) {
 			if sl.e == nil {
 				sl.e = newEntry(c.UseType, r.ID, now) // an empty window until counted
@@ -632,15 +708,27 @@ func (s *Store) apply(r *driver.Request) error {
 		if e := sl.e; e != nil {
 			sl.blocked = e.blocked
 			if c.Span > 0 && !ok && n <= c.Limit && sl.v.used+n > c.Limit {
-				sl.freeAt, sl.free = e.events[sl.v.live+int(sl.v.used+n-c.Limit)-1], true
+				switch until := sl.v.until; {
+				case until == 0:
+					sl.freeAt, sl.free = e.events[sl.v.live+int(sl.v.used+n-c.Limit)-1], true
+				case until != forever: // a carried count leaves the log when its window ends
+					sl.freeAt, sl.free = until-c.Span.Microseconds(), true
+				}
 			}
 		}
 		if c.Interval > 0 && !ok && c.Limit > 0 && n <= c.Burst && !smoothFits(c, sl.v.ahead, n) {
 			t := c.Interval.Microseconds()
-			sl.freeAt, sl.free = now+sl.v.ahead+n*t-c.Burst*t, true
+			switch until := sl.v.until; {
+			case until == 0:
+				sl.freeAt, sl.free = now+sl.v.ahead+n*t-c.Burst*t, true
+			case until != forever: // a carried count drains when its window ends
+				sl.freeAt, sl.free = until, true
+			}
 		}
 	}
-	sh.mu.Unlock()
+	for _, sh := range locked {
+		sh.mu.Unlock()
+	}
 
 	for i := range r.Checks {
 		state(&r.Checks[i], &slots[i], ok, now)
@@ -648,50 +736,85 @@ func (s *Store) apply(r *driver.Request) error {
 	return nil
 }
 
-// makeRoom reports whether sh has room for what r's writes add (see need).
-// When it has none and r is allowed, it drops expired counters to make
-// some (see reclaim), and fails with ErrFull if that is not enough; a
-// denial that finds no room is answered, and its new counters not kept.
-// The slots' entries and views are looked up again after a reclaim, which
-// may have dropped an expired counter of r's.
-func (s *Store) makeRoom(sh *shard, h uint64, r *driver.Request, slots []slot, ok bool, n, now int64) (room bool, err error) {
-	bytes, entries := s.need(sh, h, r, slots, ok, n)
-	full := s.full(sh, bytes, entries)
-	if full == nil {
-		return true, nil
+// order appends to held the shards of the slots' counters, each once, in
+// the order of their places in Store.shards: the order in which every
+// request locks its shards, so that two requests that share shards never
+// wait for each other in a cycle. apply locks and unlocks them in its own
+// body, where a mutex's Lock and Unlock are inlined.
+func order(held []*shard, slots []slot) []*shard {
+	for i := range slots {
+		sh := slots[i].sh
+		j := len(held)
+		for j > 0 && before(sh, held[j-1]) {
+			j--
+		}
+		if j > 0 && held[j-1] == sh {
+			continue
+		}
+		held = append(held, sh)
+		copy(held[j+1:], held[j:])
+		held[j] = sh
 	}
-	if !ok {
-		return false, nil
-	}
-	if !s.reclaim(sh, bytes, entries) {
-		return false, full
-	}
-	for i := range r.Checks {
-		c, sl := &r.Checks[i], &slots[i]
-		sl.e = sh.get(h, c.UseType, r.ID)
-		look(&sl.v, sl.e, c, now)
-	}
-	bytes, entries = s.need(sh, h, r, slots, ok, n)
-	if full := s.full(sh, bytes, entries); full != nil {
-		return false, full
+	return held
+}
+
+// before reports whether a comes before b in Store.shards. The shards are
+// the elements of one array, which Go's heap never moves, so the order of
+// their addresses is the order of their places.
+func before(a, b *shard) bool { return uintptr(unsafe.Pointer(a)) < uintptr(unsafe.Pointer(b)) }
+
+// makeRoom reports whether each of the shards held has room for what r's
+// writes add to it (see need). When one has none and r is allowed, it
+// drops expired counters there to make some (see reclaim), and fails with
+// ErrFull if that is not enough; a denial that finds no room in one of them
+// is answered, and its new counters in any not kept. The entries and views
+// of a shard's slots are looked up again after a reclaim there, which may
+// have dropped an expired counter of r's.
+func (s *Store) makeRoom(held []*shard, r *driver.Request, slots []slot, ok bool, n, now int64) (room bool, err error) {
+	for _, sh := range held {
+		bytes, entries := s.need(sh, r, slots, ok, n)
+		full := s.full(sh, bytes, entries)
+		if full == nil {
+			continue
+		}
+		if !ok {
+			return false, nil
+		}
+		if !s.reclaim(sh, bytes, entries) {
+			return false, full
+		}
+		for i := range r.Checks {
+			if c, sl := &r.Checks[i], &slots[i]; sl.sh == sh {
+				sl.e = sh.get(sl.h, c.UseType, r.ID)
+				look(&sl.v, sl.e, c, now)
+			}
+		}
+		bytes, entries = s.need(sh, r, slots, ok, n)
+		if full := s.full(sh, bytes, entries); full != nil {
+			return false, full
+		}
 	}
 	return true, nil
 }
 
 // need returns the bytes and the counters r's writes would add to sh: a
-// counter for each check that has none, with a slot of sh's map when it is
-// the id's first and the map must grow, and, when r is allowed, the growth
-// of each sliding log whose array is too short; a denial writes only the
-// checks that deny (see apply), and logs nothing. write grows a log just as
-// need reckons (logCap).
-func (s *Store) need(sh *shard, h uint64, r *driver.Request, slots []slot, ok bool, n int64) (bytes int64, entries int) {
+// counter for each of its checks in sh that has none, with a slot of sh's
+// map for each whose chain is new when the map must grow, and, when r is
+// allowed, the growth of each sliding log whose array is too short; a
+// denial writes only the checks that deny (see apply), and logs nothing.
+// write grows a log just as need reckons (logCap).
+func (s *Store) need(sh *shard, r *driver.Request, slots []slot, ok bool, n int64) (bytes int64, entries int) {
+	chains := 0 // new ones
 	for i := range r.Checks {
 		c, sl := &r.Checks[i], &slots[i]
-		if !ok && sl.v.fits(c, n) {
+		if sl.sh != sh || !ok && sl.v.fits(c, n) {
 			continue
 		}
 		if sl.e == nil {
 			entries++
+			if !sh.holds(sl.h) {
+				chains++
+			}
 			bytes += newEntryBytes(c.UseType, r.ID)
 			if c.Span > 0 && ok {
 				bytes += allocSize(logCap(0, int(n)) * eventSize)
@@ -702,9 +825,7 @@ func (s *Store) need(sh *shard, h uint64, r *driver.Request, slots []slot, ok bo
 			bytes += allocSize(logCap(old, int(sl.v.used+n))*eventSize) - allocSize(old*eventSize)
 		}
 	}
-	if entries > 0 && !sh.holds(h) && len(sh.m) >= sh.peak {
-		bytes += mapSlotBytes
-	}
+	bytes += int64(max(0, len(sh.m)+chains-sh.peak)) * mapSlotBytes
 	return bytes, entries
 }
 
@@ -762,18 +883,35 @@ func (s *Store) write(sh *shard, e *entry, c *driver.Check, v *view, allowed boo
 	case c.Interval > 0:
 		v.ahead += n * c.Interval.Microseconds()
 		v.used = drained(c, v.ahead)
-		was := e.begin == smooth
-		e.begin, e.end = smooth, now+v.ahead
+		was := e.smooth()
+		e.end, e.count = now+v.ahead, v.used
 		e.events = e.events[:0]
-		// A smooth entry's count is the instant its janitor deadline was
+		// A smooth entry's begin is the instant its janitor deadline was
 		// last set for (see entry.until): it is moved, a clock read, only
 		// once the TAT passes it, by smoothSlack at a time, not on every
 		// allow of a busy key.
-		if !was || e.count < e.end {
-			e.count = e.end + smoothSlack
+		if !was || -e.begin < e.end {
+			e.begin = smoothBegin(e.end + smoothSlack)
 			s.touch(sh, e, now)
 		}
 		return
+	case span > 0 && v.until > 0:
+		// Another kind's count, carried over: that many events at the
+		// view's begin, then n at now.
+		if want := int(v.used + n); want > cap(e.events) {
+			e.events = make([]int64, 0, logCap(cap(e.events), want))
+			sh.resize(e)
+		}
+		e.events = e.events[:0]
+		for range v.used {
+			e.events = append(e.events, v.begin)
+		}
+		for range n {
+			e.events = append(e.events, now)
+		}
+		e.count = int64(len(e.events))
+		e.begin, e.end = e.events[0], now+span
+		v.used, v.begin, v.end, v.live, v.until = e.count, e.begin, e.end, 0, 0
 	case span > 0:
 		live := e.events[v.live:]
 		if want := len(live) + int(n); want > cap(e.events) {
@@ -799,18 +937,25 @@ func (s *Store) write(sh *shard, e *entry, c *driver.Check, v *view, allowed boo
 	}
 }
 
+// refund gives n back as driver.Apply's refund does, in the form e is kept
+// in: a smooth entry's TAT, a sliding log, or a window's count.
 func (s *Store) refund(e *entry, c *driver.Check, v *view, n int64) {
 	if c.Interval > 0 {
-		if t := c.Interval.Microseconds(); v.ahead > 0 {
+		if t := c.Interval.Microseconds(); e.smooth() && v.ahead > 0 {
+			now := e.end - v.ahead
 			if n >= (v.ahead+t-1)/t {
-				e.end -= v.ahead // now: never before it
+				e.end = now // never before it
 			} else {
 				e.end -= n * t
 			}
+			e.count = drained(c, e.end-now)
 		}
 		return
 	}
 	if span := c.Span.Microseconds(); span > 0 {
+		if len(e.events) == 0 {
+			return // no log to give back from
+		}
 		keep := max(0, v.used-n)
 		e.events = append(e.events[:0], e.events[v.live:v.live+int(keep)]...)
 		e.count = keep
@@ -871,7 +1016,7 @@ func state(c *driver.Check, sl *slot, allowed bool, now int64) {
 			st.End = time.UnixMicro(now + v.ahead)
 		}
 	case c.Span == 0 || v.used > 0:
-		st.Begin, st.End = time.UnixMicro(v.begin), wire.Time(v.end, forever)
+		st.Begin, st.End = wire.Time(v.begin, 0), wire.Time(v.end, forever) // a smooth key's window begins at 0: none
 	}
 	if sl.e != nil && sl.blocked > now {
 		st.BlockedUntil = time.UnixMicro(sl.blocked)

@@ -42,10 +42,11 @@ var (
 const (
 	eventSize = int(unsafe.Sizeof(int64(0)))
 	leaseSize = int(unsafe.Sizeof(lease{}))
-	// mapSlotBytes is what a shard's map takes per id it has held: a
-	// Swiss-table slot of key and pointer with its control byte is 17
-	// bytes, at a load between 7/16 (just grown) and 7/8 (about to grow),
-	// so 19 to 39 bytes an id, and a map never shrinks (see shard.peak).
+	// mapSlotBytes is what a shard's map takes per chain (a counter, but
+	// for 64-bit collisions) it has held: a Swiss-table slot of key and
+	// pointer with its control byte is 17 bytes, at a load between 7/16
+	// (just grown) and 7/8 (about to grow), so 19 to 39 bytes a chain, and
+	// a map never shrinks (see shard.peak).
 	mapSlotBytes = 40
 )
 

@@ -140,7 +140,7 @@ func TestSweepMissesNoExpiry(t *testing.T) {
 	memstore.Sweep(s)
 	kept := s.Len() - lives
 	t.Logf("%d of %d expired counters added during the sweep outlived it", kept, pauses)
-	if got := memstore.MayHaveExpired(s, "live-0"); got != (kept > 0) {
+	if got := memstore.MayHaveExpired(s, "live", "live-0"); got != (kept > 0) {
 		t.Errorf("after the sweep, with %d expired counters kept, the shard thinks one may have expired: %v", kept, got)
 	}
 }
@@ -161,7 +161,7 @@ func TestSweepLetsGoOfTheLock(t *testing.T) {
 	rule := countlimit.Rule{UseType: "live", Limit: countlimit.MaxLimit, Window: countlimit.Lifetime()}
 	var during atomic.Int64
 	memstore.OnPause(s, func() {
-		if memstore.ShardLocked(s, "live") {
+		if memstore.ShardLocked(s, "live", "live") {
 			t.Error("paused with the shard's lock held")
 			return
 		}

@@ -42,7 +42,7 @@ func BenchmarkVersusRate(b *testing.B) {
 			ids := make([]string, 0, g)
 			for i := 0; len(ids) < g; i++ {
 				id := fmt.Sprint("user-", i)
-				if len(ids) == 0 || !memstore.SameShard(s, ids[0], id) {
+				if len(ids) == 0 || !memstore.SameShard(s, string(rule.UseType), ids[0], id) {
 					ids = append(ids, id)
 				}
 			}

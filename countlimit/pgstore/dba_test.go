@@ -35,7 +35,7 @@ var dbaFunctions = []string{
 // schema, whose notices (the functions' and auto_explain's) go to notices
 // when it is not nil, and which runs each of setup's statements on every
 // new connection.
-func dbaSchema(t *testing.T, maxConns int32, notices func(*pgconn.Notice), setup ...string) *pgxpool.Pool {
+func dbaSchema(t testing.TB, maxConns int32, notices func(*pgconn.Notice), setup ...string) *pgxpool.Pool {
 	t.Helper()
 	ctx := context.Background()
 	cfg, err := pgxpool.ParseConfig(testbackend.FreshSchemaURL(t))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -277,33 +278,48 @@ func waitQueued(t *testing.T, s *pgstore.Store, n int) {
 // TestMixedTrafficNeverFails runs batched Allows, AllowAll over two rules
 // (countlimit_apply), sliding Allows and Resets on the same few ids at once.
 // Every statement takes its locks in the same three phases, so none
-// deadlocks, and a Reset never makes a concurrent check fail.
+// deadlocks, and a Reset never makes a concurrent check fail. The traffic
+// runs 2 s and, on a loaded machine, on until every kind of call has run
+// 20 times.
 func TestMixedTrafficNeverFails(t *testing.T) {
 	pools := []*pgxpool.Pool{testbackend.PostgresPool(t), testbackend.PostgresPool(t)}
 	hourly := countlimit.Rule{UseType: storetest.UseType(t, "mix.a"), Limit: 1 << 30, Window: countlimit.Fixed(time.Hour)}
 	daily := countlimit.Rule{UseType: storetest.UseType(t, "mix.b"), Limit: 1 << 30, Window: countlimit.Rolling(24 * time.Hour)}
 	sliding := countlimit.Rule{UseType: storetest.UseType(t, "mix.c"), Limit: 10000, Window: countlimit.Sliding(time.Second)}
 	ids := []string{"p", "q", "r"}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	kinds := []string{"Allow", "AllowAll", "sliding Allow", "Reset"}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	var (
 		wg     sync.WaitGroup
 		mu     sync.Mutex
 		errs   []error
 		counts = map[string]int{}
+		start  = time.Now()
 	)
+	// running says, under mu, whether the traffic goes on.
+	running := func() bool {
+		if ctx.Err() != nil {
+			return false
+		}
+		if time.Since(start) < 2*time.Second {
+			return true
+		}
+		return slices.ContainsFunc(kinds, func(kind string) bool { return counts[kind] < 20 })
+	}
 	worker := func(kind string, w int, call func(l *countlimit.Limiter, id string) error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			l := countlimit.New(pgstore.New(pools[w%2]))
-			for i := w; ctx.Err() == nil; i++ {
+			for i, more := w, true; more; i++ {
 				err := call(l, ids[i%len(ids)])
 				mu.Lock()
 				if err != nil && ctx.Err() == nil {
 					errs = append(errs, fmt.Errorf("%s: %w", kind, err))
 				}
 				counts[kind]++
+				more = running()
 				mu.Unlock()
 			}
 		}()
@@ -345,7 +361,7 @@ func TestMixedTrafficNeverFails(t *testing.T) {
 	if len(errs) > 0 {
 		t.Errorf("%d of the calls failed (%v)", len(errs), counts)
 	}
-	for _, kind := range []string{"Allow", "AllowAll", "sliding Allow", "Reset"} {
+	for _, kind := range kinds {
 		if counts[kind] < 20 {
 			t.Errorf("only %d %s calls ran: the test proves little (%v)", counts[kind], kind, counts)
 		}

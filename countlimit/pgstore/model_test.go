@@ -100,7 +100,7 @@ func readKey(ctx context.Context, db interface {
 		smooth             bool
 	)
 	err := db.QueryRow(ctx, `SELECT already_count, begin_time, end_time, events, denied_count, blocked_until,
-			coalesce(window_kind = 'smooth' AND begin_time = end_time, false)
+			coalesce(window_kind = 'smooth', false)
 		FROM count_limit WHERE use_type = $1 AND unique_id = $2`, string(ut), id).
 		Scan(&k.Count, &begin, &end, &events, &k.Denied, &blockd, &smooth)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -115,8 +115,9 @@ func readKey(ctx context.Context, db interface {
 		k.End = end.Time.UnixMicro()
 	}
 	if smooth {
-		// A smooth row: its TAT as an empty window (migrations/00002_smooth.sql).
-		k.TAT, k.Begin, k.End = k.End, 0, 0
+		// A smooth row: its TAT in end_time, its units undrained when
+		// last written over [epoch, TAT) (migrations/00002_smooth.sql).
+		k.TAT = k.End
 	}
 	if blockd.Valid {
 		k.Blocked = blockd.Time.UnixMicro()
@@ -178,8 +179,8 @@ func (s serial) Do(ctx context.Context, r *driver.Request) error {
 }
 
 // seedKey makes PostgreSQL keep k for (ut, id), as its statements would
-// have written it: a smooth instant (TAT) as a smooth row, an empty
-// window at the TAT (migrations/00002_smooth.sql).
+// have written it: a key with a smooth instant (TAT) as a smooth row
+// (migrations/00002_smooth.sql).
 func seedKey(ctx context.Context, pool *pgxpool.Pool, ut, id string, k driver.Key) error {
 	return seedRow(ctx, pool, ut, id, k, true)
 }
@@ -224,11 +225,10 @@ func seedRow(ctx context.Context, pool *pgxpool.Pool, ut, id string, k driver.Ke
 	}
 	var kind *string
 	if smooth && k.TAT != 0 {
-		if k.Count != 0 || k.Begin < k.End || len(k.Log) > 0 {
-			return fmt.Errorf("(%s, %s) has a TAT beside a window or a log, which no store keeps", ut, id)
+		if k.Begin != 0 || k.End != k.TAT || len(k.Log) > 0 {
+			return fmt.Errorf("(%s, %s) has a TAT beside a window other than [0, TAT) or a log, which no store keeps", ut, id)
 		}
-		tat := pgtype.Timestamptz{Time: time.UnixMicro(k.TAT), Valid: true}
-		begin, end, kind = tat, tat, new(string)
+		kind = new(string)
 		*kind = "smooth"
 	}
 	if _, err := pool.Exec(ctx, `INSERT INTO count_limit (use_type, unique_id, already_count, begin_time, end_time, limit_value,

@@ -402,8 +402,15 @@ func timestamptz(t time.Time) pgtype.Timestamptz { return pgtype.Timestamptz{Tim
 // nullTime is t, or NULL when t is zero.
 func nullTime(t time.Time) pgtype.Timestamptz { return pgtype.Timestamptz{Time: t, Valid: !t.IsZero()} }
 
+// epoch is where a smooth key's window begins.
+var epoch = time.Unix(0, 0)
+
+// timeOf is t as the driver has it: zero for NULL, an infinity and the
+// epoch, where a smooth key's window begins (migrations/00002_smooth.sql),
+// and which is no time to the driver either (a State's Begin there is
+// zero: a window joined from a smooth key has no begin of its own).
 func timeOf(t pgtype.Timestamptz) time.Time {
-	if !t.Valid || t.InfinityModifier != pgtype.Finite {
+	if !t.Valid || t.InfinityModifier != pgtype.Finite || t.Time.Equal(epoch) {
 		return time.Time{}
 	}
 	return t.Time

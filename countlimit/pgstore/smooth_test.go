@@ -75,8 +75,8 @@ func schemaText(t *testing.T, pool *pgxpool.Pool) string {
 // (migration 1), up through 00002_smooth.sql with smooth keys written, and
 // down again: the schema is v0.1.0's exactly (columns, comments, indexes,
 // functions, the view), the smooth keys' rows read to 00001's statements
-// as empty windows that a fixed window counts over, and up again the
-// store decides smooth checks.
+// as windows from the epoch to the TAT holding the units undrained, which
+// a fixed window joins, and up again the store decides smooth checks.
 func TestSmoothMigrationDownIsV010(t *testing.T) {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, testbackend.FreshSchemaURL(t))
@@ -106,17 +106,17 @@ func TestSmoothMigrationDownIsV010(t *testing.T) {
 	if got := schemaText(t, pool); got != v010 {
 		t.Fatalf("after up and down, the schema is not v0.1.0's:\n%s", lineDiff(v010, got))
 	}
-	// A fixed window counts over the smooth row (00001's fast path,
-	// countlimit_allow_one, as a Store in a transaction calls it; the
-	// pool's calls need 00003): it is an empty window to it.
-	fixed := countlimit.Rule{UseType: "down.smooth", Limit: 2, Window: countlimit.Fixed(time.Hour)}
+	// A fixed window joins the smooth row's window, [epoch, TAT) with its
+	// 3 units (00001's fast path, countlimit_allow_one, as a Store in a
+	// transaction calls it; the pool's calls need 00003).
+	fixed := countlimit.Rule{UseType: "down.smooth", Limit: 5, Window: countlimit.Fixed(time.Hour)}
 	tx, err := pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx)
-	if r, err := countlimit.New(pgstore.New(tx)).Allow(ctx, fixed, "a"); err != nil || !r.Allowed || r.Used != 1 {
-		t.Fatalf("Allow fixed over a smooth row at v0.1.0's schema: %+v, %v; want allowed, used 1", r, err)
+	if r, err := countlimit.New(pgstore.New(tx)).Allow(ctx, fixed, "a"); err != nil || !r.Allowed || r.Used != 4 {
+		t.Fatalf("Allow fixed over a smooth row at v0.1.0's schema: %+v, %v; want allowed, used 4 (the 3 units carried over)", r, err)
 	}
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
@@ -233,6 +233,16 @@ func TestSmoothStatus(t *testing.T) {
 	if r, err := l.AllowN(ctx, rule, "a", 5); err != nil || !r.Allowed {
 		t.Errorf("AllowN 5 after countlimit_reset_id = %+v, %v; want allowed (a fresh key)", r, err)
 	}
+	// A fixed rule of the same use type joins the smooth key's window,
+	// [epoch, TAT): the view shows its count until the TAT, and no begin.
+	fixed := countlimit.Rule{UseType: rule.UseType, Limit: 10, Window: countlimit.Fixed(time.Hour)}
+	r, err = l.Allow(ctx, fixed, "a")
+	if err != nil || !r.Allowed || r.Used != 6 {
+		t.Fatalf("Allow fixed over 5 undrained = %+v, %v; want allowed, used 6", r, err)
+	}
+	if s := readStatus(t, pool, rule.UseType, "a"); s.kind != "fixed" || s.used != 6 || s.left != 4 || s.begin.Valid || !s.end.Valid || !s.end.Time.Equal(r.ResetAt) {
+		t.Errorf("status of a fixed window joined from a smooth key = %+v, want fixed, used 6, remaining 4, no begin, end %v", s, r.ResetAt)
+	}
 }
 
 // TestSmoothAdjustCount holds countlimit_adjust_count on a smooth key: a
@@ -269,6 +279,11 @@ func TestSmoothAdjustCount(t *testing.T) {
 		}
 		if s := readStatus(t, pool, rule.UseType, "a"); s.used != step.want || s.left != 5-step.want {
 			t.Errorf("after adjusting by %d: status used %d, remaining %d; want %d, %d", step.delta, s.used, s.left, step.want, 5-step.want)
+		}
+		// The row's count follows, as a smooth check writes it: what a
+		// rule of another kind carries over.
+		if k, err := readKey(ctx, pool, string(rule.UseType), "a"); err != nil || k.Count != step.want || k.Begin != 0 {
+			t.Errorf("after adjusting by %d: the row keeps count %d from %d (%v); want %d from the epoch", step.delta, k.Count, k.Begin, err, step.want)
 		}
 	}
 	// The checks see the adjusted instant: 4 undrained, one more fits.
@@ -404,9 +419,10 @@ func TestSmoothPurge(t *testing.T) {
 // binary still running during a rolling upgrade sends them (its
 // countlimit_apply without intervals and bursts, its fast path), on a
 // migrated database whose smooth keys a newer binary wrote: a fixed window
-// counts over a smooth row (the TAT goes), a sliding refund leaves the
-// TAT as it is, a denial too, and v0.1.0's Ping query still finds its
-// schema. The rows read back as driver.Apply has them.
+// joins a smooth row's window and counts on its units (the TAT goes), as
+// driver.Apply does; a sliding refund sets the count to 0, as v0.1.0
+// resets a count it does not know, and leaves the TAT; a denial leaves
+// both; and v0.1.0's Ping query still finds its schema.
 func TestV010StatementsOnSmoothRows(t *testing.T) {
 	pool := dbaSchema(t, 4, nil)
 	ctx := context.Background()
@@ -439,7 +455,8 @@ func TestV010StatementsOnSmoothRows(t *testing.T) {
 	}
 	// An AllowAll's fixed window (through countlimit_apply) over a smooth row.
 	apply("allow", "fixed", 1, 5, now, time.Hour.Microseconds(), 0, "fixed")
-	// A sliding refund: nothing to give back, the TAT stays.
+	// A sliding refund: no log to give back from; v0.1.0 writes its empty
+	// log's count, 0, and the TAT stays.
 	apply("refund", "refund", 1, 5, time.Time{}, 0, time.Hour.Microseconds(), "sliding")
 	// v0.1.0's fast path denies a fixed window of limit 0 there: a tally.
 	var allowed bool
@@ -451,9 +468,9 @@ func TestV010StatementsOnSmoothRows(t *testing.T) {
 		id   string
 		want string
 	}{
-		{"fixed", fmt.Sprintf("count 1 [%d, %d) tat 0 denied 0", now.UnixMicro(), now.Add(time.Hour).UnixMicro())},
-		{"refund", fmt.Sprintf("count 0 tat %d denied 0", tat)},
-		{"denied", fmt.Sprintf("count 0 tat %d denied 1", tat)},
+		{"fixed", fmt.Sprintf("count 4 [0, %d) tat 0 denied 0", tat)},
+		{"refund", fmt.Sprintf("count 0 [0, %d) tat %d denied 0", tat, tat)},
+		{"denied", fmt.Sprintf("count 3 [0, %d) tat %d denied 1", tat, tat)},
 	} {
 		k, err := readKey(ctx, pool, string(smooth.UseType), c.id)
 		if err != nil {
@@ -468,12 +485,12 @@ func TestV010StatementsOnSmoothRows(t *testing.T) {
 		}
 	}
 	// The newer binary then decides on those rows as the model does: the
-	// fixed window's row is no smooth key any more (a fresh burst), the
-	// others keep their 3 of 5.
+	// fixed window's row is no smooth key any more, its 4 carried over as
+	// 4 units taken; the others keep their TAT, 3 of 5.
 	for _, c := range []struct {
 		id   string
 		used int64
-	}{{"fixed", 1}, {"refund", 4}, {"denied", 4}} {
+	}{{"fixed", 5}, {"refund", 4}, {"denied", 4}} {
 		if r, err := l.Allow(ctx, smooth, c.id); err != nil || !r.Allowed || r.Used != c.used {
 			t.Errorf("Allow smooth %s after v0.1.0's statements: %+v, %v; want allowed, used %d", c.id, r, err, c.used)
 		}

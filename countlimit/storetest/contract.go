@@ -107,7 +107,11 @@ func contractCases() []contractCase {
 				UseType: ut, Limit: limit, Interval: 100 * time.Millisecond, Burst: 3, Block: block, Kind: "smooth"}}}
 		}
 	}
-	tat := func(d time.Duration) driver.Key { return driver.Key{TAT: us(d)} }
+	// A smooth key as a smooth check leaves it: its TAT, and its units
+	// not yet drained (at most the burst) over [0, TAT).
+	tat := func(d time.Duration) driver.Key {
+		return driver.Key{Count: int64(min(3, max(0, (d+99*time.Millisecond)/(100*time.Millisecond)))), End: us(d), TAT: us(d)}
+	}
 	tok := func(c byte) string { return string(slices.Repeat([]byte{c}, 22)) }
 	return []contractCase{
 		{name: "AllowCountsInTheCurrentWindow", seed: window(2, -10*time.Minute, 50*time.Minute), req: fixed(driver.OpAllow, 1, 5, 0)},
@@ -146,22 +150,41 @@ func contractCases() []contractCase {
 		{name: "SmoothAllowsFromNowOnADrainedKey", seed: tat(-time.Second), req: smooth(driver.OpAllow, 2, 10, 0)},
 		{name: "SmoothAllowMovesTheInstant", seed: tat(150 * time.Millisecond), req: smooth(driver.OpAllow, 1, 10, 0)},
 		{name: "SmoothFitsExactlyAtTheBurst", seed: tat(200 * time.Millisecond), req: smooth(driver.OpAllow, 1, 10, 0)},
-		{name: "SmoothDenialNamesWhenItFits", seed: driver.Key{TAT: us(250 * time.Millisecond), Denied: 2}, req: smooth(driver.OpAllow, 2, 10, 0)},
+		{name: "SmoothDenialNamesWhenItFits", seed: withDenied(tat(250*time.Millisecond), 2), req: smooth(driver.OpAllow, 2, 10, 0)},
 		{name: "SmoothDenialSetsThePenalty", seed: tat(300 * time.Millisecond), req: smooth(driver.OpAllow, 1, 10, time.Hour)},
 		{name: "SmoothMoreThanTheBurstNeverFits", req: smooth(driver.OpAllow, 4, 10, 0)},
 		{name: "SmoothLimitZeroNeverFits", req: smooth(driver.OpAllow, 1, 0, time.Minute)},
 		{name: "SmoothPeekWritesNothing", seed: tat(300 * time.Millisecond), req: smooth(driver.OpPeek, 1, 10, time.Hour)},
 		{name: "SmoothRefundMovesTheInstantBack", seed: tat(250 * time.Millisecond), req: smooth(driver.OpRefund, 1, 10, 0)},
 		{name: "SmoothRefundNeverBeforeNow", seed: tat(250 * time.Millisecond), req: smooth(driver.OpRefund, 5, 10, 0)},
-		{name: "SmoothResetForgetsTheInstant", seed: driver.Key{TAT: us(time.Second), Denied: 1, Blocked: us(time.Hour)}, req: smooth(driver.OpReset, 1, 10, 0)},
-		{name: "SmoothCountingDropsAWindowAndALog", span: time.Minute.Microseconds(),
+		{name: "SmoothResetForgetsTheInstant", seed: driver.Key{TAT: us(time.Second), Count: 3, End: us(time.Second), Denied: 1, Blocked: us(time.Hour)},
+			req: smooth(driver.OpReset, 1, 10, 0)},
+		{name: "SmoothCarriesALogOver", span: time.Minute.Microseconds(),
 			seed: driver.Key{Count: 2, Begin: us(-30 * time.Second), End: us(40 * time.Second), Log: []int64{us(-30 * time.Second), us(-20 * time.Second)}},
 			req:  smooth(driver.OpAllow, 1, 10, 0)},
-		{name: "CountingAWindowDropsASmoothInstant", seed: tat(time.Minute), req: fixed(driver.OpAllow, 1, 5, 0)},
+		{name: "SmoothCarriesAWindowOver", seed: window(1, -time.Minute, time.Minute), req: smooth(driver.OpAllow, 2, 10, 0)},
+		{name: "SmoothCarriesAFullBurstUntilTheWindowEnds", seed: window(5, -time.Minute, time.Minute), req: smooth(driver.OpAllow, 1, 10, 0)},
+		{name: "SmoothCarriesALifetimeCountForever", seed: driver.Key{Count: 3, Begin: us(-time.Hour), End: driver.Forever}, req: smooth(driver.OpAllow, 1, 10, 0)},
+		{name: "SmoothCarriesNothingOfAStaleWindow", seed: window(5, -time.Hour, -time.Minute), req: smooth(driver.OpAllow, 3, 10, 0)},
+		{name: "SmoothRefundLeavesAWindow", seed: window(2, -time.Minute, time.Minute), req: smooth(driver.OpRefund, 1, 10, 0)},
+		{name: "CountingAWindowJoinsASmoothKey", seed: tat(time.Minute), req: fixed(driver.OpAllow, 1, 5, 0)},
+		{name: "RefundOfAWindowLeavesTheSmoothInstant", seed: tat(250 * time.Millisecond), req: fixed(driver.OpRefund, 1, 5, 0)},
+		{name: "SlidingCarriesAWindowOverAtTheChange", span: time.Minute.Microseconds(), seed: window(2, -time.Minute, time.Hour), req: sliding(driver.OpAllow, 2, 5)},
+		{name: "SlidingCarriesAWindowOverUntilItsEnd", span: time.Minute.Microseconds(), seed: window(2, -time.Minute, 10*time.Second), req: sliding(driver.OpAllow, 2, 5)},
+		{name: "SlidingDenialOfACarriedCountWaitsForItsWindow", span: time.Minute.Microseconds(), seed: window(4, -time.Minute, time.Hour), req: sliding(driver.OpAllow, 2, 5)},
+		{name: "SlidingCarriesASmoothKeyOver", span: time.Minute.Microseconds(), seed: tat(250 * time.Millisecond), req: sliding(driver.OpAllow, 1, 5)},
+		{name: "SlidingCarriesALifetimeCountForever", span: time.Minute.Microseconds(), seed: driver.Key{Count: 5, Begin: us(-time.Hour), End: driver.Forever}, req: sliding(driver.OpAllow, 1, 5)},
+		{name: "SlidingCarriesNothingOfAnEmptiedWindow", span: time.Minute.Microseconds(), seed: window(0, -time.Minute, time.Hour), req: sliding(driver.OpPeek, 1, 5)},
+		{name: "SlidingRefundLeavesAWindow", span: time.Minute.Microseconds(), seed: window(3, -time.Minute, time.Hour), req: sliding(driver.OpRefund, 1, 5)},
 		{name: "ASmoothDenialLeavesAWindow", seed: window(2, -time.Minute, time.Minute), req: smooth(driver.OpAllow, 4, 10, 0)},
 		{name: "LeasesAndCountsAreApart", seed: driver.Key{Count: 2, Begin: us(-time.Minute), End: us(time.Minute), Leases: map[string]int64{tok('A'): us(time.Second)}},
 			req: slot(driver.OpPeek, "", 1)},
 	}
+}
+
+func withDenied(k driver.Key, n int64) driver.Key {
+	k.Denied = n
+	return k
 }
 
 func stateText(s driver.State) string {

@@ -25,6 +25,8 @@ var smoothTests = []struct {
 	{"SmoothDenialOfANewKeyKeepsNoInstant", testSmoothDenialOfANewKey},
 	{"SmoothReset", testSmoothReset},
 	{"SmoothKindChanged", testSmoothKindChanged},
+	{"WindowKindChanged", testWindowKindChanged},
+	{"KindsTakeTurns", testKindsTakeTurns},
 	{"SmoothAllowAll", testSmoothAllowAll},
 	{"SmoothConcurrentExactlyBurst", testSmoothConcurrentExactlyBurst},
 	{"SmoothRealClockNeverAboveTheRate", testSmoothRealClock},
@@ -154,23 +156,29 @@ func testSmoothKindChanged(t *testing.T, newStore func(*testing.T) driver.Store)
 	e := newEnv(t, newStore)
 	fixed := countlimit.Rule{UseType: UseType(t, "smoothkind"), Limit: 5, Window: countlimit.Fixed(time.Hour)}
 	smooth := fixed
-	smooth.Window = countlimit.Smooth(time.Minute, 2)
+	smooth.Window = countlimit.Smooth(time.Minute, 2) // one every 12 s
 	hour := at(time.Hour)
 	e.run(fixed, "a", []step{
 		{at: at(0), n: 3, want: ok(5, 3, hour)},
-		{at: at(sec(1)), rule: &smooth, op: peek, want: smoothOK(5, 2, 0, at(sec(1)))},
-		{at: at(sec(1)), rule: &smooth, want: smoothOK(5, 2, 1, at(sec(13)))},
-		{at: at(sec(2)), op: peek, want: ok(5, 0, hour)},
-		{at: at(sec(2)), want: ok(5, 1, hour)},
-		{at: at(sec(3)), rule: &smooth, n: 2, want: smoothOK(5, 2, 2, at(sec(27)))},
+		// Three counted: more than the burst, so the smooth rule is full
+		// until the fixed window ends.
+		{at: at(sec(1)), rule: &smooth, op: peek, want: smoothNo(5, 2, 2, at(sec(25)), time.Hour-sec(1))},
+		{at: at(sec(1)), rule: &smooth, want: smoothNo(5, 2, 2, at(sec(25)), time.Hour-sec(1))},
+		{at: at(sec(2)), want: ok(5, 4, hour)},
+		{at: at(time.Hour), rule: &smooth, n: 2, want: smoothOK(5, 2, 2, at(time.Hour+sec(24)))},
+		// The fixed rule joins the smooth key's window until it drains.
+		{at: at(time.Hour + sec(1)), want: ok(5, 3, at(time.Hour+sec(24)))},
 	})
 	sliding := fixed
 	sliding.Window = countlimit.Sliding(time.Minute)
 	e.run(smooth, "b", []step{
 		{at: at(0), n: 2, want: smoothOK(5, 2, 2, at(sec(24)))},
-		{at: at(sec(1)), rule: &sliding, n: 5, want: ok(5, 5, at(sec(61)))},
-		{at: at(sec(2)), n: 2, want: smoothOK(5, 2, 2, at(sec(26)))},
-		{at: at(sec(3)), rule: &sliding, op: peek, want: ok(5, 0, at(sec(3)))},
+		// Two units, drained at 24 s: two events that leave the log then.
+		{at: at(sec(1)), rule: &sliding, n: 5, want: no(5, 2, at(sec(24)), sec(23))},
+		{at: at(sec(1)), rule: &sliding, n: 3, want: ok(5, 5, at(sec(24)))},
+		// The log's five events are carried over: a full burst.
+		{at: at(sec(2)), n: 2, want: smoothNo(5, 2, 2, at(sec(26)), sec(59))},
+		{at: at(sec(3)), rule: &sliding, op: peek, want: no(5, 5, at(sec(24)), sec(21))},
 	})
 }
 

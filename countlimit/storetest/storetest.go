@@ -88,7 +88,6 @@ func RunWith(t *testing.T, newStore func(t *testing.T) driver.Store, opts Option
 		{"ConcurrentAllowAllMany", testConcurrentAllowAllMany},
 		{"LateClockReadJoinsWindow", testLateClockRead},
 		{"SlidingOutOfOrder", testSlidingOutOfOrder},
-		{"WindowKindChanged", testWindowKindChanged},
 		{"HugeNumbers", testHugeNumbers},
 		{"ConcurrentRealClock", testConcurrentRealClock},
 	}
@@ -950,39 +949,6 @@ func testSlidingOutOfOrder(t *testing.T, newStore func(*testing.T) driver.Store)
 		// A refund takes back the newest event, 5ms.
 		{at: at(2 * ms), op: refund, n: 1, want: ok(2, 1, at(10*time.Second+1*ms))},
 		{at: at(10*time.Second + 2*ms), op: peek, want: ok(2, 0, at(10*time.Second+2*ms))},
-	})
-}
-
-// testWindowKindChanged pins what a rule whose Window changes kind sees
-// (Rule's doc says it): a window another kind counted in is current until
-// it ends, a sliding log's until its last event leaves; a Sliding rule
-// sees only a log.
-func testWindowKindChanged(t *testing.T, newStore func(*testing.T) driver.Store) {
-	e := newEnv(t, newStore)
-	sliding := countlimit.Rule{UseType: UseType(t, "kind"), Limit: 5, Window: countlimit.Sliding(time.Minute)}
-	fixed := sliding
-	fixed.Window = countlimit.Fixed(time.Hour)
-	e.run(sliding, "a", []step{
-		{at: at(0), want: ok(5, 1, at(time.Minute))},
-		// The sliding window is still current: the fixed rule counts in it.
-		{at: at(sec(1)), rule: &fixed, want: ok(5, 2, at(time.Minute))},
-		// Counting with the fixed rule dropped the sliding log.
-		{at: at(sec(2)), op: peek, want: ok(5, 0, at(sec(2)))},
-	})
-	e.run(sliding, "b", []step{
-		{at: at(0), want: ok(5, 1, at(time.Minute))},
-		{at: at(sec(1)), want: ok(5, 2, at(time.Minute))},
-		{at: at(sec(2)), op: refund, n: 1, want: ok(5, 1, at(time.Minute))},
-		{at: at(sec(3)), rule: &fixed, op: peek, want: ok(5, 1, at(time.Minute))},
-	})
-	// Counts made under another kind are no events of a log: a rule
-	// changed to Sliding starts from none at once, and its first event
-	// replaces the window the other kind counted in.
-	e.run(fixed, "c", []step{
-		{at: at(0), n: 3, want: ok(5, 3, at(time.Hour))},
-		{at: at(sec(1)), rule: &sliding, op: peek, want: ok(5, 0, at(sec(1)))},
-		{at: at(sec(2)), rule: &sliding, n: 5, want: ok(5, 5, at(sec(2)+time.Minute))},
-		{at: at(sec(3)), op: peek, want: no(5, 5, at(sec(2)+time.Minute), time.Minute-sec(1))},
 	})
 }
 

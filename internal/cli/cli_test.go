@@ -3,8 +3,11 @@ package cli_test
 import (
 	"bytes"
 	"context"
+	"fmt"
+	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/countlimit/countlimit/internal/cli"
 	"github.com/countlimit/countlimit/internal/testbackend"
@@ -18,6 +21,40 @@ func run(t *testing.T, args ...string) (int, string, string) {
 	var out, errOut bytes.Buffer
 	code := cli.Run(context.Background(), args, &out, &errOut)
 	return code, out.String(), errOut.String()
+}
+
+// span is when a call of the CLI ran: its clock read lies within.
+type span struct{ before, after time.Time }
+
+// timed is run, and when it ran.
+func timed(t *testing.T, args ...string) (int, string, string, span) {
+	t.Helper()
+	before := time.Now()
+	code, out, stderr := run(t, args...)
+	return code, out, stderr, span{before, time.Now()}
+}
+
+var retryIn = regexp.MustCompile(`\(retry in ([^)]+)\)`)
+
+// checkWait says how out's "retry in D" is wrong, or nil: D must be wait,
+// begun during the call from, less the time the clock ran from then to
+// the call at, which lies between at.before - from.after and at.after -
+// from.before; to the millisecond the CLI rounds D to.
+func checkWait(out string, wait time.Duration, from, at span) error {
+	m := retryIn.FindStringSubmatch(out)
+	if m == nil {
+		return fmt.Errorf("no wait in %q", out)
+	}
+	d, err := time.ParseDuration(m[1])
+	if err != nil {
+		return err
+	}
+	lo := wait - at.after.Sub(from.before) - time.Millisecond
+	hi := wait - at.before.Sub(from.after) + time.Millisecond
+	if d < lo || d > hi {
+		return fmt.Errorf("retry in %v, want %v to %v", d, lo, hi)
+	}
+	return nil
 }
 
 func TestUsage(t *testing.T) {

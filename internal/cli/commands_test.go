@@ -167,7 +167,6 @@ func TestServeErrors(t *testing.T) {
 		{[]string{"serve", "extra"}, `unexpected argument "extra"`},
 		{[]string{"serve", "--migrate"}, "--migrate is for postgres:// stores"},
 		{[]string{"serve", "--migrate", "--store", "postgres://u@127.0.0.1:1/db?sslpassword=secret&connect_timeout=2"}, "sslpassword=xxxxx"},
-		{[]string{"serve", "--store", testbackend.FreshSchemaURL(t)}, "schema is missing here"},
 	} {
 		code, _, stderr := run(t, tc.args...)
 		if code != cli.ExitError || !strings.Contains(stderr, tc.want) {
@@ -184,34 +183,48 @@ func TestCheckCommands(t *testing.T) {
 	if code, _, stderr := run(t, "migrate", "up", "--store", url); code != cli.ExitOK {
 		t.Fatal(stderr)
 	}
+	// A step with a wait says "retry in D": D is the wait less the time
+	// since the call of step since, as the CLI's clock read it during
+	// both calls.
 	steps := []struct {
-		args []string
-		code int
-		want string
+		args  []string
+		code  int
+		want  string
+		wait  time.Duration
+		since int
 	}{
-		{[]string{"allow", "sms.code", "p1", "--store", url}, cli.ExitOK, "allowed: sms.code for p1\n  sms.code: 1 of 2 used, 1 left, resets "},
-		{[]string{"allow", "--store", url, "sms.code", "p1"}, cli.ExitOK, "2 of 2 used, 0 left"},
-		{[]string{"allow", "sms.code", "p1", "--store", url}, cli.ExitDenied, "denied: sms.code for p1 (retry in 4m59."},
-		{[]string{"peek", "sms.code", "p1", "--store", url}, cli.ExitDenied, "would be denied: sms.code for p1 (retry in 4m59."},
-		{[]string{"peek", "sms.code", "p1", "--store", url}, cli.ExitDenied, "2 of 2 used"},
-		{[]string{"refund", "sms.code", "p1", "--cost", "2", "--store", url}, cli.ExitOK, "refunded 2: sms.code for p1\n  sms.code: 0 of 2 used, 2 left"},
-		{[]string{"peek", "sms.code", "p1", "--store", url}, cli.ExitOK, "would be allowed: sms.code for p1\n"},
-		{[]string{"allow", "sms.code", "p1", "--cost", "3", "--store", url}, cli.ExitDenied, "(no wait helps)"},
-		{[]string{"allow", "post.create", "m1", "--tier", "gold", "--store", url, "--json"}, cli.ExitOK, `"limit": 8`},
-		{[]string{"allow", "conversation.create", "u1", "--store", url}, cli.ExitOK, "conversation.day: 1 of 50 used"},
-		{[]string{"reset", "sms.code", "p1", "--store", url}, cli.ExitOK, "reset sms.code for p1"},
-		{[]string{"reset", "post.create", "m1", "--store", url, "--json"}, cli.ExitOK, `{"reset": true}`},
-		{[]string{"peek", "sms.code", "p1", "--store", url}, cli.ExitOK, "0 of 2 used"},
+		{args: []string{"allow", "sms.code", "p1", "--store", url}, code: cli.ExitOK, want: "allowed: sms.code for p1\n  sms.code: 1 of 2 used, 1 left, resets "},
+		{args: []string{"allow", "--store", url, "sms.code", "p1"}, code: cli.ExitOK, want: "2 of 2 used, 0 left"},
+		// sliding 5m: the first event leaves the log 5 minutes after it.
+		{args: []string{"allow", "sms.code", "p1", "--store", url}, code: cli.ExitDenied, want: "denied: sms.code for p1 (retry in ", wait: 5 * time.Minute, since: 0},
+		{args: []string{"peek", "sms.code", "p1", "--store", url}, code: cli.ExitDenied, want: "would be denied: sms.code for p1 (retry in ", wait: 5 * time.Minute, since: 0},
+		{args: []string{"peek", "sms.code", "p1", "--store", url}, code: cli.ExitDenied, want: "2 of 2 used"},
+		{args: []string{"refund", "sms.code", "p1", "--cost", "2", "--store", url}, code: cli.ExitOK, want: "refunded 2: sms.code for p1\n  sms.code: 0 of 2 used, 2 left"},
+		{args: []string{"peek", "sms.code", "p1", "--store", url}, code: cli.ExitOK, want: "would be allowed: sms.code for p1\n"},
+		{args: []string{"allow", "sms.code", "p1", "--cost", "3", "--store", url}, code: cli.ExitDenied, want: "(no wait helps)"},
+		{args: []string{"allow", "post.create", "m1", "--tier", "gold", "--store", url, "--json"}, code: cli.ExitOK, want: `"limit": 8`},
+		{args: []string{"allow", "conversation.create", "u1", "--store", url}, code: cli.ExitOK, want: "conversation.day: 1 of 50 used"},
+		{args: []string{"reset", "sms.code", "p1", "--store", url}, code: cli.ExitOK, want: "reset sms.code for p1"},
+		{args: []string{"reset", "post.create", "m1", "--store", url, "--json"}, code: cli.ExitOK, want: `{"reset": true}`},
+		{args: []string{"peek", "sms.code", "p1", "--store", url}, code: cli.ExitOK, want: "0 of 2 used"},
 		// A refund leaves a penalty in place: refunded, and still denied.
-		{[]string{"allow", "login", "10.0.0.1", "--cost", "5", "--store", url}, cli.ExitOK, "5 of 5 used"},
-		{[]string{"allow", "login", "10.0.0.1", "--store", url}, cli.ExitDenied, ", blocked until "},
-		{[]string{"refund", "login", "10.0.0.1", "--store", url}, cli.ExitOK, "refunded 1: login for 10.0.0.1; the next allow would still be denied (retry in 29m59."},
-		{[]string{"refund", "login", "10.0.0.1", "--store", url, "--json"}, cli.ExitOK, "{\n  \"refunded\": 1,\n  \"allowed\": false"},
+		{args: []string{"allow", "login", "10.0.0.1", "--cost", "5", "--store", url}, code: cli.ExitOK, want: "5 of 5 used"},
+		// Blocked for 30 minutes from here.
+		{args: []string{"allow", "login", "10.0.0.1", "--store", url}, code: cli.ExitDenied, want: ", blocked until "},
+		{args: []string{"refund", "login", "10.0.0.1", "--store", url}, code: cli.ExitOK,
+			want: "refunded 1: login for 10.0.0.1; the next allow would still be denied (retry in ", wait: 30 * time.Minute, since: 14},
+		{args: []string{"refund", "login", "10.0.0.1", "--store", url, "--json"}, code: cli.ExitOK, want: "{\n  \"refunded\": 1,\n  \"allowed\": false"},
 	}
+	spans := make([]span, len(steps))
 	for i, s := range steps {
-		code, out, stderr := run(t, s.args...)
+		code, out, stderr, at := timed(t, s.args...)
+		spans[i] = at
 		if code != s.code || !strings.Contains(out, s.want) {
 			t.Errorf("step %d: countlimit %v: exit %d, stdout %q, stderr %q; want exit %d and %q", i, s.args, code, out, stderr, s.code, s.want)
+		} else if s.wait > 0 {
+			if err := checkWait(out, s.wait, spans[s.since], at); err != nil {
+				t.Errorf("step %d: countlimit %v: %v (the wait of step %d's call less the time since)", i, s.args, err, s.since)
+			}
 		}
 	}
 	// $COUNTLIMIT_STORE names the store when --store does not.

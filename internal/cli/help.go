@@ -50,22 +50,26 @@ of at least 16 characters: every endpoint but /healthz then needs
 /metrics there, with no token, and not on --addr.
 
 serve starts even when the store does not answer (except with --migrate);
-/healthz says 503 until it does. On Redis, /healthz also says 503 while its
-maxmemory-policy is not noeviction: a Redis that evicts keys can drop
-counters and over-admit (serve logs it at start). A Redis that persists
-nothing (neither AOF nor RDB snapshots) forgets every count when it
-restarts: serve logs it at start and /healthz lists it under "warnings",
-staying 200; --require-redis-persistence makes it a 503. A store call that
-takes over --store-timeout fails (503); after --breaker-failures failures
-in a row (0: never) checks answer 503 without calling the store for
---breaker-cooldown, then one probes it. SIGINT or SIGTERM drains and stops
-it; a second one stops it at once.
+/healthz says 503 until it does. On a PostgreSQL schema that lacks
+migrations of this release it starts too: /healthz and checks say 503,
+naming the migrations missing and "countlimit migrate up", until the schema
+is migrated (asked at each /healthz, and at most once a second from checks).
+On Redis, /healthz also says 503 while its maxmemory-policy is not
+noeviction: a Redis that evicts keys can drop counters and over-admit (serve
+logs it at start). A Redis that persists nothing (neither AOF nor RDB
+snapshots) forgets every count when it restarts: serve logs it at start and
+/healthz lists it under "warnings", staying 200; --require-redis-persistence
+makes it a 503. A store call that takes over --store-timeout fails (503);
+after --breaker-failures failures in a row (0: never) checks answer 503
+without calling the store for --breaker-cooldown, then one probes it. SIGINT
+or SIGTERM drains and stops it; a second one stops it at once.
 
---max-conns caps the open HTTP connections: each holds a file, and a
-process out of files accepts nothing. At the cap a new connection closes
-the connection longest without a request in progress: idle, silent, or
-still sending its request line, headers or body. A request whose handler
-is at work is never closed; when every connection is at work a new one is
+--max-conns caps the open HTTP connections: each holds a file, and a process
+out of files accepts nothing. At the cap a new connection closes the
+connection idle longest, else the one longest without a whole request
+(silent, or sending its request line, headers or body), passing over one
+whose client has sent what serve has yet to read. A request whose handler is
+at work is never closed; when every connection is at work a new one is
 refused at once (503, Connection: close). 0, the default, is the file limit
 (RLIMIT_NOFILE) less the store's pool and an eighth of the limit (at least
 64) for the rest of the process, never below a quarter of the limit; no cap

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/countlimit/countlimit/internal/cli"
 	"github.com/countlimit/countlimit/internal/testbackend"
@@ -17,9 +18,15 @@ func TestLeaseCommands(t *testing.T) {
 		t.Fatal(stderr)
 	}
 	// acquire prints the lease alone, for LEASE=$(countlimit acquire ...).
-	var leases []string
+	var (
+		leases []string
+		first  span // the first lease's acquire: it expires first, 10m on
+	)
 	for i := 0; i < 3; i++ {
-		code, out, stderr := run(t, "acquire", "export.running", "u1", "--store", url)
+		code, out, stderr, at := timed(t, "acquire", "export.running", "u1", "--store", url)
+		if i == 0 {
+			first = at
+		}
 		lease := strings.TrimSuffix(out, "\n")
 		if code != cli.ExitOK || !strings.HasPrefix(lease, "cl1.") || strings.ContainsAny(lease, " \n") {
 			t.Fatalf("acquire %d: exit %d, stdout %q, stderr %q; want the lease", i+1, code, out, stderr)
@@ -31,7 +38,7 @@ func TestLeaseCommands(t *testing.T) {
 		code int
 		want string
 	}{
-		{[]string{"acquire", "export.running", "u1", "--store", url}, cli.ExitDenied, "denied: export.running for u1 (retry in 9m59."},
+		{[]string{"acquire", "export.running", "u1", "--store", url}, cli.ExitDenied, "denied: export.running for u1 (retry in "},
 		{[]string{"acquire", "export.running", "u1", "--store", url}, cli.ExitDenied, "export.running: 3 of 3 used, 0 left"},
 		{[]string{"acquire", "export.running", "u1", "--store", url, "--json"}, cli.ExitDenied, `"allowed": false`},
 		{[]string{"peek", "export.running", "u1", "--store", url}, cli.ExitDenied, "3 of 3 used"},
@@ -45,9 +52,13 @@ func TestLeaseCommands(t *testing.T) {
 		{[]string{"acquire", "export.running", "u1", "--store", url, "--json"}, cli.ExitOK, `"lease": "cl1.`},
 	}
 	for i, s := range steps {
-		code, out, stderr := run(t, s.args...)
+		code, out, stderr, at := timed(t, s.args...)
 		if code != s.code || !strings.Contains(out, s.want) {
 			t.Errorf("step %d: countlimit %v: exit %d, stdout %q, stderr %q; want exit %d and %q", i, s.args, code, out, stderr, s.code, s.want)
+		} else if i == 0 {
+			if err := checkWait(out, 10*time.Minute, first, at); err != nil {
+				t.Errorf("step 0: countlimit %v: %v (the first lease's 10m less the time since)", s.args, err)
+			}
 		}
 	}
 	_, out, _ := run(t, "acquire", "export.running", "u2", "--store", url, "--json")

@@ -16,10 +16,12 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/countlimit/memstore"
 	"github.com/countlimit/countlimit/countlimit/pgstore"
 	"github.com/countlimit/countlimit/countlimit/redisstore"
+	"github.com/countlimit/countlimit/internal/pgmigrate"
 	"github.com/countlimit/countlimit/internal/redisurl"
 )
 
@@ -32,6 +34,10 @@ type opened struct {
 	ping  func(context.Context) error
 	close func()
 	desc  string // the URL, password hidden
+	// behind, for serve, says which migrations a PostgreSQL schema
+	// lacked at start; nil when it had them all. Its text names no
+	// address.
+	behind error
 	// eviction and persistence report a Redis store's maxmemory-policy
 	// and persistence (redisstore's CheckEviction and CheckPersistence);
 	// nil for other stores (see storeChecks).
@@ -48,7 +54,9 @@ func openStore(ctx context.Context, url string, migrate bool, log *slog.Logger) 
 
 // openStoreMaybeDown is openStore for serve: when down is not nil and the
 // store does not answer (see unreachable), it sets *down to the error and
-// returns the store unchecked and unmigrated instead of failing.
+// returns the store unchecked and unmigrated instead of failing; and a
+// PostgreSQL store that answers but lacks migrations is returned with
+// behind set, instead of failing.
 func openStoreMaybeDown(ctx context.Context, url string, migrate bool, log *slog.Logger, down *error) (*opened, error) {
 	desc := redactURL(url)
 	tolerated := func(err error) bool {
@@ -85,11 +93,17 @@ func openStoreMaybeDown(ctx context.Context, url string, migrate bool, log *slog
 			}
 		}
 		s := pgstore.New(pool)
+		o := &opened{store: s, pg: s, pool: pool, ping: s.Ping, close: pool.Close, desc: desc}
 		if err := s.Ping(ctx); err != nil {
+			if down != nil {
+				if o.behind = o.schemaReady(ctx); o.behind != nil && !errors.Is(o.behind, countlimit.ErrUnavailable) {
+					return o, nil
+				}
+			}
 			pool.Close()
 			return nil, fmt.Errorf("--store %s: %w", desc, err)
 		}
-		return &opened{store: s, pg: s, pool: pool, ping: s.Ping, close: pool.Close, desc: desc}, nil
+		return o, nil
 	case strings.HasPrefix(url, "redis://"), strings.HasPrefix(url, "rediss://"), strings.HasPrefix(url, "unix://"):
 		clientURL, opts, err := redisStoreOptions(url)
 		if err != nil {
@@ -110,6 +124,30 @@ func openStoreMaybeDown(ctx context.Context, url string, migrate bool, log *slog
 		return &opened{store: s, redis: c, ping: ping, eviction: s.CheckEviction, persistence: s.CheckPersistence, close: func() { c.Close() }, desc: desc}, nil
 	}
 	return nil, usageErrorf("--store: want memory, postgres://... or redis://..., got %q", desc)
+}
+
+// schemaReady is server.Config.Schema for a PostgreSQL store: nil when
+// its schema is at this release's latest migration; else, when the
+// version table says which migrations it lacks, an error that names them
+// and what to run; else the store's error, which is
+// countlimit.ErrUnavailable.
+func (o *opened) schemaReady(ctx context.Context) error {
+	err := o.pg.Ping(ctx)
+	if err == nil {
+		return nil
+	}
+	pending, perr := pgmigrate.Pending(ctx, o.pool)
+	switch {
+	case perr != nil:
+		return driver.Unavailable(perr)
+	case len(pending) == 0:
+		return err // the schema is elsewhere, or it was migrated meanwhile
+	}
+	lacks := "lacks migration " + pending[0]
+	if len(pending) > 1 {
+		lacks = fmt.Sprintf("lacks %d migrations, %s", len(pending), strings.Join(pending, ", "))
+	}
+	return fmt.Errorf(`countlimit's schema here %s: run "countlimit migrate up" (or serve --migrate)`, lacks)
 }
 
 // conns returns how many connections the store may hold open at most,

@@ -14,11 +14,11 @@ type CountLimit struct {
 	UseType string
 	// Who or what is limited: user id, phone, IP, token.
 	UniqueID string
-	// Events counted in the window [begin_time, end_time). Counts nothing once end_time has passed. For sliding windows, cardinality(events).
+	// Events counted in the window [begin_time, end_time). Counts nothing once end_time has passed. For sliding windows, cardinality(events) as last written. For smooth limits (window_kind smooth), the events not yet drained when the row was last written, at most the burst. A check of another kind carries this count over while the window is current.
 	AlreadyCount int64
-	// When the current window began; for sliding windows, the oldest logged event.
+	// When the current window began; for sliding windows, the oldest logged event. For smooth limits (window_kind smooth), and a window another kind joined there, the epoch: a smooth row's window is [epoch, TAT).
 	BeginTime pgtype.Timestamptz
-	// When the current window ends (exclusive); NULL for a lifetime limit. For sliding windows, the newest event plus the window length. For smooth limits (window_kind smooth, begin_time = end_time), the TAT: when the key is drained.
+	// When the current window ends (exclusive); NULL for a lifetime limit. For sliding windows, the newest event plus the window length. For smooth limits (window_kind smooth), the TAT: when the key is drained.
 	EndTime pgtype.Timestamptz
 	// The limit applied by the last check (the rule travels with each call; this records it for audits).
 	LimitValue int64
@@ -34,7 +34,7 @@ type CountLimit struct {
 	UpdatedAt pgtype.Timestamptz
 	// Concurrency limits only: no lease of this key (count_limit_lease) expires after this. Raised by every Acquire that takes a slot and every Extend; set to the time of a denied Acquire when no lease was ever taken. Purges keep the row until then. NULL for keys never acquired.
 	LeaseUntil pgtype.Timestamptz
-	// The window kind of the rule that last counted here, or created the row: rolling, fixed, calendar, sliding, lifetime or smooth; NULL for CheckLimit's window of the caller's own. A smooth row (window_kind smooth, begin_time = end_time) keeps its TAT in end_time; otherwise for people, no check reads it.
+	// The window kind of the rule that last counted here, or created the row: rolling, fixed, calendar, sliding, lifetime or smooth; NULL for CheckLimit's window of the caller's own. A smooth row (window_kind smooth) keeps its TAT in end_time; otherwise for people, no check reads it.
 	WindowKind pgtype.Text
 	// Smooth limits only (window_kind smooth): the rule's emission interval, period / limit rounded up to the microsecond; one event drains in this long. Written by every smooth check that counts in the row or creates it; meaningful only while window_kind is smooth. For people and count_limit_status; no check reads it.
 	SmoothInterval pgtype.Interval
@@ -68,7 +68,7 @@ type CountLimitStatus struct {
 	// limit_value - used, never below 0: how many more events (for concurrent limits, slots) the last applied limit allows now. For smooth limits, smooth_burst - used: how many fit at once now (one more drains every smooth_interval).
 	Remaining   int64
 	DeniedCount int64
-	// When the current window began; for sliding windows, the oldest logged event; for concurrent limits, when the oldest live lease was taken (NULL when none is held); NULL for smooth limits.
+	// When the current window began; for sliding windows, the oldest logged event; for concurrent limits, when the oldest live lease was taken (NULL when none is held); NULL for smooth limits, and for a window another kind joined from a smooth limit's (it began at the epoch).
 	WindowBegin pgtype.Timestamptz
 	// When the current window ends (exclusive); NULL for lifetime limits. For sliding windows, the newest event plus the window length; for concurrent limits, when the last live lease expires unless extended or released (NULL when none is held); for smooth limits, when the id is fully drained (its TAT), NULL once it is.
 	WindowEnd pgtype.Timestamptz

@@ -88,12 +88,13 @@ func Each(do func(context.Context, *driver.Request) error) func(context.Context,
 }
 
 // rules are the harness's rules, with calendar windows in loc: every kind
-// of window, penalties, a use type whose rule changes kind (sliding and
-// fixed), three sliding logs of different spans, and slots; with smooth,
-// two smooth rates (one whose interval is rounded up, with a penalty; one
-// whose limit may move to 0) and two use types whose rule changes kind
-// (fixed and smooth; sliding, fixed and smooth). AllowAll draws from the
-// use types that count events.
+// of window, penalties, use types whose rule changes kind (sliding and
+// fixed; lifetime and sliding), three sliding logs of different spans, and
+// slots; with smooth, two smooth rates (one whose interval is rounded up,
+// with a penalty; one whose limit may move to 0) and more use types whose
+// rule changes kind (fixed and smooth; sliding, fixed and smooth; rolling
+// and smooth; sliding and smooth, each with a penalty). AllowAll draws
+// from the use types that count events.
 func rules(loc *time.Location, smooth bool) []countlimit.Rule {
 	rs := []countlimit.Rule{
 		{UseType: "rolling", Limit: 3, Window: countlimit.Rolling(10 * time.Second)},
@@ -107,6 +108,7 @@ func rules(loc *time.Location, smooth bool) []countlimit.Rule {
 		{UseType: "week:{w}", Limit: 6, Window: countlimit.Calendar(countlimit.Week, loc)},
 		{UseType: "slidingwide", Limit: 5, Window: countlimit.Sliding(13 * time.Second), Block: time.Second},
 		{UseType: "fixedfast", Limit: 4, Window: countlimit.Fixed(3 * time.Second)},
+		{UseType: "lifetime", Limit: 3, Window: countlimit.Sliding(5 * time.Second)}, // the same use type, another kind
 	}
 	if smooth {
 		rs = append(rs,
@@ -114,6 +116,8 @@ func rules(loc *time.Location, smooth bool) []countlimit.Rule {
 			countlimit.Rule{UseType: "smoothblock", Limit: 3, Window: countlimit.Smooth(7*time.Second, 2), Block: 3 * time.Second},
 			countlimit.Rule{UseType: "fixedfast", Limit: 2, Window: countlimit.Smooth(3*time.Second, 3)}, // the same use type, another kind
 			countlimit.Rule{UseType: "sliding", Limit: 2, Window: countlimit.Smooth(6*time.Second, 2)},
+			countlimit.Rule{UseType: "rolling", Limit: 3, Window: countlimit.Smooth(5*time.Second, 2)},
+			countlimit.Rule{UseType: "slidingblock", Limit: 1, Window: countlimit.Smooth(2*time.Second, 3), Block: 2 * time.Second},
 		)
 	}
 	return rs
@@ -144,7 +148,7 @@ var useTypes = func() []string {
 
 // spans gives each use type the span of its sliding rule, for the live
 // part of a log.
-var spans = map[string]int64{"sliding": 9e6, "slidingblock": 4e6, "slidingwide": 13e6}
+var spans = map[string]int64{"sliding": 9e6, "slidingblock": 4e6, "slidingwide": 13e6, "lifetime": 5e6}
 
 // idPool is what a run's three ids are drawn from: short and long ids,
 // the characters the stores' keys escape or split on (':', '{', '}',
@@ -369,6 +373,10 @@ func gen(seed uint64, n int, smooth bool) []Step {
 		id := ids[rng.IntN(len(ids))]
 		if again {
 			r, id = *lastRule, lastID
+		} else if alt := otherKinds(rs, lastRule); len(alt) > 0 && rng.IntN(4) == 0 {
+			// The rule of another kind on the key the step before
+			// wrote: two processes whose rule files differ, by turns.
+			r, id = alt[rng.IntN(len(alt))], lastID
 		} else if focus != nil {
 			for string(r.UseType) != focus.ut {
 				r = rs[rng.IntN(len(rs))]
@@ -534,6 +542,24 @@ func gen(seed uint64, n int, smooth bool) []Step {
 		steps = append(steps, Step{Desc: at.UTC().Format("2006-01-02 15:04:05.000000 ") + desc, Reqs: rec.reqs})
 	}
 	return steps
+}
+
+// otherKinds returns the rules of rs on last's use type whose window is of
+// another kind than last's; none when last is nil.
+func otherKinds(rs []countlimit.Rule, last *countlimit.Rule) []countlimit.Rule {
+	var out []countlimit.Rule
+	for _, r := range rs {
+		if last != nil && r.UseType == last.UseType && kind(r.Window) != kind(last.Window) {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// kind is a window's kind: its String up to the first space.
+func kind(w countlimit.Window) string {
+	k, _, _ := strings.Cut(w.String(), " ")
+	return k
 }
 
 // clones returns deep copies of reqs, with prefix before every use type.
