@@ -101,8 +101,8 @@ func TestServiceSharesTheLibrarysMetrics(t *testing.T) {
 	}
 	got := parseExposition(t, text)
 
-	if len(families) != 9 {
-		t.Fatalf("promlimit exports %d families, want 9", len(families))
+	if len(families) != 10 {
+		t.Fatalf("promlimit exports %d families, want 10", len(families))
 	}
 	for _, f := range families {
 		name := f.GetName()
