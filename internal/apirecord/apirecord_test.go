@@ -138,3 +138,48 @@ func TestAPIIsRecorded(t *testing.T) {
 				map[bool]string{true: "", false: " (a released record is never edited: the update writes api/next.txt)"}[filepath.Base(file) == "next.txt"]))
 	}
 }
+
+// TestReleasesAreRecorded: every released API record, api/vX.Y.Z.txt, has
+// its release's commit in api/releases.txt, and every line there names a
+// release with a record, so that a clone without tags still knows what
+// each release was (CI's apidiff step compares with that commit).
+func TestReleasesAreRecorded(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join(root, "api", "releases.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	recorded := map[string]bool{}
+	for n, line := range strings.Split(string(data), "\n") {
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		f := strings.Fields(line)
+		if len(f) != 2 || !isCommit(f[1]) {
+			t.Errorf("api/releases.txt:%d: want VERSION COMMIT (40 hex digits), got %q", n+1, line)
+			continue
+		}
+		if _, err := os.Stat(filepath.Join(root, "api", f[0]+".txt")); err != nil {
+			t.Errorf("api/releases.txt:%d: %s has no API record api/%s.txt", n+1, f[0], f[0])
+		}
+		recorded[f[0]] = true
+	}
+	files, _ := filepath.Glob(filepath.Join(root, "api", "v*.txt"))
+	for _, f := range files {
+		if v := strings.TrimSuffix(filepath.Base(f), ".txt"); !recorded[v] {
+			t.Errorf("api/%s.txt: the release %s has no commit in api/releases.txt (docs/RELEASING.md, step 7)", v, v)
+		}
+	}
+}
+
+// isCommit reports whether s is a full commit hash.
+func isCommit(s string) bool {
+	if len(s) != 40 {
+		return false
+	}
+	for _, c := range s {
+		if !strings.ContainsRune("0123456789abcdef", c) {
+			return false
+		}
+	}
+	return true
+}
