@@ -185,8 +185,8 @@ func benchBaseline(ctx context.Context, url string, callers []int, d time.Durati
 	out.report = benchReport{Mode: "bench --baseline", Store: redactURL(url), SynchronousCommit: sync, RunSeconds: d.Seconds(), Started: time.Now().UTC(),
 		Rules: []benchRule{{Name: "bench", Window: rule.Window.String(), Limit: rule.Limit}}}
 
-	fmt.Fprintf(out.human, "countlimit bench --baseline: %s, synchronous_commit=%s, %v per cell, Allow of a fixed 1m window\n",
-		redactURL(url), sync, d)
+	fmt.Fprintf(out.human, "countlimit bench --baseline: %s, synchronous_commit=%s, %v per cell, Allow of a fixed 1m window, in schema %s (dropped at the end)\n",
+		redactURL(url), sync, d, schema)
 	fmt.Fprintf(out.human, "baseline: one INSERT ... ON CONFLICT DO UPDATE ... WHERE count < limit RETURNING on a 4-column table\n")
 	upsert := fmt.Sprintf(baselineUpsert, table)
 	const row = "%7s %9s %10s %10s %7s %11s %11s %11s %11s\n"
@@ -367,7 +367,7 @@ func benchBaseline(ctx context.Context, url string, callers []int, d time.Durati
 			br.Rows, or.Rows = mode, mode
 			br.Run, or.Run = sr.run, sr.run
 			line := fmt.Sprintf(row, strconv.Itoa(cell.callers), idsCol, fmt.Sprintf("%.0f", base.rate()), fmt.Sprintf("%.0f", ours.rate()),
-				fmt.Sprintf("%.2f×", ours.rate()/base.rate()), latency(base.pct(.5).Seconds()), latency(ours.pct(.5).Seconds()),
+				ratio(ours.rate(), base.rate()), latency(base.pct(.5).Seconds()), latency(ours.pct(.5).Seconds()),
 				latency(base.pct(.99).Seconds()), latency(ours.pct(.99).Seconds()))
 			if mode != rowsExisting {
 				first, last := ours.fifths()
@@ -379,6 +379,16 @@ func benchBaseline(ctx context.Context, url string, callers []int, d time.Durati
 		}
 	}
 	return nil
+}
+
+// ratio prints a/b as the table's ratio column: "n/a" where b is 0, a
+// cell whose baseline saw no call end (a stalled disk on a short cell),
+// which has no ratio and is said on stderr.
+func ratio(a, b float64) string {
+	if b == 0 {
+		return "n/a"
+	}
+	return fmt.Sprintf("%.2f×", a/b)
 }
 
 // parseCallers parses a list of numbers of callers like "1,4,16,64", given
