@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"testing"
 	"time"
 
@@ -48,7 +49,7 @@ func testBytesFollowEntries(t *testing.T, max int64) {
 			advance := time.Duration(rng.IntN(20)) * time.Second
 			now = now.Add(advance)
 			s.start = s.start.Add(-advance) // the janitor's clock moves too
-			s.sweep()
+			s.sweep(runtime.Gosched)
 		case r.UseType == "job" && op < 5:
 			var ls countlimit.Lease
 			if ls, _, err = l.Acquire(ctx, r, id); ls.String() != "" {

@@ -1,6 +1,7 @@
 package memstore
 
 import (
+	"runtime"
 	"slices"
 	"time"
 
@@ -18,11 +19,15 @@ const ExpiryGrace = time.Duration(expiryGrace) * time.Microsecond
 // follow, d ahead. Call it while nothing else uses s.
 func Elapse(s *Store, d time.Duration) { s.start = s.start.Add(-d) }
 
-// Sweep runs one sweep now, as the janitor does.
-func Sweep(s *Store) { s.sweep() }
+// Sweep runs one sweep now, as the janitor does, and reports how many
+// shard maps it replaced with fresh ones.
+func Sweep(s *Store) (rebuilt int) { return s.sweep(runtime.Gosched) }
 
-// Rebuilds reports how many shard maps sweeps have replaced with fresh ones.
-func Rebuilds(s *Store) int64 { return s.rebuilds.Load() }
+// SweepPausing is Sweep, which runs f between the sweep's slices, with the
+// shard's lock let go.
+func SweepPausing(s *Store, f func()) (rebuilt int) {
+	return s.sweep(func() { f(); runtime.Gosched() })
+}
 
 // Peak reports the sum of the shards' peaks: the ids their maps are sized
 // for.
@@ -42,10 +47,6 @@ func PerShard(s *Store) int { return s.perShard }
 
 // BytesPerShard reports the most bytes one shard accounts; 0 for no bound.
 func BytesPerShard(s *Store) int64 { return s.perBytes }
-
-// OnPause sets f to run between a sweep's slices, with the shard's lock let
-// go. Set it before the first sweep.
-func OnPause(s *Store, f func()) { s.pause = f }
 
 // ShardLocked reports whether the lock of the shard of (ut, id) is held.
 func ShardLocked(s *Store, ut, id string) bool {
@@ -67,8 +68,15 @@ func MayHaveExpired(s *Store, ut, id string) bool {
 	return s.mono() >= sh.soonest
 }
 
-// Looks reports how often full shards have looked for expired counters.
-func Looks(s *Store) int64 { return s.looks.Load() }
+// NextLook reports when, in the store's monotonic microseconds, the shard
+// of (ut, id) next looks for expired counters when it is full: a look in
+// vain moves it on.
+func NextLook(s *Store, ut, id string) int64 {
+	sh := s.shard(s.hash(ut, id))
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	return sh.soonest
+}
 
 // SameShard reports whether the counters of ut for two ids live in one
 // shard.

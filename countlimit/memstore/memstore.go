@@ -99,10 +99,7 @@ type Store struct {
 	fullEntries, fullBytes error
 	start                  time.Time // origin of the monotonic expiry deadlines
 
-	sweepMu  sync.Mutex   // one sweep at a time
-	pause    func()       // tests: run between a sweep's slices, lock released
-	rebuilds atomic.Int64 // shard maps replaced by fresh ones
-	looks    atomic.Int64 // full shards' looks for expired counters
+	sweepMu sync.Mutex // one sweep at a time
 
 	closed    atomic.Bool
 	stop      chan struct{}
@@ -849,7 +846,6 @@ func (s *Store) reclaim(sh *shard, bytes int64, entries int) bool {
 	if mono < sh.soonest {
 		return false
 	}
-	s.looks.Add(1)
 	seen, low := 0, int64(forever)
 	for _, m := range [...]map[uint64]*entry{sh.old, sh.m} {
 		for h := range m {
@@ -1035,34 +1031,41 @@ func (s *Store) janitor(every time.Duration) {
 		case <-s.stop:
 			return
 		case <-t.C:
-			s.sweep()
+			s.sweep(runtime.Gosched)
 		}
 	}
 }
 
 // sweep drops every entry whose window and penalty are over, and rebuilds
-// the maps of shards left with a quarter or less of their peak.
-func (s *Store) sweep() {
+// the maps of shards left with a quarter or less of their peak. It calls
+// yield between slices, with the shard's lock let go (the janitor's is
+// runtime.Gosched, to let the checks that waited take the lock), and
+// reports how many shard maps it rebuilt.
+func (s *Store) sweep(yield func()) (rebuilt int) {
 	s.sweepMu.Lock()
 	defer s.sweepMu.Unlock()
 	for i := range s.shards {
-		s.sweepShard(&s.shards[i])
+		if s.sweepShard(&s.shards[i], yield) {
+			rebuilt++
+		}
 	}
+	return rebuilt
 }
 
-func (s *Store) sweepShard(sh *shard) {
+func (s *Store) sweepShard(sh *shard, yield func()) (rebuilt bool) {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	sh.low = forever
-	low := s.drain(sh, sh.m, nil)
+	low := s.drain(sh, sh.m, nil, yield)
 	if sh.peak >= shrinkMin && len(sh.m) <= sh.peak/4 {
-		s.rebuilds.Add(1)
+		rebuilt = true
 		sh.old, sh.m = sh.m, make(map[uint64]*entry, len(sh.m))
 		sh.oldPeak, sh.peak = sh.peak, len(sh.old)
-		low = min(low, s.drain(sh, sh.old, sh.m))
+		low = min(low, s.drain(sh, sh.old, sh.m, yield))
 		sh.old, sh.oldPeak = nil, 0
 	}
 	sh.soonest = min(low, sh.low)
+	return rebuilt
 }
 
 // drain walks m, about sweepSlice counters per hold of sh's lock (a chain
@@ -1076,7 +1079,7 @@ func (s *Store) sweepShard(sh *shard) {
 // one added meanwhile may or may not be; checks add new keys to sh.m only
 // (a new counter joins its chain where the chain is), so while m is
 // sh.old, a chain is always in exactly one of the two.
-func (s *Store) drain(sh *shard, m, to map[uint64]*entry) int64 {
+func (s *Store) drain(sh *shard, m, to map[uint64]*entry, yield func()) int64 {
 	mono, low, seen := s.mono(), int64(forever), 0
 	for h := range m {
 		k, l := sh.prune(m, to, h, mono)
@@ -1084,10 +1087,7 @@ func (s *Store) drain(sh *shard, m, to map[uint64]*entry) int64 {
 		if seen += k; seen >= sweepSlice {
 			seen = 0
 			sh.mu.Unlock()
-			if s.pause != nil {
-				s.pause()
-			}
-			runtime.Gosched() // let the checks that waited take the lock
+			yield()
 			sh.mu.Lock()
 			mono = s.mono()
 		}

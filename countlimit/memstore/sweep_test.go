@@ -27,19 +27,18 @@ func TestSweepRebuildsEmptiedShards(t *testing.T) {
 	if n, p := s.Len(), memstore.Peak(s); n != 20000 || p != 20000 {
 		t.Fatalf("Len %d, peak %d; want 20000, 20000", n, p)
 	}
-	memstore.Sweep(s)
+	rebuilt := memstore.Sweep(s)
 	if n := s.Len(); n != 0 {
 		t.Errorf("Len = %d after the sweep, want 0", n)
 	}
-	if got := memstore.Rebuilds(s); got != 4 {
-		t.Errorf("%d shard maps rebuilt, want all 4", got)
+	if rebuilt != 4 {
+		t.Errorf("%d shard maps rebuilt, want all 4", rebuilt)
 	}
 	if p := memstore.Peak(s); p != 0 {
 		t.Errorf("peak = %d after the rebuild, want 0: the maps are fresh", p)
 	}
-	memstore.Sweep(s)
-	if got := memstore.Rebuilds(s); got != 4 {
-		t.Errorf("%d shard maps rebuilt after a second sweep, want still 4: empty fresh maps need none", got)
+	if got := memstore.Sweep(s); got != 0 {
+		t.Errorf("%d shard maps rebuilt by a second sweep, want none: empty fresh maps need none", got)
 	}
 }
 
@@ -56,8 +55,8 @@ func TestSweepKeepsShardsThatShrankLittle(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	memstore.Sweep(s)
-	if n, r := s.Len(), memstore.Rebuilds(s); n != 1500 || r != 0 {
+	r := memstore.Sweep(s)
+	if n := s.Len(); n != 1500 || r != 0 {
 		t.Errorf("Len %d, %d rebuilt; want 1500, 0: half the peak left is not worth a rebuild", n, r)
 	}
 }
@@ -89,7 +88,7 @@ func TestSweepMovesLiveCounters(t *testing.T) {
 		allow(fmt.Sprint("live-", i))
 	}
 	pauses := 0
-	memstore.OnPause(s, func() {
+	pause := func() {
 		pauses++
 		for i := range 50 { // counters in the old map, the new one, or neither
 			allow(fmt.Sprint("live-", (pauses*97+i*61)%lives))
@@ -100,9 +99,9 @@ func TestSweepMovesLiveCounters(t *testing.T) {
 			t.Error(err)
 		}
 		delete(want, id)
-	})
-	memstore.Sweep(s)
-	if got := memstore.Rebuilds(s); got != 1 {
+	}
+	rebuilt := memstore.SweepPausing(s, pause)
+	if got := rebuilt; got != 1 {
 		t.Fatalf("%d rebuilt, want 1", got)
 	}
 	if pauses < (stales+lives)/memstore.SweepSlice+lives/memstore.SweepSlice-1 {
@@ -133,11 +132,11 @@ func TestSweepMissesNoExpiry(t *testing.T) {
 		}
 	}
 	pauses := 0
-	memstore.OnPause(s, func() {
+	pause := func() {
 		pauses++
 		stale(t, l, fmt.Sprint("stale-", pauses))
-	})
-	memstore.Sweep(s)
+	}
+	memstore.SweepPausing(s, pause)
 	kept := s.Len() - lives
 	t.Logf("%d of %d expired counters added during the sweep outlived it", kept, pauses)
 	if got := memstore.MayHaveExpired(s, "live", "live-0"); got != (kept > 0) {
@@ -160,7 +159,7 @@ func TestSweepLetsGoOfTheLock(t *testing.T) {
 	}
 	rule := countlimit.Rule{UseType: "live", Limit: countlimit.MaxLimit, Window: countlimit.Lifetime()}
 	var during atomic.Int64
-	memstore.OnPause(s, func() {
+	pause := func() {
 		if memstore.ShardLocked(s, "live", "live") {
 			t.Error("paused with the shard's lock held")
 			return
@@ -174,8 +173,8 @@ func TestSweepLetsGoOfTheLock(t *testing.T) {
 			t.Error(err)
 		}
 		during.Add(1)
-	})
-	memstore.Sweep(s)
+	}
+	memstore.SweepPausing(s, pause)
 	if got := during.Load(); got < n/memstore.SweepSlice {
 		t.Errorf("%d checks ran during the sweep, want one per slice: %d", got, n/memstore.SweepSlice)
 	}
@@ -216,11 +215,12 @@ func TestSweepWhileCounting(t *testing.T) {
 	}
 	stop := make(chan struct{})
 	swept := make(chan struct{})
+	rebuilt := 0
 	go func() {
 		defer close(swept)
 		<-start
 		for {
-			memstore.Sweep(s)
+			rebuilt += memstore.Sweep(s)
 			select {
 			case <-stop:
 				return
@@ -232,7 +232,7 @@ func TestSweepWhileCounting(t *testing.T) {
 	wg.Wait()
 	close(stop)
 	<-swept
-	memstore.Sweep(s)
+	rebuilt += memstore.Sweep(s)
 	for k := range keys {
 		id := fmt.Sprint("key-", k)
 		if r, err := l.Peek(ctx, rule, id); err != nil || r.Used != goroutines*each/keys {
@@ -242,7 +242,7 @@ func TestSweepWhileCounting(t *testing.T) {
 	if n := s.Len(); n != keys {
 		t.Errorf("Len = %d after the last sweep, want %d", n, keys)
 	}
-	if memstore.Rebuilds(s) == 0 {
+	if rebuilt == 0 {
 		t.Error("no shard was rebuilt")
 	}
 }
@@ -291,12 +291,12 @@ func benchmarkMemory(b *testing.B, id func(int) string) {
 	accounted := s.Bytes()
 	var holds []time.Duration // between pauses: about how long each slice held its lock
 	last := time.Now()
-	memstore.OnPause(s, func() {
+	pause := func() {
 		holds = append(holds, time.Since(last))
 		last = time.Now()
-	})
+	}
 	start := time.Now()
-	memstore.Sweep(s)
+	memstore.SweepPausing(s, pause)
 	sweep := time.Since(start)
 	if n := s.Len(); n != 0 {
 		b.Fatalf("Len = %d after a sweep, want 0", n)
