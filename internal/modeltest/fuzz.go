@@ -135,8 +135,7 @@ func Fuzz(t *testing.T, p Path, data []byte) {
 		ks.uts = append(ks.uts, fuzzUT(j))
 		ks.spans[fuzzUT(j)] = fuzzSpan(j).Microseconds()
 	}
-	runs++
-	at, why := replay(context.Background(), p, steps, ks, fmt.Sprintf("z%d.", runs))
+	at, why := replay(context.Background(), p, steps, ks, fmt.Sprintf("z%d.", runs.Add(1)))
 	if at < 0 {
 		return
 	}

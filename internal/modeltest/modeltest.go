@@ -32,6 +32,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 	_ "time/tzdata" // the zones a run draws, on every machine
@@ -643,7 +644,7 @@ func Seed() uint64 {
 }
 
 // prefixes make each run's keys its own.
-var runs = 0
+var runs atomic.Int64
 
 // keyspace is every key a run may write, read back after each step: its
 // use types and ids, and the span of each use type's sliding rule (0 for
@@ -723,8 +724,7 @@ func Upgrade(t *testing.T, p Path, seed func(ctx context.Context, ut, id string,
 	t.Helper()
 	s, n, steps, ks := planRun(!p.NoSmooth)
 	ctx := context.Background()
-	runs++
-	prefix := fmt.Sprintf("u%d.%d.", s%1e6, runs)
+	prefix := fmt.Sprintf("u%d.%d.", s%1e6, runs.Add(1))
 	half := len(steps) / 2
 	w := world{}
 	for _, st := range steps[:half] {
@@ -808,8 +808,7 @@ func Run(t *testing.T, paths []Path) {
 			steps = without
 		}
 		t.Run(p.Name, func(t *testing.T) {
-			runs++
-			prefix := fmt.Sprintf("m%d.%d.", seed%1e6, runs)
+			prefix := fmt.Sprintf("m%d.%d.", seed%1e6, runs.Add(1))
 			at, why := replay(ctx, p, steps, ks, prefix)
 			if at < 0 {
 				return
