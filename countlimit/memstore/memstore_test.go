@@ -3,7 +3,6 @@ package memstore_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -18,27 +17,6 @@ func TestConformance(t *testing.T) {
 	s := memstore.New()
 	t.Cleanup(func() { s.Close() })
 	storetest.Run(t, func(*testing.T) driver.Store { return s })
-}
-
-// noSmooth is a store of one's own that does not support Smooth windows
-// yet: it refuses them as the driver contract says, and is memstore for
-// every other kind.
-type noSmooth struct{ *memstore.Store }
-
-func (s noSmooth) Do(ctx context.Context, r *driver.Request) error {
-	if r.Smooth() {
-		return fmt.Errorf("%w: smooth windows are not supported by this store yet", driver.ErrInvalid)
-	}
-	return s.Store.Do(ctx, r)
-}
-
-// TestConformanceWithoutSmooth runs the suite as a store that does not
-// support Smooth windows does (storetest.Options.NoSmooth): every other
-// kind is held to the contract, and the refusal to its own test.
-func TestConformanceWithoutSmooth(t *testing.T) {
-	s := memstore.New()
-	t.Cleanup(func() { s.Close() })
-	storetest.RunWith(t, func(*testing.T) driver.Store { return noSmooth{s} }, storetest.Options{NoSmooth: true})
 }
 
 func TestJanitorDropsExpiredState(t *testing.T) {

@@ -21,12 +21,6 @@ import (
 	"github.com/countlimit/countlimit/internal/testbackend"
 )
 
-// noSmooth leaves Smooth rules out of the model harness, the upgrade
-// harness and the contract suite (modeltest.Path.NoSmooth,
-// storetest.Options.NoSmooth, storetest.Inspector.NoSmooth). false since
-// migration 00002: every path decides smooth checks (countlimit_apply).
-const noSmooth = false
-
 // TestModel holds every PostgreSQL path to the reference model
 // (internal/modeltest): a lone call on the pool (countlimit_allow_one,
 // skipping locked rows), group commits of distinct and repeated keys
@@ -60,9 +54,9 @@ func TestModel(t *testing.T) {
 		return false
 	}
 	modeltest.Run(t, []modeltest.Path{
-		{Name: "pool", Do: poolEach, Read: read, NoSmooth: noSmooth},
-		{Name: "group commit", Do: onPool.AllowBatchForTest, Read: read, Skip: fastOnly, Fallback: poolEach, NoSmooth: noSmooth},
-		{Name: "countlimit_apply", Read: read, NoSmooth: noSmooth,
+		{Name: "pool", Do: poolEach, Read: read},
+		{Name: "group commit", Do: onPool.AllowBatchForTest, Read: read, Skip: fastOnly, Fallback: poolEach},
+		{Name: "countlimit_apply", Read: read,
 			Do: modeltest.Each(onPool.ApplyForTest),
 			Skip: func(reqs []*driver.Request) bool {
 				for _, r := range reqs {
@@ -73,8 +67,8 @@ func TestModel(t *testing.T) {
 				return false
 			},
 			Fallback: poolEach},
-		{Name: "connection", Do: modeltest.Each(single(pgstore.New(conn))), Read: read, NoSmooth: noSmooth},
-		{Name: "transaction", Read: read, NoSmooth: noSmooth, Do: modeltest.Each(func(ctx context.Context, r *driver.Request) error {
+		{Name: "connection", Do: modeltest.Each(single(pgstore.New(conn))), Read: read},
+		{Name: "transaction", Read: read, Do: modeltest.Each(func(ctx context.Context, r *driver.Request) error {
 			tx, err := pool.Begin(ctx)
 			if err != nil {
 				return err
@@ -152,7 +146,6 @@ func TestContract(t *testing.T) {
 	in := storetest.Inspector{
 		Read:     func(ctx context.Context, ut, id string) (driver.Key, error) { return readKey(ctx, pool, ut, id) },
 		Seed:     func(ctx context.Context, ut, id string, k driver.Key) error { return seedKey(ctx, pool, ut, id, k) },
-		NoSmooth: noSmooth,
 	}
 	t.Run("pool", func(t *testing.T) { storetest.RunContract(t, pgstore.New(pool), in) })
 	t.Run("connection", func(t *testing.T) {

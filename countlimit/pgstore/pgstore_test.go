@@ -31,7 +31,7 @@ func TestConformance(t *testing.T) {
 	pools := []*pgxpool.Pool{testbackend.Postgres(t), testbackend.PostgresPool(t)}
 	// Two pools, per subtest: two clients on the same counters.
 	next := testbackend.Alternate(pools...)
-	storetest.RunWith(t, func(t *testing.T) driver.Store { return pgstore.New(next(t)) }, storetest.Options{NoSmooth: noSmooth})
+	storetest.Run(t, func(t *testing.T) driver.Store { return pgstore.New(next(t)) })
 }
 
 // counter is a pgx QueryTracer and BatchTracer that counts round trips

@@ -53,8 +53,7 @@ func TestUpgradeFromReleases(t *testing.T) {
 			modeltest.Upgrade(t, modeltest.Path{
 				Name:     "pool after the upgrade from " + rel.tag,
 				Do:       modeltest.Each(store.Do),
-				NoSmooth: noSmooth,
-				Read:     func(ctx context.Context, ut, id string) (driver.Key, error) { return readKey(ctx, pool, ut, id) },
+						Read:     func(ctx context.Context, ut, id string) (driver.Key, error) { return readKey(ctx, pool, ut, id) },
 			}, func(ctx context.Context, ut, id string, k driver.Key) error {
 				return rel.seed(ctx, pool, ut, id, k)
 			}, func(ctx context.Context) error {

@@ -72,13 +72,13 @@ func TestCluster(t *testing.T) {
 		s := redisstore.New(clients[0])
 		read := func(ctx context.Context, ut, id string) (driver.Key, error) { return readKey(ctx, clients[0], ut, id) }
 		modeltest.Run(t, []modeltest.Path{
-			{Name: "lone", Do: modeltest.Each(s.Do), Read: read, Expires: true, NoSmooth: noSmooth},
-			{Name: "pipeline", Do: s.PipelineForTest, Read: read, Expires: true, NoSmooth: noSmooth},
+			{Name: "lone", Do: modeltest.Each(s.Do), Read: read, Expires: true},
+			{Name: "pipeline", Do: s.PipelineForTest, Read: read, Expires: true},
 		})
 	})
 
 	var n atomic.Int64
-	storetest.RunWith(t, func(*testing.T) driver.Store { return redisstore.New(clients[n.Add(1)%2]) }, storetest.Options{NoSmooth: noSmooth})
+	storetest.Run(t, func(*testing.T) driver.Store { return redisstore.New(clients[n.Add(1)%2]) })
 	// Pipelines of calls on ids of every node: go-redis sends each script to
 	// the node of its slot.
 	t.Run("many ids pipelined", func(t *testing.T) { testManyIDs(t, redisstore.New(clients[0])) })

@@ -18,12 +18,6 @@ import (
 	"github.com/countlimit/countlimit/internal/testbackend"
 )
 
-// noSmooth leaves Smooth rules out of the model harness and the contract
-// suite (modeltest.Path.NoSmooth, storetest.Options.NoSmooth,
-// storetest.Inspector.NoSmooth) when true. The scripts decide them on
-// every path, so it is false: every path and the suite draw them.
-const noSmooth = false
-
 // TestModel holds every Redis path to the reference model
 // (internal/modeltest): a lone call (fast.lua for an Allow of one rule,
 // apply.lua, reset.lua or lease.lua for the others), a pipeline whose
@@ -41,10 +35,10 @@ func TestModel(t *testing.T) {
 	}
 	lone := modeltest.Each(s.Do)
 	modeltest.Run(t, []modeltest.Path{
-		{Name: "lone", Do: lone, Read: read, Expires: true, NoSmooth: noSmooth},
-		{Name: "pipeline, combined", Do: s.CombinedForTest, Read: read, Expires: true, NoSmooth: noSmooth},
-		{Name: "pipeline, a script each", Do: s.PipelineForTest, Read: read, Expires: true, NoSmooth: noSmooth},
-		{Name: "apply.lua", Do: modeltest.Each(s.ApplyForTest), Read: read, Expires: true, NoSmooth: noSmooth,
+		{Name: "lone", Do: lone, Read: read, Expires: true},
+		{Name: "pipeline, combined", Do: s.CombinedForTest, Read: read, Expires: true},
+		{Name: "pipeline, a script each", Do: s.PipelineForTest, Read: read, Expires: true},
+		{Name: "apply.lua", Do: modeltest.Each(s.ApplyForTest), Read: read, Expires: true,
 			Skip: func(reqs []*driver.Request) bool {
 				for _, r := range reqs {
 					if r.OnLeases() {
@@ -70,7 +64,6 @@ func TestContract(t *testing.T) {
 	storetest.RunContract(t, redisstore.New(client), storetest.Inspector{
 		Read:     func(ctx context.Context, ut, id string) (driver.Key, error) { return readKey(ctx, client, ut, id) },
 		Seed:     func(ctx context.Context, ut, id string, k driver.Key) error { return seedKey(ctx, client, ut, id, k) },
-		NoSmooth: noSmooth,
 	})
 }
 

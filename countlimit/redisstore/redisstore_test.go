@@ -51,7 +51,7 @@ func TestConformance(t *testing.T) {
 	clients := []*redis.Client{client(t), client(t)}
 	// Two clients (two connection pools) on one server, per subtest.
 	next := testbackend.Alternate(clients...)
-	storetest.RunWith(t, func(t *testing.T) driver.Store { return redisstore.New(next(t)) }, storetest.Options{NoSmooth: noSmooth})
+	storetest.Run(t, func(t *testing.T) driver.Store { return redisstore.New(next(t)) })
 }
 
 func TestKeysAreEscapedAndShareTheIDsSlot(t *testing.T) {

@@ -152,12 +152,12 @@ func TestSentinel(t *testing.T) {
 		t.Run("NewFailoverClient", func(t *testing.T) {
 			t.Parallel()
 			next := testbackend.Alternate(set.failoverClient(t), set.failoverClient(t))
-			storetest.RunWith(t, func(t *testing.T) driver.Store { return redisstore.New(next(t)) }, storetest.Options{NoSmooth: noSmooth})
+			storetest.Run(t, func(t *testing.T) driver.Store { return redisstore.New(next(t)) })
 		})
 		t.Run("NewFailoverClusterClient", func(t *testing.T) {
 			t.Parallel()
 			next := testbackend.Alternate(set.failoverClusterClient(t), set.failoverClusterClient(t))
-			storetest.RunWith(t, func(t *testing.T) driver.Store { return redisstore.New(next(t)) }, storetest.Options{NoSmooth: noSmooth})
+			storetest.Run(t, func(t *testing.T) driver.Store { return redisstore.New(next(t)) })
 		})
 	})
 

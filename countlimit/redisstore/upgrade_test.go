@@ -48,8 +48,7 @@ func TestUpgradeFromReleases(t *testing.T) {
 				Name:     "Store after the upgrade from " + rel.tag,
 				Do:       modeltest.Each(s.Do),
 				Expires:  true,
-				NoSmooth: noSmooth,
-				Read:     func(ctx context.Context, ut, id string) (driver.Key, error) { return readKey(ctx, client, ut, id) },
+						Read:     func(ctx context.Context, ut, id string) (driver.Key, error) { return readKey(ctx, client, ut, id) },
 			}, func(ctx context.Context, ut, id string, k driver.Key) error {
 				return rel.seed(ctx, client, ut, id, k)
 			}, func(context.Context) error { return nil })

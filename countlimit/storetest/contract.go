@@ -22,9 +22,6 @@ type Inspector struct {
 	// Seed makes the store keep k for (useType, id), replacing what it
 	// kept. k.End is driver.Forever for a lifetime window.
 	Seed func(ctx context.Context, useType, id string, k driver.Key) error
-	// NoSmooth leaves out the cases of Smooth checks, for a store that
-	// does not support them yet (see Options.NoSmooth).
-	NoSmooth bool
 }
 
 // RunContract checks store against the contract's reference model,
@@ -36,9 +33,6 @@ type Inspector struct {
 func RunContract(t *testing.T, store driver.Store, in Inspector) {
 	t.Helper()
 	for _, c := range contractCases() {
-		if in.NoSmooth && c.req("").Smooth() {
-			continue
-		}
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()

@@ -2,7 +2,6 @@ package storetest
 
 import (
 	"context"
-	"errors"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -11,8 +10,7 @@ import (
 	"github.com/countlimit/countlimit/countlimit/driver"
 )
 
-// smoothTests are Run's tests of Smooth windows, left out under
-// Options.NoSmooth.
+// smoothTests are Run's tests of Smooth windows.
 var smoothTests = []struct {
 	name string
 	fn   func(*testing.T, func(*testing.T) driver.Store)
@@ -232,30 +230,6 @@ func testSmoothConcurrentExactlyBurst(t *testing.T, newStore func(*testing.T) dr
 	if r.Used != 100 || !r.ResetAt.Equal(at(100*6*time.Minute)) {
 		t.Errorf("after the storm: Used %d, ResetAt %s; want 100, %s", r.Used, fmtTime(r.ResetAt), fmtTime(at(100*6*time.Minute)))
 	}
-}
-
-// testSmoothRefused: a store that does not support Smooth windows yet
-// (Options.NoSmooth) refuses them with ErrInvalid and writes nothing,
-// alone or beside another rule in AllowAll.
-func testSmoothRefused(t *testing.T, newStore func(*testing.T) driver.Store) {
-	e := newEnv(t, newStore)
-	smooth := countlimit.Rule{UseType: UseType(t, "refused"), Limit: 10, Window: countlimit.Smooth(time.Second, 3)}
-	fixed := countlimit.Rule{UseType: UseType(t, "refusedfixed"), Limit: 3, Window: countlimit.Fixed(time.Hour)}
-	for _, call := range []struct {
-		name string
-		do   func() error
-	}{
-		{"Allow", func() error { _, err := e.l.Allow(e.ctx, smooth, "a"); return err }},
-		{"Peek", func() error { _, err := e.l.Peek(e.ctx, smooth, "a"); return err }},
-		{"Refund", func() error { _, err := e.l.Refund(e.ctx, smooth, "a", 1); return err }},
-		{"AllowAll", func() error { _, err := e.l.AllowAll(e.ctx, "a", fixed, smooth); return err }},
-	} {
-		err := call.do()
-		if !errors.Is(err, countlimit.ErrInvalid) || errors.Is(err, countlimit.ErrUnavailable) {
-			t.Errorf("%s of a Smooth rule: %v, want an error wrapping ErrInvalid only", call.name, err)
-		}
-	}
-	e.run(fixed, "a", []step{{at: at(0), op: peek, want: ok(3, 0, at(time.Hour))}})
 }
 
 // testSmoothRealClock: callers of weight 1 and 2 on the wall clock, two

@@ -36,25 +36,8 @@ import (
 	"github.com/countlimit/countlimit/countlimit/driver"
 )
 
-// Run runs the whole suite against the stores newStore returns. It is
-// RunWith with no Options.
+// Run runs the whole suite against the stores newStore returns.
 func Run(t *testing.T, newStore func(t *testing.T) driver.Store) {
-	t.Helper()
-	RunWith(t, newStore, Options{})
-}
-
-// Options adjust the suite to a store.
-type Options struct {
-	// NoSmooth leaves out the tests of Smooth windows, for a store that
-	// does not support them yet; the suite then holds the store to
-	// refusing them instead: an error wrapping countlimit.ErrInvalid
-	// (driver.ErrInvalid), and nothing written.
-	NoSmooth bool
-}
-
-// RunWith runs the whole suite against the stores newStore returns, as
-// opts adjust it.
-func RunWith(t *testing.T, newStore func(t *testing.T) driver.Store, opts Options) {
 	t.Helper()
 	tests := []struct {
 		name string
@@ -92,14 +75,8 @@ func RunWith(t *testing.T, newStore func(t *testing.T) driver.Store, opts Option
 		{"ConcurrentRealClock", testConcurrentRealClock},
 	}
 	tests = append(tests, leaseTests...)
-	if opts.NoSmooth {
-		tests = append(tests, struct {
-			name string
-			fn   func(*testing.T, func(*testing.T) driver.Store)
-		}{"SmoothRefused", testSmoothRefused})
-	} else {
-		tests = append(tests, smoothTests...)
-	}
+	tests = append(tests, smoothTests...)
+
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

@@ -129,7 +129,7 @@ func fuzzSteps(data []byte, smooth bool) []Step {
 // fuzzer's bytes.
 func Fuzz(t *testing.T, p Path, data []byte) {
 	t.Helper()
-	steps := fuzzSteps(data, !p.NoSmooth)
+	steps := fuzzSteps(data, true)
 	ks := keyspace{ids: []string{"a", "b{c}"}, spans: map[string]int64{}}
 	for j := range fuzzUseTypes {
 		ks.uts = append(ks.uts, fuzzUT(j))

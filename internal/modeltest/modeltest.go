@@ -68,11 +68,6 @@ type Path struct {
 	// it false and is held to the tally of every key, even one with
 	// nothing else live, as a denial of a new key without a Block leaves.
 	Expires bool
-	// NoSmooth leaves Smooth rules out of the path's run (its steps are
-	// drawn without them), for a store that does not support them yet and
-	// refuses them. Every store of this module supports them.
-	// Every path of a store that supports them leaves it false.
-	NoSmooth bool
 }
 
 // Each returns a Path.Do that carries out a step's requests with do, one
@@ -717,12 +712,11 @@ func compareKeys(ctx context.Context, p Path, w world, ks keyspace, prefix strin
 // earlier version never holds a smooth instant: the first half's smooth
 // rules count in the model alone, and their instants (TATs) are dropped
 // from the model before the keys are written (as if they had drained;
-// the keys' tallies and penalties stay). Unless p.NoSmooth, the second
-// half then uses smooth rules on the upgraded store, on keys of every
+// the keys' tallies and penalties stay). The second half then uses smooth rules on the upgraded store, on keys of every
 // kind, a use type that changes kind included.
 func Upgrade(t *testing.T, p Path, seed func(ctx context.Context, ut, id string, k driver.Key) error, upgrade func(ctx context.Context) error) {
 	t.Helper()
-	s, n, steps, ks := planRun(!p.NoSmooth)
+	s, n, steps, ks := planRun()
 	ctx := context.Background()
 	prefix := fmt.Sprintf("u%d.%d.", s%1e6, runs.Add(1))
 	half := len(steps) / 2
@@ -763,7 +757,7 @@ func Upgrade(t *testing.T, p Path, seed func(ctx context.Context, ut, id string,
 			smooth++
 		}
 	}
-	if !p.NoSmooth && smooth == 0 {
+	if smooth == 0 {
 		t.Fatalf("seed %d: no step after the upgrade has a smooth check", s)
 	}
 	t.Logf("seed %d: %d keys written as the earlier version kept them, read back and used for %d steps after the upgrade, %d of them with smooth checks", s, written, len(steps)-half, smooth)
@@ -780,12 +774,12 @@ func protect(f func() error) (err error) {
 	return f()
 }
 
-// planRun makes a run's steps from its seed and step count, with smooth
-// rules or without, and the keys it may write.
-func planRun(smooth bool) (seed uint64, n int, steps []Step, ks keyspace) {
+// planRun makes a run's steps from its seed and step count, and the keys
+// it may write.
+func planRun() (seed uint64, n int, steps []Step, ks keyspace) {
 	seed, n = Seed(), Steps(300)
 	_, _, ids := setting(seed)
-	return seed, n, gen(seed, n, smooth), keyspace{uts: useTypes, ids: ids, spans: spans}
+	return seed, n, gen(seed, n, true), keyspace{uts: useTypes, ids: ids, spans: spans}
 }
 
 // Run drives every path of paths and the model through one seeded run and
@@ -796,17 +790,9 @@ func planRun(smooth bool) (seed uint64, n int, steps []Step, ks keyspace) {
 // is spent (ShrinkBudget) and prints what it has so far.
 func Run(t *testing.T, paths []Path) {
 	t.Helper()
-	seed, n, withSmooth, ks := planRun(true)
-	var without []Step // drawn only if a path leaves smooth rules out
+	seed, n, steps, ks := planRun()
 	ctx := context.Background()
 	for _, p := range paths {
-		steps := withSmooth
-		if p.NoSmooth {
-			if without == nil {
-				_, _, without, _ = planRun(false)
-			}
-			steps = without
-		}
 		t.Run(p.Name, func(t *testing.T) {
 			prefix := fmt.Sprintf("m%d.%d.", seed%1e6, runs.Add(1))
 			at, why := replay(ctx, p, steps, ks, prefix)
