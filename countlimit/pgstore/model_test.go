@@ -144,8 +144,8 @@ func readKey(ctx context.Context, db interface {
 func TestContract(t *testing.T) {
 	pool := testbackend.Postgres(t)
 	in := storetest.Inspector{
-		Read:     func(ctx context.Context, ut, id string) (driver.Key, error) { return readKey(ctx, pool, ut, id) },
-		Seed:     func(ctx context.Context, ut, id string, k driver.Key) error { return seedKey(ctx, pool, ut, id, k) },
+		Read: func(ctx context.Context, ut, id string) (driver.Key, error) { return readKey(ctx, pool, ut, id) },
+		Seed: func(ctx context.Context, ut, id string, k driver.Key) error { return seedKey(ctx, pool, ut, id, k) },
 	}
 	t.Run("pool", func(t *testing.T) { storetest.RunContract(t, pgstore.New(pool), in) })
 	t.Run("connection", func(t *testing.T) {

@@ -51,9 +51,9 @@ func TestUpgradeFromReleases(t *testing.T) {
 			}
 			store := pgstore.New(pool)
 			modeltest.Upgrade(t, modeltest.Path{
-				Name:     "pool after the upgrade from " + rel.tag,
-				Do:       modeltest.Each(store.Do),
-						Read:     func(ctx context.Context, ut, id string) (driver.Key, error) { return readKey(ctx, pool, ut, id) },
+				Name: "pool after the upgrade from " + rel.tag,
+				Do:   modeltest.Each(store.Do),
+				Read: func(ctx context.Context, ut, id string) (driver.Key, error) { return readKey(ctx, pool, ut, id) },
 			}, func(ctx context.Context, ut, id string, k driver.Key) error {
 				return rel.seed(ctx, pool, ut, id, k)
 			}, func(ctx context.Context) error {

@@ -62,8 +62,8 @@ func TestContract(t *testing.T) {
 	client := testbackend.Redis(t)
 	t.Cleanup(redisstore.PadTTLsForTest(time.Minute))
 	storetest.RunContract(t, redisstore.New(client), storetest.Inspector{
-		Read:     func(ctx context.Context, ut, id string) (driver.Key, error) { return readKey(ctx, client, ut, id) },
-		Seed:     func(ctx context.Context, ut, id string, k driver.Key) error { return seedKey(ctx, client, ut, id, k) },
+		Read: func(ctx context.Context, ut, id string) (driver.Key, error) { return readKey(ctx, client, ut, id) },
+		Seed: func(ctx context.Context, ut, id string, k driver.Key) error { return seedKey(ctx, client, ut, id, k) },
 	})
 }
 

@@ -45,10 +45,10 @@ func TestUpgradeFromReleases(t *testing.T) {
 	for _, rel := range releases {
 		t.Run(rel.tag, func(t *testing.T) {
 			modeltest.Upgrade(t, modeltest.Path{
-				Name:     "Store after the upgrade from " + rel.tag,
-				Do:       modeltest.Each(s.Do),
-				Expires:  true,
-						Read:     func(ctx context.Context, ut, id string) (driver.Key, error) { return readKey(ctx, client, ut, id) },
+				Name:    "Store after the upgrade from " + rel.tag,
+				Do:      modeltest.Each(s.Do),
+				Expires: true,
+				Read:    func(ctx context.Context, ut, id string) (driver.Key, error) { return readKey(ctx, client, ut, id) },
 			}, func(ctx context.Context, ut, id string, k driver.Key) error {
 				return rel.seed(ctx, client, ut, id, k)
 			}, func(context.Context) error { return nil })
