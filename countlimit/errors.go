@@ -3,7 +3,7 @@ package countlimit
 import (
 	"fmt"
 
-	"github.com/countlimit/countlimit/countlimit/driver"
+	"github.com/countlimit/countlimit/countlimit/internal/errs"
 )
 
 // ErrInvalid is returned by every Limiter method when an argument is bad: an
@@ -13,16 +13,17 @@ import (
 // module supports every kind; a store of one's own may not). Nothing is
 // written. The
 // error's message names the field or the store; test with errors.Is. It
-// is driver.ErrInvalid.
-var ErrInvalid = driver.ErrInvalid
+// is the error a store refusing a request wraps.
+var ErrInvalid = errs.Invalid
 
 // ErrUnavailable is returned when the store cannot be reached, fails, or the
 // context ends before it answers. Stores wrap their driver's error with it, so
 // errors.Is(err, ErrUnavailable) holds and errors.As still finds the cause.
 // A call that fails with ErrUnavailable may or may not have been counted
 // (the network may fail after the store committed); the Result is zero and
-// Allowed is false. It is driver.ErrUnavailable.
-var ErrUnavailable = driver.ErrUnavailable
+// Allowed is false. A store wraps its errors with it through
+// driver.Unavailable.
+var ErrUnavailable = errs.Unavailable
 
 // fieldError is an ErrInvalid that names the offending field.
 type fieldError struct {

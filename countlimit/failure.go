@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/countlimit/countlimit/countlimit/driver"
+	"github.com/countlimit/countlimit/countlimit/internal/errs"
 )
 
 // ErrCircuitOpen is returned, wrapped, while a circuit breaker (see
@@ -29,7 +30,7 @@ var ErrCircuitOpen = fmt.Errorf("%w: circuit breaker open", ErrUnavailable)
 // call that could not be decided; but the store is not failing: it does
 // not count toward the circuit breaker (nor as a failure or timeout in
 // Stats), and the fallback store does not answer for it.
-var ErrLocked = driver.ErrLocked
+var ErrLocked = errs.Locked
 
 // WithStoreTimeout bounds every store call the Limiter makes to d, on top of
 // the caller's own context: a store that does not answer within d fails the

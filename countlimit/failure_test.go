@@ -605,11 +605,11 @@ func TestStoreClockOutOfRangeIsAStoreFailure(t *testing.T) {
 type refusingStore struct{}
 
 func (refusingStore) Do(context.Context, *driver.Request) error {
-	return fmt.Errorf("refusing: %w: smooth windows are not supported by this store yet", driver.ErrInvalid)
+	return fmt.Errorf("refusing: %w: smooth windows are not supported by this store yet", countlimit.ErrInvalid)
 }
 
 // TestRefusalIsNoStoreFailure: a store that refuses a request (an error
-// wrapping driver.ErrInvalid) answered: the caller gets ErrInvalid, not
+// wrapping countlimit.ErrInvalid) answered: the caller gets ErrInvalid, not
 // ErrUnavailable; the breaker counts no failure and stays closed, and the
 // fallback does not answer in its place.
 func TestRefusalIsNoStoreFailure(t *testing.T) {

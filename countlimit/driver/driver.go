@@ -11,36 +11,21 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/countlimit/countlimit/countlimit/internal/errs"
 )
 
-// ErrUnavailable is in the error of every call a store could not carry
-// out: it cannot be reached, it failed, or the context ended first. Stores
-// wrap their driver's error with it (see Unavailable), so errors.Is(err,
-// ErrUnavailable) holds and errors.As still finds the cause. It is
-// countlimit.ErrUnavailable.
-var ErrUnavailable = errors.New("store unavailable")
-
-// ErrLocked is in the error of a check that was not decided because
-// another transaction holds the id's state locked and the call's context
-// ended first. It wraps ErrUnavailable. It is countlimit.ErrLocked.
-var ErrLocked = fmt.Errorf("%w: the id's state is locked by another transaction", ErrUnavailable)
-
-// ErrInvalid is in the error of a request a store refuses as it is, having
-// written nothing: a check of a kind of window the store does not support
-// (see [Request.Smooth]). It is countlimit.ErrInvalid, so the caller sees
-// a bad argument, not an outage: such an error is not wrapped with
-// ErrUnavailable, trips no circuit breaker and falls back to no other
-// store.
-var ErrInvalid = errors.New("invalid argument")
-
-// Unavailable wraps a store's error so that errors.Is(err, ErrUnavailable)
-// holds. A nil err stays nil, and so does an error that wraps ErrInvalid
-// (a refusal, not a failure).
+// Unavailable wraps a store's error so that errors.Is(err,
+// countlimit.ErrUnavailable) holds: every call a store could not carry out
+// (it cannot be reached, it failed, or the context ended first) fails with
+// it, and errors.As still finds the cause. A nil err stays nil, and so
+// does an error that wraps countlimit.ErrInvalid (a refusal, not a
+// failure).
 func Unavailable(err error) error {
-	if err == nil || errors.Is(err, ErrUnavailable) || errors.Is(err, ErrInvalid) {
+	if err == nil || errors.Is(err, errs.Unavailable) || errors.Is(err, errs.Invalid) {
 		return err
 	}
-	return fmt.Errorf("%w: %w", ErrUnavailable, err)
+	return fmt.Errorf("%w: %w", errs.Unavailable, err)
 }
 
 // Store keeps counters and applies checks to them atomically. The stores of
@@ -54,10 +39,10 @@ func Unavailable(err error) error {
 // Do carries out r atomically and writes each Check's State. A store may
 // gather concurrent calls into one round trip (pipelining, group commit);
 // each still gets the State it would have had alone. When Do returns an
-// error, it must wrap ErrUnavailable (see [Unavailable]), unless the store
-// refused r, having written nothing, because it does not support a kind
-// of window of r (see [Request.Smooth]): that error wraps ErrInvalid
-// instead. Implementations
+// error, it must wrap countlimit.ErrUnavailable (see [Unavailable]),
+// unless the store refused r, having written nothing, because it does not
+// support a kind of window of r (see [Request.Smooth]): that error wraps
+// countlimit.ErrInvalid instead. Implementations
 // must be safe for concurrent use and must not keep r after returning.
 //
 // The semantics of one Request, for each Check c (one per rule, all with
@@ -292,7 +277,7 @@ func (c *Check) Smooth() bool { return c.Interval > 0 }
 
 // Smooth reports whether any check of r is of a Smooth window: a store
 // that does not support them yet refuses r with an error that wraps
-// ErrInvalid and says so, and writes nothing.
+// countlimit.ErrInvalid and says so, and writes nothing.
 func (r *Request) Smooth() bool {
 	for i := range r.Checks {
 		if r.Checks[i].Interval > 0 {

@@ -34,7 +34,7 @@ func publicPackages(t *testing.T) []string {
 		rel, _ := filepath.Rel(root, path)
 		if d.IsDir() && rel != "." {
 			switch {
-			case rel == "internal", rel == "cmd", strings.HasPrefix(d.Name(), "."), d.Name() == "testdata":
+			case d.Name() == "internal", rel == "cmd", strings.HasPrefix(d.Name(), "."), d.Name() == "testdata":
 				return filepath.SkipDir
 			}
 			return nil
