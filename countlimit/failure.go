@@ -249,9 +249,6 @@ func (l *Limiter) do(ctx context.Context, op driver.Op, r *driver.Request) error
 		g.breaker.record(now, probe, err == nil || refused, failed)
 	} else {
 		g.rejected.Add(1)
-		if g.obs != nil && g.obs.Rejected != nil {
-			g.obs.Rejected(op)
-		}
 		err = fmt.Errorf("%w (%d failures in a row; next probe in %v)", ErrCircuitOpen, g.breaker.cfg.Failures, g.breaker.wait(now).Round(time.Millisecond))
 	}
 	// Only counting calls fall back: not Refund or Reset, nor anything of a
@@ -266,9 +263,6 @@ func (l *Limiter) do(ctx context.Context, op driver.Op, r *driver.Request) error
 		return fmt.Errorf("%w; the fallback store failed too: %w", err, ferr)
 	}
 	g.fallbacks.Add(1)
-	if g.obs != nil && g.obs.FellBack != nil {
-		g.obs.FellBack(op)
-	}
 	return nil
 }
 
@@ -298,9 +292,6 @@ func (g *guarded) call(ctx context.Context, s driver.Store, r *driver.Request) (
 // every call. Its times come from the Limiter's clock.
 type breaker struct {
 	cfg CircuitBreaker
-	// onChange is the Limiter's Observer.BreakerChanged, told after
-	// cfg.OnChange.
-	onChange func(from, to BreakerState)
 
 	open  atomic.Bool  // state != BreakerClosed: the fast path reads only this
 	fails atomic.Int64 // failures in a row while closed
@@ -402,8 +393,5 @@ func (b *breaker) wait(now time.Time) time.Duration {
 func (b *breaker) changed(from, to BreakerState) {
 	if b.cfg.OnChange != nil {
 		b.cfg.OnChange(from, to)
-	}
-	if b.onChange != nil {
-		b.onChange(from, to)
 	}
 }

@@ -6,10 +6,14 @@ import (
 	"github.com/countlimit/countlimit/countlimit/driver"
 )
 
-// Observer is told what a Limiter sees, for metrics: what it decided, how
-// its store answered, and what its circuit breaker and fallback store did.
-// Set it with [WithObserver]; package promlimit turns it into Prometheus
-// metrics, and an adapter to another system is a few funcs.
+// Observer is told what a Limiter sees as it happens, for metrics: what it
+// decided and how its store answered each call. Set it with
+// [WithObserver]; package promlimit turns it into Prometheus metrics, and
+// an adapter to another system is a few funcs. What the failure options
+// did is counted by the Limiter instead ([Limiter.Stats]: failures,
+// timeouts, the breaker's state and openings, its rejections, the
+// fallback's answers), for an adapter to read when it is scraped, and
+// [CircuitBreaker.OnChange] tells each change of the breaker's state.
 //
 // Every field is optional; a nil one is never called and costs nothing.
 // The funcs run synchronously on the goroutine of the call that caused
@@ -34,15 +38,6 @@ type Observer struct {
 	// (not to the fallback store, and not for calls the open breaker
 	// refused), with its operation, how long it took and how it failed.
 	StoreCalled func(StoreCall)
-	// BreakerChanged is called after every change of the circuit
-	// breaker's state, as [CircuitBreaker.OnChange] is (and beside it).
-	BreakerChanged func(from, to BreakerState)
-	// Rejected is called for each call the open circuit breaker answered
-	// without calling the store ([Stats].Rejected).
-	Rejected func(op driver.Op)
-	// FellBack is called for each call the fallback store answered
-	// ([Stats].Fallbacks).
-	FellBack func(op driver.Op)
 }
 
 // Decision is what [Observer.Decided] is told.
@@ -98,9 +93,6 @@ func WithObserver(o Observer) Option {
 func (l *Limiter) observe() {
 	if g := l.guarded; g != nil {
 		g.obs = l.obs
-		if g.breaker != nil && l.obs != nil {
-			g.breaker.onChange = l.obs.BreakerChanged
-		}
 	}
 }
 
