@@ -243,20 +243,6 @@ func (m *Metrics) Watch(stats func() countlimit.Stats) {
 	m.stats.Store(&stats)
 }
 
-// Decided counts a decision under rule, as the Observer counts one under
-// its rule's use type: for code that decides under names of its own (the
-// service counts a group of rules once, under the group's name, and drops
-// the Observer's Decided). rule becomes a label value: it must never be an
-// id, and must come from a bounded set unless [MaxRuleLabels] bounds it.
-func (m *Metrics) Decided(rule string, allowed bool) {
-	c := m.lookup(rule)
-	if allowed {
-		c[0].Inc()
-	} else {
-		c[1].Inc()
-	}
-}
-
 // lookup returns the counters of rule: allowed, denied and waited.
 func (m *Metrics) lookup(rule string) *[3]prometheus.Counter {
 	if c, ok := (*m.rules.Load())[rule]; ok {

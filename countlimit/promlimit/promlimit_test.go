@@ -519,8 +519,9 @@ func TestManyGoroutines(t *testing.T) {
 	checkSeries(t, "after the goroutines", got, want)
 }
 
-// TestDecidedUnderNamesOfItsOwn: Decided counts under any rule label, as
-// the service does for a group of rules.
+// TestDecidedUnderNamesOfItsOwn: the observer's Decided counts under
+// whatever name it is told as the use type, as the service does for a
+// group of rules.
 func TestDecidedUnderNamesOfItsOwn(t *testing.T) {
 	m := promlimit.New()
 	m.Decided("conversation.create", true)

@@ -167,7 +167,10 @@ type Server struct {
 	pinger  *pinger     // nil: no Ping
 	gate    *schemaGate // nil: no Schema
 	reg     *prometheus.Registry
-	lim     *promlimit.Metrics // the Limiter's metrics, and the decisions
+	lim     *promlimit.Metrics // the Limiter's metrics
+	// decided counts a request's decision in lim, under the rule or
+	// group it names (its Observer's Decided).
+	decided func(countlimit.Decision)
 	latency *prometheus.HistogramVec
 	failed  *prometheus.CounterVec
 }
@@ -202,6 +205,7 @@ func New(cfg Config) *Server {
 		s.lim = promlimit.New()
 	}
 	s.lim.Watch(cfg.Limiter.Stats)
+	s.decided = s.lim.Observer().Decided
 	s.latency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "countlimit_request_duration_seconds",
 		Help:    "Time to answer an API request, by endpoint.",
@@ -350,10 +354,17 @@ func (s *Server) check(o driver.Op) http.HandlerFunc {
 			resp.Refunded = *req.Cost
 		}
 		if o == driver.OpAllow {
-			s.lim.Decided(req.Rule, resp.Allowed)
+			s.decide(o, req.Rule, resp.Allowed)
 		}
 		writeJSON(w, http.StatusOK, resp)
 	}
+}
+
+// decide counts a request's decision once, under the rule or group it
+// names: the metrics' rule label is the request's name, not the use types
+// of the rules it stands for. rule comes from the rule file, a bounded set.
+func (s *Server) decide(op driver.Op, rule string, allowed bool) {
+	s.decided(countlimit.Decision{Op: op, UseType: countlimit.UseType(rule), N: 1, Allowed: allowed})
 }
 
 // acquire takes a slot of a rule with a concurrent window: the answer is
@@ -372,7 +383,7 @@ func (s *Server) acquire(w http.ResponseWriter, r *http.Request) {
 	}
 	s.state.ok()
 	resp := ruleops.NewAcquireResponse(req.Rule, rules, results, ls)
-	s.lim.Decided(req.Rule, resp.Allowed)
+	s.decide(driver.OpAcquire, req.Rule, resp.Allowed)
 	writeJSON(w, http.StatusOK, resp)
 }
 
