@@ -159,15 +159,15 @@ const DefaultStoreTimeout = 5 * time.Second
 
 // Server is the HTTP handler. It is safe for concurrent use.
 type Server struct {
-	cfg     Config
-	log     *slog.Logger
-	mux     *http.ServeMux
-	token   *[sha256.Size]byte // nil: no authentication
-	state   *storeState
-	pinger  *pinger     // nil: no Ping
-	gate    *schemaGate // nil: no Schema
-	reg     *prometheus.Registry
-	lim     *promlimit.Metrics // the Limiter's metrics
+	cfg    Config
+	log    *slog.Logger
+	mux    *http.ServeMux
+	token  *[sha256.Size]byte // nil: no authentication
+	state  *storeState
+	pinger *pinger     // nil: no Ping
+	gate   *schemaGate // nil: no Schema
+	reg    *prometheus.Registry
+	lim    *promlimit.Metrics // the Limiter's metrics
 	// decided counts a request's decision in lim, under the rule or
 	// group it names (its Observer's Decided).
 	decided func(countlimit.Decision)
