@@ -58,3 +58,18 @@ func ExampleRule_tiers() {
 	// Output:
 	// silver posts allowed: 5
 }
+
+// A batch larger than the limit never fits: no wait helps, and RetryAfter
+// says so.
+func ExampleRetryNever() {
+	store := memstore.New()
+	defer store.Close()
+	limiter := countlimit.New(store)
+	rule := countlimit.Rule{UseType: "export.rows", Limit: 1000, Window: countlimit.Fixed(time.Hour)}
+	res, err := limiter.AllowN(context.Background(), rule, "user-42", 5000)
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println(res.Allowed, res.RetryAfter == countlimit.RetryNever)
+	// Output: false true
+}

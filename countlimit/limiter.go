@@ -105,7 +105,7 @@ func (l *Limiter) Allow(ctx context.Context, r Rule, id string) (Result, error) 
 
 // AllowN is Allow for an event of weight n: all n are counted, or none.
 // n > r.Limit (for a Smooth window, n above its burst) is denied with
-// RetryAfter -1; n < 1 is ErrInvalid.
+// RetryAfter RetryNever; n < 1 is ErrInvalid.
 func (l *Limiter) AllowN(ctx context.Context, r Rule, id string, n int64) (Result, error) {
 	var res Result
 	err := l.one(ctx, &res, driver.OpAllow, r, id, n, "", true)
@@ -250,7 +250,7 @@ func (l *Limiter) AllowAll(ctx context.Context, id string, rules ...Rule) ([]Res
 		d, never := need(&checks[i], now, 1)
 		switch {
 		case never:
-			retry = -1
+			retry = RetryNever
 		case retry >= 0 && d > retry:
 			retry = d
 		}

@@ -27,8 +27,8 @@ type Result struct {
 	ResetAt time.Time
 	// RetryAfter is 0 when Allowed, else how long until the same call can
 	// succeed (the later of the penalty's end and room in every window), or
-	// -1 when no wait helps: a full Lifetime window, or n > Limit (for a
-	// Smooth window, n above its burst, or Limit 0). For a Smooth window it
+	// RetryNever when no wait helps: a full Lifetime window, or n > Limit
+	// (for a Smooth window, n above its burst, or Limit 0). For a Smooth window it
 	// is exact: the call's weight fits at its end. For a Concurrent window
 	// it is the wait until the earliest lease expires; a Release may free a
 	// slot sooner.
@@ -36,6 +36,13 @@ type Result struct {
 	// BlockedUntil is the end of the penalty while the id sits in it.
 	BlockedUntil time.Time
 }
+
+// RetryNever is Result.RetryAfter when no wait helps: the same call will
+// never succeed (a full Lifetime window; n above the Limit, or above a
+// Smooth window's burst; Limit 0). It is -1, below any wait, so that
+// RetryAfter > 0 still means "wait this long"; Wait gives up on it at once
+// (ErrInvalid).
+const RetryNever time.Duration = -1
 
 // need reports how long until a check with this state has room for n, or
 // never when no wait helps. It is 0 when the request was allowed.
@@ -50,7 +57,7 @@ func need(c *driver.Check, now time.Time, n int64) (wait time.Duration, never bo
 	if c.Smooth() {
 		switch {
 		case n > c.Burst || c.Limit == 0:
-			return -1, true
+			return RetryNever, true
 		case !s.FreeAt.IsZero(): // the rate does not fit yet: FreeAt is when it does
 			return max(wait, s.FreeAt.Sub(now)), false
 		}
@@ -62,20 +69,20 @@ func need(c *driver.Check, now time.Time, n int64) (wait time.Duration, never bo
 	var room time.Time
 	switch {
 	case n > c.Limit:
-		return -1, true
+		return RetryNever, true
 	case c.Span > 0:
 		if s.FreeAt.IsZero() {
-			return -1, true
+			return RetryNever, true
 		}
 		room = s.FreeAt.Add(c.Span)
 	case c.TTL > 0:
 		if s.Begin.IsZero() {
-			return -1, true // Limit 0: no lease will ever expire
+			return RetryNever, true // Limit 0: no lease will ever expire
 		}
 		room = s.Begin // the earliest lease expires
 
 	case s.End.IsZero():
-		return -1, true
+		return RetryNever, true
 	default:
 		room = s.End
 	}

@@ -44,7 +44,7 @@ func (l *Limiter) Wait(ctx context.Context, r Rule, id string) (Result, error) {
 //   - the context's deadline comes before RetryAfter ends, or before the
 //     waiter ahead of it wakes to ask again: an error that wraps
 //     context.DeadlineExceeded, at once, without sleeping;
-//   - no wait makes room (RetryAfter -1: n above the rule's Limit, or a
+//   - no wait makes room (RetryAfter is RetryNever: n above the rule's Limit, or a
 //     full Lifetime window): an error that wraps ErrInvalid.
 //
 // In each case the Result is the last denial's: its own, or, when it never

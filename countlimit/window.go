@@ -115,7 +115,7 @@ func Concurrent(ttl time.Duration) Window { return Window{kind: kindConcurrent, 
 // 1µs) is ErrInvalid. period must be 1µs to 100 years, burst 1 to 2^53,
 // and draining a whole burst (burst intervals) must take at most 100
 // years; otherwise calls fail with ErrInvalid naming Rule.Window. A weight
-// n above burst never fits: AllowN denies it with RetryAfter -1, as other
+// n above burst never fits: AllowN denies it with RetryAfter RetryNever, as other
 // kinds deny n above Limit. Limit 0 allows nothing.
 //
 // In a Result, Used is the events not yet drained (rounded up), Remaining

@@ -68,7 +68,7 @@
 //
 // A denied response also carries Retry-After: the whole seconds, rounded up
 // and at least 1, until the same request can succeed, penalty included. It
-// is left out when no wait helps (Result.RetryAfter is -1: a full Lifetime
+// is left out when no wait helps (Result.RetryAfter is countlimit.RetryNever: a full Lifetime
 // window).
 //
 // # Errors
