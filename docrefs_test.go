@@ -12,10 +12,11 @@ import (
 
 // TestDocReferencesResolve: every relative link of the Markdown files
 // (README.md, docs/ and the rest the repository holds) names a file that
-// exists, and an anchor that one of its headings makes; every reference in
-// the form `file.md, "Section"` — in Markdown, Go, SQL, shell and Lua
-// files, comments included, across line breaks — names a heading or a bold
-// paragraph title of that file. A reader sent to a place finds it.
+// exists, and an anchor that one of its headings makes; every reference to
+// a section, a Markdown file's name and then the section's title in double
+// quotes — in Markdown, Go, SQL, shell and Lua files, comments included,
+// across line breaks — names a heading or a bold paragraph title of that
+// file. A reader sent to a place finds it.
 func TestDocReferencesResolve(t *testing.T) {
 	out, err := exec.Command("git", "ls-files").Output()
 	if err != nil {

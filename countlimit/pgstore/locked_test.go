@@ -71,7 +71,7 @@ func TestLockWaitOutOfRangeHoldsNoIDHostage(t *testing.T) {
 				// a send), 64 callers' statements queue for the other
 				// three, and under -race on a loaded machine one call in
 				// thousands waited out a 1 s timeout in the pool's
-				// queue, not behind the lock (CI, 2026-11-29).
+				// queue, not behind the lock (seen in CI).
 				holdOneID(t, pool, tc, 16)
 			})
 		}
@@ -517,7 +517,7 @@ func TestLockWaitIsClamped(t *testing.T) {
 // over three seconds of a held row its sends hold a pool connection about
 // half the time, never more (pauses of up to 32 ms after each 100 ms
 // wait, as before, held one three quarters of the time: on a pool of 4,
-// the other ids' calls queued for the rest, CI's container step, 2026-11-29).
+// the other ids' calls queued for the rest, in CI's container step).
 func TestHeldRowTakesAtMostHalfAConnection(t *testing.T) {
 	cfg := testbackend.PoolConfig(t)
 	cfg.MaxConns = 2

@@ -547,8 +547,7 @@ func BenchmarkAllow(b *testing.B) {
 		// Every row exists and the table has statistics before the clock
 		// starts, as in a service that has run a while: the tests' schema
 		// is new, and a plan PostgreSQL caches for a never-analyzed table
-		// can be slower until autovacuum analyzes it (docs/benchmarks.md
-		// has by how much).
+		// can be slower until autovacuum analyzes it.
 		for i := range 256 {
 			if _, err := l.Allow(ctx, rule, fmt.Sprint("user-", i)); err != nil {
 				b.Fatal(err)

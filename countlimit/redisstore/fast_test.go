@@ -231,7 +231,8 @@ func TestFastScriptIsApplyForOneRule(t *testing.T) {
 		// The same TTL, the one kept, or none on both (-1): set from the
 		// same arguments, each read in its side's own transaction, which a
 		// loaded machine may stall between the two reads: slack allows for
-		// it (docs/benchmarks.md has the stall seen).
+		// it (one side's transaction was seen to stall 113 ms under -race
+		// on two busy cores, and the two TTLs to differ by as much).
 		out := func(i int) string {
 			return fmt.Sprintf("reply %s, hash %s, repeat's reply %s, TTL %v", got[i], hashes[i], agains[i], ttls[i])
 		}

@@ -93,7 +93,7 @@
 // order they came, each exactly as a script of its own would: the script's
 // fixed cost and its arguments' framing are paid once for them all, which
 // is most of what Redis spends on a call when calls are many (see
-// docs/benchmarks.md, "Redis"). A script carries at most 64 calls and
+// docs/benchmarks.md, "Redis at 16 and 64 callers"). A script carries at most 64 calls and
 // 16 KiB of keys and arguments (WithMaxScript); more make more scripts in
 // the same pipeline. Every other call, and every call on a Cluster or a
 // Ring, whose keys live on different nodes, is its own script. A server
@@ -417,8 +417,8 @@ func WithMaxBatch(n int) Option { return func(c *config) { c.maxBatch = n } }
 // its own connection (default 4). Calls wait for a free slot, so too few
 // slots make callers queue behind a round trip when few of them are
 // running; more slots send smaller pipelines, which costs the server and
-// the client a write and a read per pipeline (docs/benchmarks.md, "Redis",
-// compares 1, 2, 4 and 8). Keep the client's PoolSize above it: the
+// the client a write and a read per pipeline (docs/benchmarks.md, "Redis at
+// 16 and 64 callers", compares 1, 2, 4 and 8). Keep the client's PoolSize above it: the
 // Store's other commands (CheckEviction, a store clock's TIME) and every
 // call under WithMaxBatch(1) take connections of their own.
 func WithMaxInFlight(n int) Option { return func(c *config) { c.maxInFlight = n } }

@@ -34,8 +34,8 @@ import (
 // calls/s is what the calling goroutines (one or two) got through;
 // server-µs/call is Redis's time in EVALSHA over the calls it carried;
 // core-calls/s is how many calls one Redis core could do at that cost,
-// the most any client could get through it. docs/benchmarks.md compares it
-// with BenchmarkAllowVersusBareScript's bare rate at 64 callers.
+// the most any client could get through it. docs/benchmarks.md, "Redis at
+// 16 and 64 callers", has its figures.
 func BenchmarkScriptServerCost(b *testing.B) {
 	c := client(b)
 	ctx := context.Background()

@@ -67,8 +67,10 @@ func runCallersOver(b *testing.B, callers int, ids []string, call func(id string
 // ids, with room for every call on both sides (10 000 an hour: no
 // denials). The Allow rows report their calls/s over redis_rate's
 // (x-redis_rate) and over the bare script's (x-bare), both measured just
-// before in the same run: run it with -count 3 and take the medians, so
-// that the three alternate.
+// before in the same run. The sides run one after the other, not in
+// rounds (-count repeats each before the next starts), so their ratio
+// carries the machine's drift between them; BenchmarkSmoothVersusRedisRate
+// runs the fixed window and redis_rate in alternated rounds.
 func BenchmarkVersusRedisRate(b *testing.B) {
 	c := client(b)
 	ctx := context.Background()

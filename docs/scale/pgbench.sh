@@ -1,24 +1,25 @@
 #!/bin/sh
-# One caller's time per call without the disk: countlimit_allow_one (as a
-# lone Allow on the pool calls it, lock-skipping) and the hand-written
-# upsert, with synchronous_commit=off, over the tables docs/scale/fill.sql
-# filled, ids drawn at random from the whole table; three rounds of 5 s
-# alternated (docs/benchmarks.md, "At scale"):
+# One caller's time per call: the statement a lone Allow on the pool runs
+# for a row that exists and is free (countlimit_allow_one_pooled) and the
+# hand-written upsert, over the tables docs/scale/fill.sql filled, ids drawn
+# at random from the whole table; three rounds of 5 s alternated
+# (docs/benchmarks.md, "PostgreSQL at one caller"):
 #
-#   URL=postgres://.../countlimit_scale docs/scale/pgbench.sh
+#   URL=postgres://.../countlimit_scale ROWS=10000 SYNC=off docs/scale/pgbench.sh
 #
-# What a call costs the database's CPU (and the page cache), the bound of
-# the side by side when the machine's cores, not its disk, are what is
-# short. pgbench must be on PATH.
+# SYNC=off (the default) takes the disk out: what a call costs the
+# database's CPU. SYNC=on adds each commit's flush, as a lone Allow and
+# the upsert wait for it. pgbench must be on PATH.
 set -eu
 : "${URL:?set URL to a scratch database}"
 : "${ROWS:=10000000}"
+: "${SYNC:=off}"
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 cat > "$dir/allow.sql" <<SQL
 \set i random(0, $ROWS - 1)
-SELECT o_allowed FROM countlimit_allow_one('scale', 'scale-' || lpad(:i::text, 8, '0'), now(), 1, 1000000000,
-    date_trunc('minute', now()), date_trunc('minute', now()) + interval '1 minute', NULL, true, 'fixed');
+SELECT o_allowed FROM countlimit_allow_one_pooled('scale', 'scale-' || lpad(:i::text, 8, '0'), now(), 1, 1000000000,
+    date_trunc('minute', now()), date_trunc('minute', now()) + interval '1 minute', NULL, 'fixed');
 SQL
 cat > "$dir/upsert.sql" <<SQL
 \set i random(0, $ROWS - 1)
@@ -34,7 +35,7 @@ SQL
 for round in 1 2 3; do
 	for side in allow upsert; do
 		printf '%s round %s (%s): ' "$side" "$round" "$(uptime | sed 's/.*load/load/')"
-		PGOPTIONS='-c synchronous_commit=off' pgbench -n -M prepared -c 1 -T 5 -f "$dir/$side.sql" "$URL" 2>&1 |
+		PGOPTIONS="-c synchronous_commit=$SYNC" pgbench -n -M prepared -c 1 -T 5 -f "$dir/$side.sql" "$URL" 2>&1 |
 			sed -n 's/^latency average = /latency /p'
 	done
 done
