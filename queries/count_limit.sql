@@ -1,6 +1,6 @@
 -- name: Apply :many
 -- Apply runs one driver.Request (allow, peek or refund) as one statement
--- (countlimit_apply, 00002's overload, which decides smooth checks too:
+-- (countlimit_apply, the overload that decides smooth checks too:
 -- intervals in microseconds and bursts, 0 for every other kind).
 SELECT
     r.o_ord::int                   AS ord,
@@ -60,7 +60,7 @@ LIMIT @max_rows::int;
 -- SchemaReady reports whether countlimit's schema, at its latest migration,
 -- is on the search path: its tables and a function that only the newest
 -- migration makes (update it with every migration, docs/RELEASING.md).
--- For 00004, countlimit_purge_rows, which a database at 00003 or before
+-- For 00002_v0_2_0.sql, countlimit_purge_rows, which v0.1.0's schema
 -- lacks.
 SELECT (to_regclass('count_limit') IS NOT NULL AND to_regclass('count_limit_lease') IS NOT NULL
     AND to_regprocedure('countlimit_purge_rows(timestamptz, int, bigint, int)') IS NOT NULL

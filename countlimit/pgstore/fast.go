@@ -23,7 +23,7 @@ import (
 // countlimit_apply (a peek too: docs/benchmarks.md has what a statement of
 // its own saved, and it was not worth another copy of the decision; a
 // smooth check too: the fast path's statements know nothing of smooth
-// windows, see migrations/00002_smooth.sql).
+// windows, see docs/ARCHITECTURE.md, "Smooth keys").
 func fast(r *driver.Request) bool {
 	return len(r.Checks) == 1 && r.Checks[0].Span == 0 && !r.Checks[0].Smooth() && r.Op == driver.OpAllow
 }

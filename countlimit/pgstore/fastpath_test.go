@@ -15,7 +15,7 @@ import (
 	"github.com/countlimit/countlimit/internal/testbackend"
 )
 
-// TestFastPathRunsAloneOnFreeRows: migration 00003's
+// TestFastPathRunsAloneOnFreeRows:
 // countlimit_allow_one_pooled and countlimit_allow_distinct_pooled, which
 // pgstore's pool calls, decide calls whose rows exist and are free by a
 // statement of their own, and call 00001's whole statement
@@ -125,7 +125,7 @@ func TestFastPathRunsAloneOnFreeRows(t *testing.T) {
 // give up after countlimit_lock_briefly's wait with lock_not_available, as
 // 00001's do, and pgstore routes the call as before
 // (TestLockedTableIsAnOutage); without it the first statement of
-// migration 00003 would wait for the table at the session's lock_timeout,
+// a _pooled function would wait for the table at the session's lock_timeout,
 // for ever by default, and the call would end only at its deadline.
 func TestPooledStatementsWaitBrieflyForTheTable(t *testing.T) {
 	// A schema of its own: the lock on the table stalls no other test.
@@ -155,7 +155,7 @@ func TestPooledStatementsWaitBrieflyForTheTable(t *testing.T) {
 	}
 }
 
-// TestFastBatchRunsAloneWhenEveryCallFits: migration 00003's
+// TestFastBatchRunsAloneWhenEveryCallFits:
 // countlimit_allow_batch_pooled, the pool's group commit for a batch with a
 // key more than once (a hot id), decides by a statement of its own (a
 // running sum per key) when every row exists, is free and has room for

@@ -110,7 +110,7 @@ func readKey(ctx context.Context, db interface {
 	}
 	if smooth {
 		// A smooth row: its TAT in end_time, its units undrained when
-		// last written over [epoch, TAT) (migrations/00002_smooth.sql).
+		// last written over [epoch, TAT) (docs/ARCHITECTURE.md, "Smooth keys").
 		k.TAT = k.End
 	}
 	if blockd.Valid {
@@ -173,7 +173,7 @@ func (s serial) Do(ctx context.Context, r *driver.Request) error {
 
 // seedKey makes PostgreSQL keep k for (ut, id), as its statements would
 // have written it: a key with a smooth instant (TAT) as a smooth row
-// (migrations/00002_smooth.sql).
+// (docs/ARCHITECTURE.md, "Smooth keys").
 func seedKey(ctx context.Context, pool *pgxpool.Pool, ut, id string, k driver.Key) error {
 	return seedRow(ctx, pool, ut, id, k, true)
 }
@@ -189,7 +189,7 @@ func seedV010(ctx context.Context, pool *pgxpool.Pool, ut, id string, k driver.K
 }
 
 // seedRow writes k for (ut, id); smooth says whether the schema has
-// smooth rows (00002 onwards), written only for a key with a TAT.
+// smooth rows (v0.2.0 onwards), written only for a key with a TAT.
 func seedRow(ctx context.Context, pool *pgxpool.Pool, ut, id string, k driver.Key, smooth bool) error {
 	if _, err := pool.Exec(ctx, `DELETE FROM count_limit WHERE use_type = $1 AND unique_id = $2`, ut, id); err != nil {
 		return err

@@ -306,7 +306,7 @@ const MaxBatchSize = 1 << 20
 // batches of batchSize, oldest first, until a batch finds fewer; then the
 // rows, in one sweep of count_limit from its first page to its last, each
 // statement reading at most 1024 pages and deleting at most batchSize
-// rows (migration 00004 says why the table is swept).
+// rows (docs/ARCHITECTURE.md, "The purge sweeps the table", says why).
 // Each statement skips rows live checks hold locked, so
 // Purge never waits on live traffic; a row held, or moved by an update
 // since the sweep passed it, goes in the next purge. Lifetime rows are
@@ -406,7 +406,7 @@ func nullTime(t time.Time) pgtype.Timestamptz { return pgtype.Timestamptz{Time: 
 var epoch = time.Unix(0, 0)
 
 // timeOf is t as the driver has it: zero for NULL, an infinity and the
-// epoch, where a smooth key's window begins (migrations/00002_smooth.sql),
+// epoch, where a smooth key's window begins (docs/ARCHITECTURE.md, "Smooth keys"),
 // and which is no time to the driver either (a State's Begin there is
 // zero: a window joined from a smooth key has no begin of its own).
 func timeOf(t pgtype.Timestamptz) time.Time {

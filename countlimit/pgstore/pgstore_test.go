@@ -453,7 +453,7 @@ func TestPurge(t *testing.T) {
 }
 
 // TestPurgeSweepsTheWholeTable: a purge sweeps count_limit range by range
-// (migration 00004), so over a table of many ranges, with more expired
+// (countlimit_purge_rows), so over a table of many ranges, with more expired
 // rows in a range than a batch holds, it deletes every expired row and
 // nothing else, through pgstore's Purge and through countlimit_purge
 // called in a loop by hand, as a DBA's job does.

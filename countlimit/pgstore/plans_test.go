@@ -49,7 +49,7 @@ import (
 //     scan of rows the call locked; the purge alone reads expired leases
 //     by their expiry index, with an index condition on the expiry column,
 //     stopped by its LIMIT (no sort or hash between them), and count_limit
-//     by a TID range scan of at most purgeRange pages (migration 00004's
+//     by a TID range scan of at most purgeRange pages (countlimit_purge_rows's
 //     sweep). A Seq Scan, an index scan with no condition (read for its
 //     order), a bitmap of every expired row, a TID range with an open end,
 //     or an index of something else (the blocked ids, the expiries) is the

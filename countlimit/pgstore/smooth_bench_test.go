@@ -23,7 +23,7 @@ import (
 //   - upsert: the hand-written fixed-window upsert bench --baseline
 //     measures Allow against (cli's baselineUpsert, on its 4-column table);
 //   - fixed@v0.1.0: Allow of a fixed window on a schema at migration 1
-//     (v0.1.0), before 00002_smooth.sql;
+//     (v0.1.0), before v0.2.0's 00002_v0_2_0.sql;
 //   - fixed@head: the same on a schema at the latest migration;
 //   - smooth@head: Allow of a smooth window (countlimit_apply, one
 //     statement and commit per call: smooth checks are never batched).

@@ -71,13 +71,14 @@ func schemaText(t *testing.T, pool *pgxpool.Pool) string {
 	return b.String()
 }
 
-// TestSmoothMigrationDownIsV010 migrates a database to v0.1.0's schema
-// (migration 1), up through 00002_smooth.sql with smooth keys written, and
-// down again: the schema is v0.1.0's exactly (columns, comments, indexes,
-// functions, the view), the smooth keys' rows read to 00001's statements
-// as windows from the epoch to the TAT holding the units undrained, which
-// a fixed window joins, and up again the store decides smooth checks.
-func TestSmoothMigrationDownIsV010(t *testing.T) {
+// TestV020MigrationDownIsV010 migrates a database to v0.1.0's schema
+// (migration 1), up through 00002_v0_2_0.sql with smooth keys written,
+// and down again: the schema is v0.1.0's exactly (columns, comments,
+// indexes, functions, the view), the smooth keys' rows read to 00001's
+// statements as windows from the epoch to the TAT holding the units
+// undrained, which a fixed window joins, and up again the store decides
+// smooth checks.
+func TestV020MigrationDownIsV010(t *testing.T) {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, testbackend.FreshSchemaURL(t))
 	if err != nil {
@@ -101,14 +102,15 @@ func TestSmoothMigrationDownIsV010(t *testing.T) {
 		t.Fatalf("AllowN smooth at head: %+v, %v", r, err)
 	}
 	if _, err := p.DownTo(ctx, 1); err != nil {
-		t.Fatalf("down to 1 with smooth rows: %v", err)
+		t.Fatalf("down to v0.1.0 (1) with smooth rows: %v", err)
 	}
 	if got := schemaText(t, pool); got != v010 {
 		t.Fatalf("after up and down, the schema is not v0.1.0's:\n%s", lineDiff(v010, got))
 	}
 	// A fixed window joins the smooth row's window, [epoch, TAT) with its
 	// 3 units (00001's fast path, countlimit_allow_one, as a Store in a
-	// transaction calls it; the pool's calls need 00003).
+	// transaction calls it; the pool's calls need v0.2.0's _pooled
+	// statements).
 	fixed := countlimit.Rule{UseType: "down.smooth", Limit: 5, Window: countlimit.Fixed(time.Hour)}
 	tx, err := pool.Begin(ctx)
 	if err != nil {

@@ -8,8 +8,8 @@
 #
 #   URL=postgres://.../countlimit_scale docs/scale/noindex.sh
 #
-# countlimit and psql must be on PATH: a build from before migration 00004,
-# which drops the index for good (this is the measurement that led to it).
+# countlimit and psql must be on PATH: a build of v0.1.0, before v0.2.0's
+# migration drops the index for good (this is the measurement that led to it).
 set -eu
 : "${URL:?set URL to a scratch database}"
 : "${ROWS:=10000000}"

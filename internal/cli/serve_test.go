@@ -429,7 +429,7 @@ func TestServeSchemaBehind(t *testing.T) {
 		missing string // a migration /healthz must name
 	}{
 		{"none applied", -1, "00001_countlimit.sql"},
-		{"latest rolled back", 1, "00004_purge_sweep.sql"},
+		{"latest rolled back", 1, "00002_v0_2_0.sql"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

@@ -55,7 +55,7 @@ type ApplyRow struct {
 }
 
 // Apply runs one driver.Request (allow, peek or refund) as one statement
-// (countlimit_apply, 00002's overload, which decides smooth checks too:
+// (countlimit_apply, the overload that decides smooth checks too:
 // intervals in microseconds and bursts, 0 for every other kind).
 func (q *Queries) Apply(ctx context.Context, db DBTX, arg ApplyParams) ([]ApplyRow, error) {
 	rows, err := db.Query(ctx, apply,
@@ -178,7 +178,7 @@ SELECT (to_regclass('count_limit') IS NOT NULL AND to_regclass('count_limit_leas
 // SchemaReady reports whether countlimit's schema, at its latest migration,
 // is on the search path: its tables and a function that only the newest
 // migration makes (update it with every migration, docs/RELEASING.md).
-// For 00004, countlimit_purge_rows, which a database at 00003 or before
+// For 00002_v0_2_0.sql, countlimit_purge_rows, which v0.1.0's schema
 // lacks.
 func (q *Queries) SchemaReady(ctx context.Context, db DBTX) (bool, error) {
 	row := db.QueryRow(ctx, schemaReady)

@@ -200,10 +200,10 @@ type AllowOneRow struct {
 
 // The fast path: one rule whose window is not sliding (rolling, fixed,
 // calendar, lifetime, CheckLimit). Each statement is one call of a
-// function of migrations/00001_countlimit.sql or, on the pool,
-// migrations/00003_fast_path.sql, where the SQL and its comments
-// live: functions plan their statements with the key whatever the table's
-// statistics say.
+// function the migrations create (countlimit_allow_one and the batches;
+// on the pool, the _pooled statements in front of them; docs/schema.sql
+// has them all): functions plan their statements with the key whatever
+// the table's statistics say.
 // AllowOne counts n events of one rule for one id, or tallies the denial
 // and sets the penalty (countlimit_allow_one). With skip_locked, a row
 // another transaction holds locked comes back busy, nothing written. No

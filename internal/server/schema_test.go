@@ -34,7 +34,7 @@ func TestSchemaNotReady(t *testing.T) {
 	t.Parallel()
 	store := &counted{Store: memstore.New()}
 	t.Cleanup(func() { store.Close() })
-	const behind = `countlimit's schema here lacks migration 00004_purge_sweep.sql: run "countlimit migrate up"`
+	const behind = `countlimit's schema here lacks migration 00002_v0_2_0.sql: run "countlimit migrate up"`
 	var (
 		answer atomic.Pointer[error]
 		asked  atomic.Int64
@@ -71,7 +71,7 @@ func TestSchemaNotReady(t *testing.T) {
 	lease := acquired.Lease
 
 	for i := range 3 {
-		if rec := call(t, srv, "GET", "/healthz", "", ""); rec.Code != 503 || !strings.Contains(rec.Body.String(), `"error":"store schema not ready"`) || !strings.Contains(rec.Body.String(), `lacks migration 00004_purge_sweep.sql: run \"countlimit migrate up\"`) {
+		if rec := call(t, srv, "GET", "/healthz", "", ""); rec.Code != 503 || !strings.Contains(rec.Body.String(), `"error":"store schema not ready"`) || !strings.Contains(rec.Body.String(), `lacks migration 00002_v0_2_0.sql: run \"countlimit migrate up\"`) {
 			t.Errorf("step %d: healthz with the schema behind: %d %s", i, rec.Code, rec.Body)
 		}
 		for _, c := range []struct{ path, body string }{
@@ -79,7 +79,7 @@ func TestSchemaNotReady(t *testing.T) {
 			{"/v1/acquire", `{"rule": "export.running", "id": "u1"}`},
 			{"/v1/release", `{"lease": "` + lease + `"}`},
 		} {
-			if rec := call(t, srv, "POST", c.path, c.body, ""); rec.Code != 503 || !strings.Contains(rec.Body.String(), `lacks migration 00004_purge_sweep.sql`) {
+			if rec := call(t, srv, "POST", c.path, c.body, ""); rec.Code != 503 || !strings.Contains(rec.Body.String(), `lacks migration 00002_v0_2_0.sql`) {
 				t.Errorf("step %d: %s with the schema behind: %d %s", i, c.path, rec.Code, rec.Body)
 			}
 		}

@@ -1,92 +1,39 @@
--- countlimit's second migration: the smooth window kind (countlimit.Smooth,
--- GCRA), the first change after v0.1.0 froze 00001_countlimit.sql.
+-- countlimit v0.2.0: what the schema gained after v0.1.0
+-- (00001_countlimit.sql, frozen), each object once, in its final form.
+-- docs/schema.sql is the whole schema this leaves, for reading;
+-- docs/ARCHITECTURE.md, "The schema", says why each change is made so.
 --
--- For DBAs, in short: run "countlimit migrate up" (or pgstore.Migrate).
--- It adds two nullable columns to count_limit with no default (a change of
--- the catalog only: no table rewrite, no scan, an ACCESS EXCLUSIVE lock
--- held for an instant, once the statements in flight on the table end;
--- while it waits for a long transaction that reads count_limit, every
--- check queues behind it, as for any ALTER TABLE: run it when none is
--- open, or with a lock_timeout, and again if it times out),
--- adds a function, and replaces the view count_limit_status and the DBA's
--- countlimit_adjust_count. Its Down returns exactly to 00001's schema:
--- the two columns go, the smooth keys' rows stay (see Down below).
+--   1. count_limit: two columns for smooth limits (GCRA), and no index on
+--      end_time.
+--   2. The checks: countlimit_apply decides smooth checks; on pgstore's
+--      pool, a cheaper statement runs first for rows that exist.
+--   3. The purge sweeps the table instead of reading that index.
+--   4. For people: count_limit_status and countlimit_adjust_count read
+--      smooth rows.
 --
--- How a smooth key is kept. A smooth rule keeps one instant per key, the
--- TAT (theoretical arrival time): when the key's events so far are
--- drained at the rule's rate. A smooth key's row holds it as the end of a
--- window that begins at the epoch, with the units not yet drained when
--- the row was last written as its count:
---
---   window_kind = 'smooth', end_time = the TAT, begin_time = 'epoch',
---   already_count = ceil((TAT - now) / interval), at most the burst, at
---   the writing check's now; events NULL;
---   smooth_interval and smooth_burst: the rule's emission interval and
---   burst, as the last smooth check of the key had them.
---
--- The row is smooth while window_kind = 'smooth'; the key is drained once
--- end_time <= now. One count per (use type, id), whatever kind of window
--- asks (driver.Apply, countlimit/driver/model.go): every row keeps a
--- count over a window in already_count, begin_time and end_time (a
--- window's; a sliding log's length over [oldest, newest + span), as last
--- written; a smooth row's undrained units over [epoch, TAT)), and a check
--- of another kind carries that count over while the window is current:
---
---   * A check that counts in windows (fixed, rolling, calendar, lifetime:
---     00001's fast path, countlimit_allow_one and the group commit's
---     batches, and countlimit_apply) joins the window, a smooth row's as
---     any other: it sees already_count and counts on top of it, writing
---     its own window_kind and events NULL, so the TAT goes (the row is a
---     window that ends at the TAT); a denial leaves the row as it is.
---     Those statements of 00001 are right on a smooth row as they are:
---     wherever they count, they write their own window_kind.
---   * A sliding check (countlimit_apply) on a row with no log sees its
---     count as that many events logged at min(now, end_time - span): they
---     leave the log when the window that holds them ends (or a span from
---     now, when that is sooner).
---   * A smooth check (countlimit_apply) on a row that is not smooth sees
---     its count as that many units taken now, a full burst at the most.
---
--- Why not a column of its own for the TAT: a TAT there would need every
--- statement of 00001 that counts replaced, to clear it and to carry its
--- count; kept as a window, it is carried over and cleared by those
--- statements as they are. And:
---
---   * The purge (countlimit_purge, by count_limit_end_time_idx) deletes a
---     drained smooth key as it deletes an ended window: end_time <= now,
---     no penalty, no lease. No new index. (00004_purge_sweep.sql later
---     drops that index and sweeps the table instead, by the same test.)
---   * A v0.1.0 binary still running beside a newer one during a rolling
---     upgrade keeps working on the migrated database: its functions are
---     all still here (countlimit_apply's new signature is an overload, the
---     old one stays), and it never sends a smooth check. It still resets
---     what it does not know: its countlimit_apply, under a sliding rule,
---     starts a log from nothing over another kind's count (and a sliding
---     refund there sets already_count to 0). A kind changes safely only
---     once every process runs a release that carries this.
---
--- smooth_interval and smooth_burst are for people and for
--- count_limit_status, which needs them for used and remaining: no check
--- reads them (each check carries its rule). They are set by every smooth
--- check that counts in the row or creates it (a denial writes only the
--- tally and the penalty, as for every kind), and left as they are by
--- checks of other kinds: they mean something only while the row is
--- smooth. ADD COLUMN
--- without a default is instant on every PostgreSQL countlimit supports.
---
--- Smooth checks are decided only by countlimit_apply (the new overload):
--- pgstore sends a smooth check there, never to the fast path or a group
--- commit, so countlimit_allow_one, countlimit_allow_batch and
--- countlimit_allow_distinct know nothing of smooth windows and are left
--- as 00001 made them: a smooth row is a window to them.
+-- For DBAs: run "countlimit migrate up" (or pgstore.Migrate). No row is
+-- written. Adding the columns (no default) and dropping the index change
+-- the catalog only, under an ACCESS EXCLUSIVE lock on count_limit held for
+-- an instant; the migration waits at most 2 seconds for it, then fails and
+-- changes nothing: run it again when no long transaction holds the table.
+-- A v0.1.0 binary keeps working beside a newer one during a rolling
+-- upgrade: every function it calls is still here. Down returns to
+-- v0.1.0's schema exactly.
 
 -- +goose Up
+SET LOCAL lock_timeout = '2s';
 
+-- 1. count_limit. A smooth key keeps its TAT in end_time; these two
+-- columns record its rule, for people and count_limit_status.
 -- +goose StatementBegin
 ALTER TABLE count_limit
     ADD COLUMN smooth_interval interval,
     ADD COLUMN smooth_burst    bigint;
 -- +goose StatementEnd
+
+-- The purge no longer reads it, and it kept a new window's update from
+-- being HOT.
+DROP INDEX count_limit_end_time_idx;
 
 COMMENT ON COLUMN count_limit.smooth_interval IS
     'Smooth limits only (window_kind smooth): the rule''s emission interval, period / limit rounded up to the microsecond; one event drains in this long. Written by every smooth check that counts in the row or creates it; meaningful only while window_kind is smooth. For people and count_limit_status; no check reads it.';
@@ -101,49 +48,13 @@ COMMENT ON COLUMN count_limit.begin_time IS
 COMMENT ON COLUMN count_limit.end_time IS
     'When the current window ends (exclusive); NULL for a lifetime limit. For sliding windows, the newest event plus the window length. For smooth limits (window_kind smooth), the TAT: when the key is drained.';
 
--- countlimit_apply, the overload with p_intervals and p_bursts: 00001's
--- countlimit_apply (read its comment there: the three phases of locks, the
--- retries, a sliding check's log), smooth checks, and the counts another
--- kind keeps, carried over. A smooth check has p_intervals[k] > 0, its
--- emission interval in microseconds, and p_bursts[k], its burst; its
--- p_begins is NULL and its p_lengths and p_spans 0. Every other check has
--- 0 for both and is decided as 00001's countlimit_apply decides it, but a
--- sliding check on a row with no log (below).
---
--- A row carries a count over to a check of another kind while it is
--- "counting": found, already_count > 0 and its window current (begin_time
--- < end_time, or end_time NULL, and end_time > now), which for a smooth
--- row is [epoch, TAT).
---
--- A smooth check is decided by GCRA, as driver.Apply (the contract as
--- code, countlimit/driver/model.go) spells it, in whole microseconds: T =
--- p_intervals[k], B = p_bursts[k]; for a smooth row ahead = max(TAT, now)
--- - now, its TAT in end_time; for a counting row of another kind ahead =
--- min(already_count, B)*T, that many units taken now (carried); 0
--- otherwise.
---
---   * It fits when not blocked, its limit is above 0, need <= B and
---     ahead + need*T <= B*T (need*T is taken only once need <= B, so
---     nothing overflows: B*T is at most 100 years).
---   * Allowed: TAT = now + ahead + n*T, written as the smooth row above:
---     already_count ceil((TAT - now)/T) (at most B), begin_time the epoch,
---     events NULL (the window and the log of another kind go).
---   * Refund, on a smooth row only: TAT goes back n*T, never before now (a
---     drained key stays), and already_count follows it.
---   * Denied: the tally and the penalty, as for every kind.
---   * Its state: used = ceil(ahead/T) (at most B), no begin, end = now +
---     ahead while ahead > 0, free_at (when not allowed, and it could fit)
---     now + ahead + need*T - B*T, the instant need more fit; for a count
---     carried over, when the window that holds it ends (NULL for a
---     lifetime's: no wait helps).
---
--- A sliding check on a row with no log (events NULL or empty) that is
--- counting sees already_count events logged at at = min(now, end_time -
--- span), never after now, so that they leave the log when that window
--- ends: used already_count, its window [at, at + span). Allowed, the log
--- becomes those events and n at now; denied (need fits the limit but not
--- beside them), free_at is end_time - span (NULL for a lifetime's). A
--- sliding refund gives nothing back of a row with no log.
+-- 2. The checks.
+
+-- countlimit_apply with p_intervals and p_bursts: v0.1.0's
+-- countlimit_apply, and smooth checks (p_intervals[k] > 0, the emission
+-- interval in µs, and p_bursts[k]; 0 for both otherwise), and counts
+-- carried over from a rule of another kind. v0.1.0's overload stays for
+-- v0.1.0 binaries.
 -- +goose StatementBegin
 CREATE FUNCTION countlimit_apply(
     p_op        text,
@@ -464,15 +375,381 @@ COMMENT ON FUNCTION countlimit_apply(text, text, timestamptz, bigint, text[], bi
 COMMENT ON FUNCTION countlimit_apply(text, text, timestamptz, bigint, text[], bigint[], timestamptz[], bigint[], bigint[], bigint[], text[]) IS
     'countlimit, as v0.1.0 called it: one atomic check of one id against one or more rules (allow, peek or refund) of every kind but smooth. Kept so that a v0.1.0 binary works during a rolling upgrade; newer binaries call the overload with p_intervals and p_bursts.';
 
--- count_limit_status, with smooth rows: window_kind 'smooth'; used is the
--- events not yet drained at now(), ceil((TAT - now()) / smooth_interval),
--- at most smooth_burst (0 once drained); remaining is smooth_burst - used,
--- how many fit at once now (limit_value stays the rule's limit, its events
--- per period); window_begin is NULL, window_end the TAT (when the key is
--- drained) and resets_in the time until then, while something is
--- undrained. Every other kind reads as 00001's view reads it, but a window
--- another kind joined from a smooth row's (it begins at the epoch) has no
--- window_begin either. The columns are 00001's, in its order.
+-- countlimit_allow_one_pooled: countlimit_allow_one with p_skip_locked
+-- (pgstore's pool), after one statement that decides a call whose row
+-- exists and is free.
+-- +goose StatementBegin
+CREATE FUNCTION countlimit_allow_one_pooled(
+    p_use_type    text,
+    p_unique_id   text,
+    p_now         timestamptz,
+    p_n           bigint,
+    p_limit_value bigint,
+    p_begin_time  timestamptz,
+    p_window_end  timestamptz,
+    p_penalty_end timestamptz,
+    p_window_kind text
+) RETURNS TABLE (
+    o_busy          boolean,
+    o_allowed       boolean,
+    o_used          bigint,
+    o_window_begin  timestamptz,
+    o_window_end    timestamptz,
+    o_blocked_until timestamptz
+) LANGUAGE plpgsql SET enable_seqscan = off AS $fn$
+BEGIN
+    PERFORM countlimit_lock_briefly();
+    RETURN QUERY
+        WITH l AS MATERIALIZED (
+            SELECT c.already_count, c.begin_time, c.end_time, c.blocked_until
+            FROM count_limit c
+            WHERE c.use_type = p_use_type AND c.unique_id = p_unique_id
+            FOR NO KEY UPDATE SKIP LOCKED
+        ), d AS MATERIALIZED (
+            -- The call applied to its row as locked: cur, the window is
+            -- current; used, what it counts now.
+            SELECT l.begin_time, l.end_time, l.blocked_until, s.cur, s.blocked, u.used,
+                NOT s.blocked AND p_n <= p_limit_value - u.used AS fits
+            FROM l
+            CROSS JOIN LATERAL (SELECT
+                l.begin_time < coalesce(l.end_time, 'infinity') AND coalesce(l.end_time > p_now, true) AS cur,
+                coalesce(l.blocked_until > p_now, false) AS blocked) s
+            CROSS JOIN LATERAL (SELECT CASE WHEN s.cur THEN l.already_count ELSE 0 END AS used) u
+        ), w AS (
+            UPDATE count_limit c SET
+                already_count = CASE WHEN d.fits THEN d.used + p_n ELSE c.already_count END,
+                begin_time    = CASE WHEN d.fits AND NOT d.cur THEN p_begin_time ELSE c.begin_time END,
+                end_time      = CASE WHEN d.fits AND NOT d.cur THEN p_window_end ELSE c.end_time END,
+                limit_value   = p_limit_value,
+                denied_count  = c.denied_count + CASE WHEN d.fits THEN 0 ELSE 1 END,
+                blocked_until = CASE WHEN d.fits OR d.blocked OR p_penalty_end IS NULL
+                    THEN c.blocked_until ELSE p_penalty_end END,
+                events        = CASE WHEN d.fits THEN NULL ELSE c.events END,
+                window_kind   = CASE WHEN d.fits THEN p_window_kind ELSE c.window_kind END,
+                updated_at    = now()
+            FROM d
+            WHERE c.use_type = p_use_type AND c.unique_id = p_unique_id
+            RETURNING d.fits, d.cur, d.blocked, d.used, d.begin_time, d.end_time, d.blocked_until
+        )
+        -- A denial leaves the window as it was: the state is that window
+        -- when it is current, else the fresh one an event would open.
+        SELECT false, w.fits, CASE WHEN w.fits THEN w.used + p_n ELSE w.used END,
+            CASE WHEN w.cur THEN w.begin_time ELSE p_begin_time END,
+            CASE WHEN w.cur THEN w.end_time ELSE p_window_end END,
+            CASE WHEN w.blocked THEN w.blocked_until WHEN w.fits THEN NULL ELSE p_penalty_end END
+        FROM w;
+    IF FOUND THEN
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT * FROM countlimit_allow_one(p_use_type, p_unique_id, p_now, p_n, p_limit_value,
+        p_begin_time, p_window_end, p_penalty_end, true, p_window_kind);
+END
+$fn$;
+-- +goose StatementEnd
+
+-- countlimit_allow_distinct_pooled: countlimit_allow_distinct, after one
+-- statement that decides a batch whose rows all exist and are free.
+-- +goose StatementBegin
+CREATE FUNCTION countlimit_allow_distinct_pooled(
+    p_use_types    text[],
+    p_unique_ids   text[],
+    p_nows         timestamptz[],
+    p_ns           bigint[],
+    p_limits       bigint[],
+    p_begins       timestamptz[],
+    p_window_ends  timestamptz[],
+    p_penalty_ends timestamptz[],
+    p_kinds        text[]
+) RETURNS TABLE (
+    o_key_of        int,
+    o_busy          boolean,
+    o_allowed       boolean,
+    o_used          bigint,
+    o_window_begin  timestamptz,
+    o_window_end    timestamptz,
+    o_blocked_until timestamptz
+) LANGUAGE plpgsql SET enable_seqscan = off AS $fn$
+BEGIN
+    PERFORM countlimit_lock_briefly();
+    RETURN QUERY
+        WITH calls AS MATERIALIZED (
+            SELECT c.ord::int AS k, c.use_type, c.unique_id, c.now, c.n, c.lim, c.b, c.e, c.pe, c.kind
+            FROM ROWS FROM (unnest(CASE WHEN random() >= 0 THEN p_use_types END), unnest(p_unique_ids),
+                unnest(p_nows), unnest(p_ns), unnest(p_limits),
+                unnest(p_begins), unnest(p_window_ends), unnest(p_penalty_ends), unnest(p_kinds))
+                WITH ORDINALITY AS c(use_type, unique_id, now, n, lim, b, e, pe, kind, ord)
+        ), locked AS MATERIALIZED (
+            -- Step 1, in key order, skipping the rows another transaction
+            -- holds.
+            SELECT c.k, r.already_count, r.begin_time, r.end_time, r.blocked_until
+            FROM calls c
+            CROSS JOIN LATERAL (
+                SELECT x.already_count, x.begin_time, x.end_time, x.blocked_until
+                FROM count_limit x
+                WHERE x.use_type = c.use_type AND x.unique_id = c.unique_id
+                LIMIT 1
+                FOR NO KEY UPDATE SKIP LOCKED
+            ) r
+            ORDER BY c.k
+        ), decided AS MATERIALIZED (
+            -- Step 2, when every row was locked: each call applied to its
+            -- row as locked (countlimit_allow_distinct's decided, for
+            -- a row that exists).
+            SELECT c.k, c.use_type, c.unique_id, c.lim, c.kind,
+                CASE WHEN d.fits THEN d.used + c.n ELSE l.already_count END AS cnt,
+                CASE WHEN d.fits AND NOT d.cur THEN c.b ELSE l.begin_time END AS wb,
+                CASE WHEN d.fits AND NOT d.cur THEN c.e ELSE l.end_time END AS we,
+                CASE WHEN d.fits OR d.blocked OR c.pe IS NULL THEN l.blocked_until ELSE c.pe END AS bu,
+                d.fits AS allowed,
+                CASE WHEN d.fits THEN d.used + c.n ELSE d.used END AS used,
+                CASE WHEN d.cur THEN l.begin_time ELSE c.b END AS ob,
+                CASE WHEN d.cur THEN l.end_time ELSE c.e END AS oe,
+                CASE WHEN d.blocked THEN l.blocked_until WHEN d.fits THEN NULL ELSE c.pe END AS obu
+            FROM calls c
+            JOIN locked l ON l.k = c.k
+            CROSS JOIN LATERAL (SELECT s.cur, s.blocked, u.used, NOT s.blocked AND c.n <= c.lim - u.used AS fits
+                FROM (SELECT
+                    l.begin_time < coalesce(l.end_time, 'infinity') AND coalesce(l.end_time > c.now, true) AS cur,
+                    coalesce(l.blocked_until > c.now, false) AS blocked) s
+                CROSS JOIN LATERAL (SELECT CASE WHEN s.cur THEN l.already_count ELSE 0 END AS used) u) d
+            WHERE (SELECT count(*) FROM locked) = cardinality(p_unique_ids)
+        ), updated AS (
+            UPDATE count_limit r SET
+                already_count = d.cnt,
+                begin_time    = d.wb,
+                end_time      = d.we,
+                limit_value   = d.lim,
+                denied_count  = r.denied_count + CASE WHEN d.allowed THEN 0 ELSE 1 END,
+                blocked_until = d.bu,
+                events        = CASE WHEN d.allowed THEN NULL ELSE r.events END,
+                window_kind   = CASE WHEN d.allowed THEN d.kind ELSE r.window_kind END,
+                updated_at    = now()
+            FROM decided d
+            WHERE r.use_type = d.use_type AND r.unique_id = d.unique_id
+              AND r.unique_id = ANY (p_unique_ids)
+            RETURNING d.k, d.allowed, d.used, d.ob, d.oe, d.obu
+        )
+        SELECT u.k::int, false, u.allowed::boolean, u.used::bigint,
+            u.ob::timestamptz, u.oe::timestamptz, u.obu::timestamptz
+        FROM updated u
+        ORDER BY 1;
+    IF FOUND THEN
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT * FROM countlimit_allow_distinct(p_use_types, p_unique_ids, p_nows, p_ns, p_limits,
+        p_begins, p_window_ends, p_penalty_ends, p_kinds);
+END
+$fn$;
+-- +goose StatementEnd
+
+-- countlimit_allow_batch_pooled: countlimit_allow_batch, after a running
+-- sum that decides a batch whose rows all exist, are free and have room
+-- for every call (a hot id's).
+-- +goose StatementBegin
+CREATE FUNCTION countlimit_allow_batch_pooled(
+    p_use_types    text[],
+    p_unique_ids   text[],
+    p_key_of       int[],
+    p_seq          int[],
+    p_nows         timestamptz[],
+    p_ns           bigint[],
+    p_limits       bigint[],
+    p_begins       timestamptz[],
+    p_window_ends  timestamptz[],
+    p_penalty_ends timestamptz[],
+    p_kinds        text[]
+) RETURNS TABLE (
+    o_key_of        int,
+    o_seq           int,
+    o_busy          boolean,
+    o_allowed       boolean,
+    o_used          bigint,
+    o_window_begin  timestamptz,
+    o_window_end    timestamptz,
+    o_blocked_until timestamptz
+) LANGUAGE plpgsql SET enable_seqscan = off AS $fn$
+BEGIN
+    PERFORM countlimit_lock_briefly();
+    RETURN QUERY
+        WITH keys AS MATERIALIZED (
+            SELECT k.use_type, k.unique_id, k.kind, k.ord::int AS k
+            FROM ROWS FROM (unnest(CASE WHEN random() >= 0 THEN p_use_types END), unnest(p_unique_ids), unnest(p_kinds))
+                WITH ORDINALITY AS k(use_type, unique_id, kind, ord)
+        ), locked AS MATERIALIZED (
+            -- Step 1, in key order, skipping the rows another transaction
+            -- holds.
+            SELECT k.k, r.already_count, r.begin_time, r.end_time, r.blocked_until
+            FROM keys k
+            CROSS JOIN LATERAL (
+                SELECT x.already_count, x.begin_time, x.end_time, x.blocked_until
+                FROM count_limit x
+                WHERE x.use_type = k.use_type AND x.unique_id = k.unique_id
+                LIMIT 1
+                FOR NO KEY UPDATE SKIP LOCKED
+            ) r
+            ORDER BY k.k
+        ), calls AS MATERIALIZED (
+            -- Step 2, when every row was locked: each call with its key's
+            -- row and count once it and the calls before it are counted.
+            SELECT c.k, c.seq, c.now, c.lim, l.begin_time, l.end_time, l.blocked_until,
+                l.already_count + (sum(c.n) OVER (PARTITION BY c.k ORDER BY c.seq))::bigint AS used
+            FROM ROWS FROM (unnest(CASE WHEN random() >= 0 THEN p_key_of END), unnest(p_seq), unnest(p_nows),
+                unnest(p_ns), unnest(p_limits)) AS c(k, seq, now, n, lim)
+            JOIN locked l ON l.k = c.k
+            WHERE (SELECT count(*) FROM locked) = cardinality(p_unique_ids)
+        ), decided AS MATERIALIZED (
+            -- Every call of the batch fits (its key's window current at
+            -- its now, no penalty running, room for it), or none is
+            -- decided here.
+            SELECT c.k, c.seq, c.lim, c.begin_time, c.end_time, c.used
+            FROM calls c
+            WHERE NOT EXISTS (SELECT FROM calls x WHERE NOT (
+                x.begin_time < coalesce(x.end_time, 'infinity') AND coalesce(x.end_time > x.now, true)
+                AND NOT coalesce(x.blocked_until > x.now, false) AND x.used <= x.lim))
+        ), updated AS (
+            UPDATE count_limit r SET
+                already_count = f.used,
+                limit_value   = f.lim,
+                events        = NULL,
+                window_kind   = k.kind,
+                updated_at    = now()
+            FROM (SELECT DISTINCT ON (d.k) d.k, d.used, d.lim FROM decided d ORDER BY d.k, d.seq DESC) f
+            JOIN keys k ON k.k = f.k
+            WHERE r.use_type = k.use_type AND r.unique_id = k.unique_id
+              AND r.unique_id = ANY (p_unique_ids)
+            RETURNING f.k
+        )
+        SELECT d.k::int, d.seq::int, false, true, d.used::bigint,
+            d.begin_time::timestamptz, d.end_time::timestamptz, NULL::timestamptz
+        FROM decided d
+        JOIN updated u ON u.k = d.k
+        ORDER BY 1, 2;
+    IF FOUND THEN
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT * FROM countlimit_allow_batch(p_use_types, p_unique_ids, p_key_of, p_seq, p_nows,
+        p_ns, p_limits, p_begins, p_window_ends, p_penalty_ends, p_kinds);
+END
+$fn$;
+-- +goose StatementEnd
+
+-- 3. The purge.
+
+-- countlimit_purge_leases deletes at most batch_size expired leases,
+-- oldest first, and returns how many.
+-- +goose StatementBegin
+CREATE FUNCTION countlimit_purge_leases(p_now timestamptz, p_batch_size int)
+RETURNS bigint LANGUAGE plpgsql SET enable_seqscan = off SET enable_bitmapscan = off AS $fn$
+DECLARE
+    deleted bigint;
+BEGIN
+    WITH leases AS (
+        SELECT l.ctid AS tid
+        FROM count_limit_lease l
+        WHERE l.expires_at <= p_now
+        ORDER BY l.expires_at
+        LIMIT p_batch_size
+        FOR UPDATE SKIP LOCKED
+    ), gone AS (
+        DELETE FROM count_limit_lease l
+        WHERE l.ctid = ANY (ARRAY(SELECT d.tid FROM leases d))
+        RETURNING 1
+    )
+    SELECT count(*) INTO deleted FROM gone;
+    RETURN deleted;
+END
+$fn$;
+-- +goose StatementEnd
+
+-- countlimit_purge_rows deletes at most batch_size expired rows in pages
+-- [from, from + 1024) and returns where the next statement goes on (NULL
+-- once the sweep is done).
+-- +goose StatementBegin
+CREATE FUNCTION countlimit_purge_rows(p_now timestamptz, p_batch_size int, p_from_page bigint, p_from_item int,
+    OUT deleted bigint, OUT next_page bigint, OUT next_item int)
+LANGUAGE plpgsql SET enable_seqscan = off SET enable_bitmapscan = off AS $fn$
+DECLARE
+    pages bigint := pg_relation_size('count_limit'::regclass) / current_setting('block_size')::bigint;
+    upto bigint := p_from_page + 1024;
+    n_locked bigint;
+    last_tid tid;
+BEGIN
+    IF p_batch_size IS NULL OR p_batch_size < 1 THEN
+        RAISE EXCEPTION 'countlimit_purge_rows: batch_size must be at least 1, got %', p_batch_size
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    deleted := 0;
+    IF p_from_page IS NULL OR p_from_page >= pages THEN
+        RETURN; -- the sweep is done: next_page NULL
+    END IF;
+    WITH doomed AS (
+        SELECT c.ctid AS tid
+        FROM count_limit c
+        WHERE c.ctid >= format('(%s,%s)', p_from_page, coalesce(p_from_item, 0))::tid
+          AND c.ctid < format('(%s,0)', upto)::tid
+          AND c.end_time <= p_now
+          AND (c.blocked_until IS NULL OR c.blocked_until <= p_now)
+          AND (c.lease_until IS NULL OR c.lease_until <= p_now)
+          -- A row goes once its leases have (see 00001's countlimit_purge);
+          -- OFFSET 0 keeps the probe one per row, by key.
+          AND NOT EXISTS (SELECT FROM count_limit_lease l
+              WHERE l.use_type = c.use_type AND l.unique_id = c.unique_id OFFSET 0)
+        LIMIT p_batch_size
+        FOR UPDATE SKIP LOCKED
+    ), gone AS (
+        DELETE FROM count_limit c
+        WHERE c.ctid = ANY (ARRAY(SELECT d.tid FROM doomed d))
+        RETURNING 1
+    )
+    SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM doomed), (SELECT max(d.tid) FROM doomed d)
+    INTO deleted, n_locked, last_tid;
+    IF n_locked >= p_batch_size AND last_tid < format('(%s,0)', upto)::tid THEN
+        next_page := (last_tid::text::point)[0]::bigint;
+        next_item := (last_tid::text::point)[1]::int + 1;
+    ELSIF upto < pages THEN
+        next_page := upto;
+        next_item := 0;
+    END IF;
+END
+$fn$;
+-- +goose StatementEnd
+
+-- countlimit_purge, for DBAs and pg_cron: expired leases, then the sweep
+-- from where this session's last call stopped (countlimit.purge_at), up to
+-- batch_size rows or the table's end.
+-- +goose StatementBegin
+CREATE OR REPLACE FUNCTION countlimit_purge(p_now timestamptz, p_batch_size int)
+RETURNS bigint LANGUAGE plpgsql SET enable_seqscan = off SET enable_bitmapscan = off AS $fn$
+DECLARE
+    leases bigint;
+    deleted bigint := 0;
+    at text[] := string_to_array(nullif(current_setting('countlimit.purge_at', true), ''), ',');
+    page bigint := coalesce(at[1]::bigint, 0);
+    item int := coalesce(at[2]::int, 0);
+    r record;
+BEGIN
+    IF p_batch_size IS NULL OR p_batch_size < 1 THEN
+        RAISE EXCEPTION 'countlimit_purge: batch_size must be at least 1, got %', p_batch_size
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    leases := countlimit_purge_leases(p_now, p_batch_size);
+    LOOP
+        SELECT * INTO r FROM countlimit_purge_rows(p_now, p_batch_size - deleted::int, page, item);
+        deleted := deleted + r.deleted;
+        page := r.next_page;
+        item := r.next_item;
+        EXIT WHEN page IS NULL OR deleted >= p_batch_size;
+    END LOOP;
+    PERFORM set_config('countlimit.purge_at', coalesce(page || ',' || item, ''), false);
+    RETURN leases + deleted;
+END
+$fn$;
+-- +goose StatementEnd
+
+-- 4. For people.
+
+-- count_limit_status: smooth rows read as used (events not yet drained),
+-- remaining (burst less used) and window_end (the TAT).
 -- +goose StatementBegin
 CREATE OR REPLACE VIEW count_limit_status AS
 SELECT
@@ -562,17 +839,8 @@ COMMENT ON COLUMN count_limit_status.window_begin IS 'When the current window be
 COMMENT ON COLUMN count_limit_status.window_end IS 'When the current window ends (exclusive); NULL for lifetime limits. For sliding windows, the newest event plus the window length; for concurrent limits, when the last live lease expires unless extended or released (NULL when none is held); for smooth limits, when the id is fully drained (its TAT), NULL once it is.';
 COMMENT ON COLUMN count_limit_status.resets_in IS 'How long until the window ends and its count goes, while something is counted; NULL otherwise and for lifetime limits. For concurrent limits, until the last live lease expires; for smooth limits, until the id is fully drained.';
 
--- countlimit_adjust_count, with smooth rows: delta (negative to lower)
--- moves the TAT by delta smooth_intervals, as if delta more events had
--- been counted (or refunded): never before now() (a drained id stays
--- drained, a negative delta on it changes nothing) and never past a full
--- burst (now() + smooth_burst intervals: used at most smooth_burst, which
--- denies what follows until an interval drains). It returns the new used,
--- as count_limit_status computes it, and writes it in already_count, the
--- count a check of another kind carries over, as a smooth check does. A
--- drained smooth row takes a positive delta too: its interval is known, so
--- the undrained events start from 0. Every other kind is adjusted as
--- 00001's function does (a window joined from a smooth key's included).
+-- countlimit_adjust_count: on a smooth row, delta moves the TAT by delta
+-- intervals, between now() and a full burst.
 -- +goose StatementBegin
 CREATE OR REPLACE FUNCTION countlimit_adjust_count(unique_id text, use_type text, delta bigint)
 RETURNS bigint LANGUAGE plpgsql SET enable_seqscan = off AS $fn$
@@ -637,16 +905,67 @@ COMMENT ON FUNCTION countlimit_adjust_count(text, text, bigint) IS
     'countlimit, for DBAs: add delta (negative to lower) to the count of one id''s current window for one use type, never below 0; returns the new count, or NULL (and a notice) when there is no current window to change. Refuses sliding windows. On a smooth limit, moves its TAT by delta intervals (never before now, never past a full burst) and returns the new used. Safe beside live checks: the row is locked and the count changed in place. See docs/operations.md.';
 
 -- +goose Down
--- Back to 00001's schema exactly: its countlimit_adjust_count, its
--- count_limit_status and their comments, countlimit_apply without smooth
--- checks, and count_limit without the two columns (DROP COLUMN, like ADD
--- COLUMN, changes the catalog only). The rows of smooth keys stay: to
--- 00001's statements each is a window from the epoch to its TAT that
--- holds the units undrained when it was last written, which a check that
--- counts there joins (and the TAT goes) and which the purge deletes once
--- end_time (the TAT) has passed. The binary that runs on
--- the database after the Down must be one that never sends smooth checks
--- (v0.1.0), as 00001's schema cannot decide them.
+-- Back to v0.1.0's schema exactly: what the Up added goes, what it
+-- changed takes 00001's text again. Rows stay: a smooth key's row reads
+-- to v0.1.0's statements as a window from the epoch to its TAT holding
+-- its undrained events, purged once the TAT passes. Building the index
+-- again scans the table under a SHARE lock, which holds off every check
+-- that writes while it runs. The binary that runs after it must send no
+-- smooth check, which v0.1.0's schema cannot decide (v0.1.0's sends none).
+SET LOCAL lock_timeout = '2s';
+
+DROP FUNCTION countlimit_purge_rows(timestamptz, int, bigint, int);
+DROP FUNCTION countlimit_purge_leases(timestamptz, int);
+CREATE INDEX count_limit_end_time_idx ON count_limit (end_time) WHERE end_time IS NOT NULL;
+
+-- +goose StatementBegin
+CREATE OR REPLACE FUNCTION countlimit_purge(p_now timestamptz, p_batch_size int)
+RETURNS bigint LANGUAGE plpgsql SET enable_seqscan = off SET enable_bitmapscan = off AS $fn$
+DECLARE
+    deleted bigint;
+BEGIN
+    WITH leases AS (
+        SELECT l.ctid AS tid
+        FROM count_limit_lease l
+        WHERE l.expires_at <= p_now
+        ORDER BY l.expires_at
+        LIMIT p_batch_size
+        FOR UPDATE SKIP LOCKED
+    ), gone_leases AS (
+        DELETE FROM count_limit_lease l
+        WHERE l.ctid = ANY (ARRAY(SELECT d.tid FROM leases d))
+        RETURNING 1
+    ), doomed AS (
+        SELECT c.ctid AS tid
+        FROM count_limit c
+        WHERE c.end_time <= p_now
+          AND (c.blocked_until IS NULL OR c.blocked_until <= p_now)
+          AND (c.lease_until IS NULL OR c.lease_until <= p_now)
+          -- A row goes once its leases have: its cascade then waits for no
+          -- lease another purge (or an open Release) holds, so purges running
+          -- at once cannot deadlock. A lease taken since the snapshot raised
+          -- lease_until, which is checked again on the locked row. OFFSET 0
+          -- keeps the probe one per row (see "Plans" above).
+          AND NOT EXISTS (SELECT FROM count_limit_lease l
+              WHERE l.use_type = c.use_type AND l.unique_id = c.unique_id OFFSET 0)
+        ORDER BY c.end_time
+        LIMIT p_batch_size
+        FOR UPDATE SKIP LOCKED
+    ), gone AS (
+        DELETE FROM count_limit c
+        WHERE c.ctid = ANY (ARRAY(SELECT d.tid FROM doomed d))
+        RETURNING 1
+    )
+    SELECT (SELECT count(*) FROM gone_leases) + (SELECT count(*) FROM gone) INTO deleted;
+    RETURN deleted;
+END
+$fn$;
+-- +goose StatementEnd
+
+DROP FUNCTION countlimit_allow_one_pooled(text, text, timestamptz, bigint, bigint, timestamptz, timestamptz, timestamptz, text);
+DROP FUNCTION countlimit_allow_distinct_pooled(text[], text[], timestamptz[], bigint[], bigint[], timestamptz[], timestamptz[], timestamptz[], text[]);
+DROP FUNCTION countlimit_allow_batch_pooled(text[], text[], int[], int[], timestamptz[], bigint[], bigint[], timestamptz[], timestamptz[], timestamptz[], text[]);
+
 -- +goose StatementBegin
 CREATE OR REPLACE FUNCTION countlimit_adjust_count(unique_id text, use_type text, delta bigint)
 RETURNS bigint LANGUAGE plpgsql SET enable_seqscan = off AS $fn$
@@ -766,6 +1085,7 @@ COMMENT ON COLUMN count_limit_status.resets_in IS 'How long until the window end
 DROP FUNCTION countlimit_apply(text, text, timestamptz, bigint, text[], bigint[], timestamptz[], bigint[], bigint[], bigint[], text[], bigint[], bigint[]);
 COMMENT ON FUNCTION countlimit_apply(text, text, timestamptz, bigint, text[], bigint[], timestamptz[], bigint[], bigint[], bigint[], text[]) IS
     'countlimit: one atomic check of one id against one or more rules (allow, peek or refund), taking row locks in key order (existing rows, then new ones, then writes) so that concurrent checks cannot deadlock. Reset is a plain DELETE.';
+
 COMMENT ON COLUMN count_limit.already_count IS 'Events counted in the window [begin_time, end_time). Counts nothing once end_time has passed. For sliding windows, cardinality(events).';
 COMMENT ON COLUMN count_limit.begin_time IS 'When the current window began; for sliding windows, the oldest logged event.';
 COMMENT ON COLUMN count_limit.end_time IS 'When the current window ends (exclusive); NULL for a lifetime limit. For sliding windows, the newest event plus the window length.';
