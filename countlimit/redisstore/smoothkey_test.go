@@ -50,14 +50,15 @@ func hashOf(cmd *redis.Cmd) (map[string]string, error) {
 // TestSmoothStringIsItsHash holds a smooth key kept as a string
 // (smoothkey.lua) to the hash it stands for, on every path that meets it:
 // for each step, one id's key is left as fast.lua keeps it after an
-// Allow (a string), another's is made the hash {t, c, b, e, r} by hand with the
-// same TTL, and the same call on both must give the same Result and leave
-// the same fields, read as a hash, and TTL. The steps are the calls of
-// every script on such a key: a Peek (apply.lua, which writes nothing and
-// leaves the string), a Refund, Allows that fit (the string again) or do
-// not (a denial, a penalty: made a hash), AllowAll beside another rule,
-// another kind of window on the same use type, a lease's denial
-// (lease.lua) and a Reset.
+// Allow (a string), another's is made the hash {t, c, b, e, r} by hand
+// with the same TTL, and the same call on both must give the same Result
+// and leave the same fields, read as a hash, and TTL. The steps are the
+// calls of every script on such a key: a Peek (apply.lua, which writes
+// nothing and leaves the string), a Peek of another kind (which joins the
+// window [0, t) and its count), a Refund, Allows that fit (the string
+// again) or do not (a denial, a penalty: made a hash), AllowAll beside
+// another rule, another kind of window on the same use type, a lease's
+// denial (lease.lua) and a Reset.
 func TestSmoothStringIsItsHash(t *testing.T) {
 	c := client(t)
 	ctx := context.Background()
@@ -90,6 +91,10 @@ func TestSmoothStringIsItsHash(t *testing.T) {
 	}{
 		{"Peek", "string", func(id string) ([]countlimit.Result, error) {
 			r, err := l.Peek(ctx, smooth, id)
+			return []countlimit.Result{r}, err
+		}},
+		{"Peek of a fixed window on the same use type, which joins the string's", "string", func(id string) ([]countlimit.Result, error) {
+			r, err := l.Peek(ctx, fixed, id)
 			return []countlimit.Result{r}, err
 		}},
 		{"Allow that fits", "string", func(id string) ([]countlimit.Result, error) {
