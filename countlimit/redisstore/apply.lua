@@ -20,10 +20,22 @@
 -- Hash fields: c count, b window begin, e window end (absent = lifetime),
 -- l limit last applied, d denied tally, x blocked until, s log sequence,
 -- t a smooth check's instant (the TAT: when the key is drained), r the
--- last script that wrote the hash (see fast.lua). Counting with a smooth
--- check drops c, b, e, l, s and the log; counting with another kind drops
--- t. The hash lives as long as the latest of its window, its penalty and
--- its instant.
+-- last script that wrote the hash (see fast.lua). The hash lives as long
+-- as the latest of its window, its penalty and its instant.
+--
+-- One count per (use type, id), whatever kind of window asks (driver.Apply
+-- is the reference). A key is kept in the form of the kind that last
+-- counted in it: a window's count, a sliding log (field s and the sorted
+-- set), a smooth instant (t); every form keeps c over [b, e) besides: a
+-- log its length over [oldest, newest + span), a smooth key its units not
+-- yet drained over [0, t) (b 0, e t). A check of another form carries
+-- that count over while the window is current (carried): a window joins
+-- it; a sliding check with no log sees that many events logged at
+-- min(now, e - span), and logs them when it counts; a smooth check with
+-- no instant sees min(c, burst) units taken now. Counting writes the key
+-- in the check's own form: a count drops the log and t, a log drops t, a
+-- smooth instant drops the log, l and s. A refund gives back only in the
+-- key's own form, or lowers the count of a window that joins it.
 -- Returns per check: {used, begin, end, blocked_until, free_at}, NONE for
 -- none, then the verdict (1 or 0) as the last element; -2 for a repeat
 -- that cannot tell whether it ran (see below).
@@ -81,19 +93,44 @@ local function ceildiv(p, q)
   return k
 end
 
+-- FOREVER is the end of a lifetime window (no field e).
+local FOREVER = math.huge
+
+-- carried is the count a check of another form than its key's reads from
+-- it at now, and the end of the window that holds it (FOREVER for a
+-- lifetime window): c over [b, e), while that window is current (not
+-- empty, not over); 0 and nil otherwise. A window's count, a sliding
+-- log's length and a smooth key's undrained units are all kept there.
+local function carried(c)
+  if c.exists and c.cnt ~= nil and c.cnt > 0 then
+    if c.e == nil then return c.cnt, FOREVER end
+    if c.b < c.e and now < c.e then return c.cnt, c.e end
+  end
+  return 0, nil
+end
+
 -- gcra sets a smooth check's view of its instant c.t at now: c.ahead
 -- (max(t, now) - now), c.used (the units not yet drained), c.wend (the
 -- instant, when it is after now), c.room (whether need more fit the rate)
 -- and c.free (when they do, if they do not yet but can).
 local function gcra(c)
-  c.ahead = 0
-  if c.t ~= nil and c.t > now then c.ahead = c.t - now end
+  c.ahead, c.held = 0, nil
+  if c.t ~= nil then
+    if c.t > now then c.ahead = c.t - now end
+  else
+    -- No instant: another kind's count, as that many units taken now (a
+    -- full burst at the most), held until its window ends.
+    local m, held = carried(c)
+    if m > 0 then c.ahead, c.held = math.min(m, c.burst) * c.iv, held end
+  end
   c.used = math.min(c.burst, ceildiv(c.ahead, c.iv))
   c.wbegin, c.wend, c.free = nil, nil, nil
   if c.ahead > 0 then c.wend = now + c.ahead end
   c.room = c.limit > 0 and need <= c.burst and c.ahead + need * c.iv <= c.burst * c.iv
   if not c.room and c.limit > 0 and need <= c.burst then
     c.free = now + c.ahead + need * c.iv - c.burst * c.iv
+    -- A carried count drains when its window ends (a lifetime's: never).
+    if c.held == FOREVER then c.free = nil elseif c.held ~= nil then c.free = c.held end
   end
 end
 
@@ -119,6 +156,20 @@ end
 -- the live sliding log: count, oldest, newest + span, and the event whose
 -- expiry makes room for need.
 local function slide(c)
+  c.held = nil
+  if not c.hadlog then
+    -- No log: another kind's count, as that many events logged at the
+    -- latest instant that lets them leave when its window ends, never
+    -- after now; a denial waits for that (a lifetime count: no wait helps).
+    local m, held = carried(c)
+    c.used, c.wbegin, c.wend, c.free = m, nil, nil, nil
+    if m > 0 then
+      c.held, c.wbegin = held, math.min(now, held - c.span)
+      c.wend = c.wbegin + c.span
+      if need > c.limit - m and need <= c.limit and held ~= FOREVER then c.free = held - c.span end
+    end
+    return
+  end
   local cut = '(' .. s(now - c.span)
   c.used = redis.call('ZCOUNT', c.z, cut, '+inf')
   c.wbegin, c.wend, c.free = nil, nil, nil
@@ -149,14 +200,15 @@ for i = 1, cnt do
   }
   local f = redis.pcall('HMGET', c.h, 'c', 'b', 'e', 'x', 's', 't')
   if f.err then
-    -- A smooth key's string (smoothkey.lua) reads as its hash {t, r}, and
-    -- is made that hash for any op that may write.
-    local t, r = stringed(c.h, f)
+    -- A smooth key's string (smoothkey.lua) reads as its hash {t, c, b,
+    -- e, r}, and is made that hash for any op that may write.
+    local t, tc, r = stringed(c.h, f)
     if t == nil then return redis.error_reply(f.err) end
     if op == 'peek' then
-      f = {false, false, false, false, false, string.format('%d', t)}
+      local ts = string.format('%d', t)
+      f = {string.format('%d', tc), '0', ts, false, false, ts}
     else
-      unstring(c.h, t, r)
+      unstring(c.h, t, tc, r)
       f = redis.call('HMGET', c.h, 'c', 'b', 'e', 'x', 's', 't')
     end
   end
@@ -175,6 +227,7 @@ for i = 1, cnt do
   c.counted = f[1] ~= false or c.exists or c.hadlog
   local x = tonumber(f[4])
   c.x, c.e, c.t = x, tonumber(f[3]), tonumber(f[6])
+  c.cnt, c.b = tonumber(f[1]), tonumber(f[2])
   -- A hash that exists expires no sooner than the latest of its e, x and t
   -- (the write that last moved either set its TTL so; a sliding refund
   -- only shortens e), and never when it has no e (a lifetime count).
@@ -185,31 +238,33 @@ for i = 1, cnt do
   if c.span < 0 then
     c.burst, c.iv = c.begin, c.len
     if op == 'refund' and c.t ~= nil and c.t > now then
-      -- Back n intervals, never before now: a drained instant is dropped.
+      -- Back n intervals, never before now, and the count and the window
+      -- follow (the units undrained, [0, t)): a drained instant is
+      -- dropped, and its window ends now with nothing in it.
       if n >= ceildiv(c.t - now, c.iv) then
-        c.t = nil
+        c.t, c.e, c.cnt = nil, now, 0
         redis.call('HDEL', c.h, 't')
-        redis.call('HSET', c.h, 'r', tok)
+        redis.call('HSET', c.h, 'c', '0', 'e', s(now), 'r', tok)
       else
         c.t = c.t - n * c.iv
-        redis.call('HSET', c.h, 't', s(c.t), 'r', tok)
+        c.e, c.cnt = c.t, math.min(c.burst, ceildiv(c.t - now, c.iv))
+        redis.call('HSET', c.h, 't', s(c.t), 'c', s(c.cnt), 'e', s(c.t), 'r', tok)
       end
       wrote(c.h)
-      -- Its TTL follows: the latest of a window's end, the penalty's and
-      -- the instant (a lifetime count keeps none).
-      if not c.exists or c.e ~= nil then
-        local at = later(later(math.max(c.e or now, now), x), c.t)
-        expire(c.h, at)
-      end
+      -- Its TTL follows: the latest of the window's end (the instant)
+      -- and the penalty's.
+      expire(c.h, later(c.e, x))
     end
     gcra(c)
   elseif c.span > 0 then
-    if op == 'refund' then
+    -- A refund gives back only what a log holds: a key that has none
+    -- (another kind's count) keeps it.
+    if op == 'refund' and c.hadlog then
       local drop = math.min(n, redis.call('ZCOUNT', c.z, '(' .. s(now - c.span), '+inf'))
       if drop > 0 then redis.call('ZPOPMAX', c.z, drop) end
     end
     slide(c)
-    if op == 'refund' and c.exists then
+    if op == 'refund' and c.hadlog then
       redis.call('HSET', c.h, 'c', s(c.used), 'r', tok)
       wrote(c.h)
       if c.used > 0 then redis.call('HSET', c.h, 'b', s(c.wbegin), 'e', s(c.wend)) end
@@ -248,11 +303,13 @@ if op == 'allow' then
         c.ahead = c.ahead + n * c.iv
         c.t = now + c.ahead
         c.used, c.wend = math.min(c.burst, ceildiv(c.ahead, c.iv)), c.t
-        redis.call('HSET', c.h, 't', s(c.t), 'r', tok)
+        -- A smooth key: its units not yet drained over [0, t), what a
+        -- rule of another kind carries over.
+        local ts = s(c.t)
+        redis.call('HSET', c.h, 't', ts, 'c', s(c.used), 'b', '0', 'e', ts, 'r', tok)
         wrote(c.h)
-        -- Counting at a rate drops the count, window and log of other
-        -- kinds.
-        if c.counted then redis.call('HDEL', c.h, 'c', 'b', 'e', 'l', 's') end
+        -- Counting at a rate drops the log and the limit of other kinds.
+        if c.exists or c.hadlog then redis.call('HDEL', c.h, 'l', 's') end
         if c.hadlog then redis.call('DEL', c.z) end
         expire(c.h, later(c.t, c.x))
       elseif not c.fits then
@@ -273,13 +330,20 @@ if op == 'allow' then
         -- penalty: its TTL stands.
         local fresh = not c.counted and c.t == nil and c.x == nil
         if (not c.exists or c.e ~= nil) and (fresh or penalized) then
-          expire(c.h, later(later(math.max(c.e or now, now), c.blocked), c.wend))
+          expire(c.h, later(later(math.max(c.e or now, now), c.blocked), c.t))
         end
       end
     elseif allok then
       if c.span > 0 then
         redis.call('ZREMRANGEBYSCORE', c.z, '-inf', s(now - c.span))
-        local seq = redis.call('HINCRBY', c.h, 's', n)
+        -- A count carried over from another kind (c.held) is logged as
+        -- the events slide saw, at c.wbegin.
+        local m = 0
+        if c.held ~= nil then m = c.used end
+        local seq = redis.call('HINCRBY', c.h, 's', m + n)
+        for j = seq - n - m + 1, seq - n do
+          redis.call('ZADD', c.z, s(c.wbegin), s(c.wbegin) .. ':' .. s(j))
+        end
         for j = seq - n + 1, seq do
           redis.call('ZADD', c.z, s(now), s(now) .. ':' .. s(j))
         end

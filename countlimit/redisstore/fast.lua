@@ -76,16 +76,21 @@ local repeated = guard and ARGV[2] == '1'
 local function instant(h, a, token, grace)
   local v = redis.pcall('GET', h)
   if type(v) == 'table' then return nil, false end -- a hash: no string
-  local now, ahead, t, r = ARGV[a] + 0, 0, nil, nil
+  local now, ahead, t, c, r = ARGV[a] + 0, 0, nil, nil, nil
   if v then
-    t, r = string.match(v, '^(-?%d+):?(%d*)$') -- parsed
-    t = tonumber(t)
+    t, c, r = string.match(v, '^(%x+):(%d+):?(%d*)$') -- parsed
     if t == nil then return nil, false end
+    t, c = tonumber(t, 16), tonumber(c)
     if t > now then ahead = t - now end
   end
   local n, burst, iv = ARGV[a+1] + 0, ARGV[a+3] + 0, ARGV[a+4] + 0
-  if ARGV[a+2] == '0' or n > burst or ahead + n * iv > burst * iv then return nil, v ~= false, t, r end
+  if ARGV[a+2] == '0' or n > burst or ahead + n * iv > burst * iv then return nil, v ~= false, t, c, r end
   ahead = ahead + n * iv
+  -- ceil(ahead/iv), exactly (see ceildiv): the units not yet drained,
+  -- kept beside the instant (smoothkey.lua).
+  local used = math.floor(ahead / iv)
+  if used * iv < ahead then used = used + 1 elseif used > 0 and (used - 1) * iv >= ahead then used = used - 1 end
+  if used > burst then used = burst end
   -- Until it is drained, as rate's hash. A limit of 0 (the Limiter's
   -- arguments are whole numbers, never negative) allows nothing. The
   -- TTL goes as a string: Lua writes a number with '%.14g', 1 500
@@ -93,24 +98,24 @@ local function instant(h, a, token, grace)
   local ms = math.ceil(ahead / 1000)
   if ms < 1 then ms = 1 end
   ms = ms + grace
-  if token ~= '0' then v = string.format('%d:%s', now + ahead, token) else v = string.format('%d', now + ahead) end
+  if token ~= '0' then
+    v = string.format('%x:%d:%s', now + ahead, used, token)
+  else
+    v = string.format('%x:%d', now + ahead, used)
+  end
   -- An error (a write refused: OOM, READONLY) is returned as such, to
   -- fail the call alone, as count's.
   local w = redis.pcall('SET', h, v, 'PX', string.format('%d', ms))
   if w.err then return w end
-  -- ceil(ahead/iv), exactly (see ceildiv).
-  local used = math.floor(ahead / iv)
-  if used * iv < ahead then used = used + 1 elseif used > 0 and (used - 1) * iv >= ahead then used = used - 1 end
-  if used > burst then used = burst end
   return used, now + ahead
 end
 
 -- The commonest smooth call first, before anything else is made: one
 -- call, no repeat, that instant applies.
-local str, st, sr -- the single call's key: a smooth string, its instant and record
+local str, st, sc, sr -- the single call's key: a smooth string, its instant, count and record
 if #KEYS == 2 and not repeated and ARGV[9] == '-1' then
   local used, e
-  used, e, st, sr = instant(KEYS[1], 3, tok, GRACE)
+  used, e, st, sc, sr = instant(KEYS[1], 3, tok, GRACE)
   if type(used) == 'table' then return redis.error_reply(used.err) end
   if used then return {used, NONE, e, NONE, NONE, 1} end
   str = e
@@ -124,9 +129,9 @@ end
 local function fields(h)
   local f = redis.pcall('HMGET', h, 'c', 'b', 'e', 'x', 's', 'l', 'r', 't')
   if f.err then
-    local t, r = stringed(h, f)
+    local t, c, r = stringed(h, f)
     if t ~= nil then
-      unstring(h, t, r)
+      unstring(h, t, c, r)
       f = redis.pcall('HMGET', h, 'c', 'b', 'e', 'x', 's', 'l', 'r', 't')
     end
   end
@@ -134,13 +139,14 @@ local function fields(h)
 end
 
 -- rate applies the commonest smooth call, if it is one: n more that fit
--- the rate of a hash h (fields f) that holds nothing of another kind and
--- no running penalty, as smoothAllow does. It writes the instant and the
--- record with one HSET, sets the TTL, and returns the reply's values, or
--- nil, having written nothing, for any other call; an error as count
--- does.
+-- the rate of a hash h (fields f) that holds nothing of another kind (a
+-- count, window or limit that are not a smooth key's, a log) and no
+-- running penalty, as smoothAllow does. It writes the instant, the count,
+-- the window and the record with one HSET, sets the TTL, and returns the
+-- reply's values, or nil, having written nothing, for any other call; an
+-- error as count does.
 local function rate(h, f, a)
-  if f[1] or f[2] or f[3] or f[5] or f[6] then return nil end
+  if f[5] or f[6] or not f[8] and (f[1] or f[2] or f[3]) then return nil end
   local now, x, t = tonumber(ARGV[a]), f[4], f[8]
   if x then
     x = tonumber(x)
@@ -155,21 +161,21 @@ local function rate(h, f, a)
   local n, limit, burst, iv = tonumber(ARGV[a+1]), tonumber(ARGV[a+2]), tonumber(ARGV[a+3]), tonumber(ARGV[a+4])
   if limit <= 0 or n > burst or ahead + n * iv > burst * iv then return nil end
   ahead = ahead + n * iv
-  local w
+  -- ceil(ahead/iv), exactly (see ceildiv).
+  local used = math.floor(ahead / iv)
+  if used * iv < ahead then used = used + 1 elseif used > 0 and (used - 1) * iv >= ahead then used = used - 1 end
+  if used > burst then used = burst end
+  local ts, w = string.format('%d', now + ahead)
   if guard then
-    w = redis.pcall('HSET', h, 't', string.format('%d', now + ahead), 'r', tok)
+    w = redis.pcall('HSET', h, 't', ts, 'c', string.format('%d', used), 'b', '0', 'e', ts, 'r', tok)
   else
-    w = redis.pcall('HSET', h, 't', string.format('%d', now + ahead))
+    w = redis.pcall('HSET', h, 't', ts, 'c', string.format('%d', used), 'b', '0', 'e', ts)
   end
   if type(w) == 'table' and w.err then return w end
   -- Until it is drained: an expired penalty ends before.
   local ms = math.ceil(ahead / 1000)
   if ms < 1 then ms = 1 end
   redis.call('PEXPIRE', h, ms + GRACE)
-  -- ceil(ahead/iv), exactly (see ceildiv).
-  local used = math.floor(ahead / iv)
-  if used * iv < ahead then used = used + 1 elseif used > 0 and (used - 1) * iv >= ahead then used = used - 1 end
-  if used > burst then used = burst end
   return used, NONE, now + ahead, NONE, NONE, 1
 end
 
@@ -210,7 +216,7 @@ end
 -- Anything else goes on below with the fields read here.
 local f1
 if #KEYS == 2 and not repeated then
-  if str then unstring(KEYS[1], st, sr) end
+  if str then unstring(KEYS[1], st, sc, sr) end
   f1 = fields(KEYS[1])
   if f1.err then return redis.error_reply(f1.err) end
   local used, b, e = count(KEYS[1], f1, 3)
@@ -230,6 +236,23 @@ end
 -- '%d' (a C long) writes it for about 3 000 fewer instructions than '%.0f'
 -- (a double's digits), per callgrind on fast.lua's smooth path.
 local function s(x) return string.format('%d', x) end
+
+-- FOREVER is the end of a lifetime window (no field e).
+local FOREVER = math.huge
+
+-- carried is the count a call of another form than its key's reads from
+-- the hash's fields f at now, and the end of the window that holds it
+-- (FOREVER for a lifetime window): c over [b, e), while that window is
+-- current; 0 and nil otherwise (apply.lua's carried).
+local function carried(f, now)
+  local c, b = tonumber(f[1]), f[2]
+  if b and c ~= nil and c > 0 then
+    if not f[3] then return c, FOREVER end
+    local e = tonumber(f[3])
+    if tonumber(b) < e and now < e then return c, e end
+  end
+  return 0, nil
+end
 
 -- decide works out the call whose fields are f and arguments ARGV[a..a+6]
 -- as the hash stands, writing nothing; not for a sliding call (slide).
@@ -267,18 +290,28 @@ local function slide(lg, f, a)
   if x then x = tonumber(x) else x = nil end
   local blocked
   if x ~= nil and x > now then blocked = x end
-  local cut = '(' .. s(now - span)
-  local used = redis.call('ZCOUNT', lg, cut, '+inf')
-  local wb, we, free
-  if used > 0 then
-    wb = tonumber(redis.call('ZRANGEBYSCORE', lg, cut, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)[2])
-    we = tonumber(redis.call('ZRANGE', lg, -1, -1, 'WITHSCORES')[2]) + span
-  end
-  if n > limit - used and n <= limit then
-    free = tonumber(redis.call('ZRANGEBYSCORE', lg, cut, '+inf', 'WITHSCORES', 'LIMIT', used + n - limit - 1, 1)[2])
+  local used, wb, we, free, held
+  if not f[5] then
+    -- No log: another kind's count, as apply.lua's slide sees it.
+    used, held = carried(f, now)
+    if used > 0 then
+      wb = math.min(now, held - span)
+      we = wb + span
+      if n > limit - used and n <= limit and held ~= FOREVER then free = held - span end
+    end
+  else
+    local cut = '(' .. s(now - span)
+    used = redis.call('ZCOUNT', lg, cut, '+inf')
+    if used > 0 then
+      wb = tonumber(redis.call('ZRANGEBYSCORE', lg, cut, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)[2])
+      we = tonumber(redis.call('ZRANGE', lg, -1, -1, 'WITHSCORES')[2]) + span
+    end
+    if n > limit - used and n <= limit then
+      free = tonumber(redis.call('ZRANGEBYSCORE', lg, cut, '+inf', 'WITHSCORES', 'LIMIT', used + n - limit - 1, 1)[2])
+    end
   end
   local ok = blocked == nil and n <= limit - used
-  return ok, now, n, span, x, blocked, used, wb, we, free
+  return ok, now, n, span, x, blocked, used, wb, we, free, held
 end
 
 -- expire sets h's TTL to end at at (µs), seen at now; nil: never.
@@ -332,14 +365,24 @@ end
 
 -- slideAllow applies a sliding call, as allow does others.
 local function slideAllow(h, lg, f, a)
-  local ok, now, n, span, x, blocked, used, wb, we, free = slide(lg, f, a)
+  local ok, now, n, span, x, blocked, used, wb, we, free, held = slide(lg, f, a)
   local exists = f[2] ~= false
   local e = f[3]
   if e then e = tonumber(e) else e = nil end
   if ok then
     local snow = s(now)
     redis.call('ZREMRANGEBYSCORE', lg, '-inf', s(now - span))
-    local seq = redis.call('HINCRBY', h, 's', n)
+    -- A count carried over from another kind (held) is logged as the
+    -- events slide saw, at wb.
+    local m = 0
+    if held then m = used end
+    local seq = redis.call('HINCRBY', h, 's', m + n)
+    if m > 0 then
+      local sat = s(wb)
+      for j = seq - n - m + 1, seq - n do
+        redis.call('ZADD', lg, sat, sat .. ':' .. s(j))
+      end
+    end
     for j = seq - n + 1, seq do
       redis.call('ZADD', lg, snow, snow .. ':' .. s(j))
     end
@@ -394,35 +437,48 @@ local function gcra(f, a)
   if t then t = tonumber(t) else t = nil end
   local blocked
   if x ~= nil and x > now then blocked = x end
-  local ahead = 0
-  if t ~= nil and t > now then ahead = t - now end
+  local ahead, held = 0, nil
+  if t ~= nil then
+    if t > now then ahead = t - now end
+  else
+    -- No instant: another kind's count, as apply.lua's gcra sees it.
+    local m
+    m, held = carried(f, now)
+    if m > 0 then ahead = math.min(m, burst) * iv end
+  end
   local room = limit > 0 and n <= burst and ahead + n * iv <= burst * iv
-  return room and blocked == nil, room, now, n, limit, burst, iv, x, blocked, ahead
+  return room and blocked == nil, room, now, n, limit, burst, iv, x, blocked, ahead, held
 end
 
 -- rated is a smooth call's reply: used the units not yet drained, no
 -- begin, the end when the key is drained (none when it is), and when
--- the call did not fit the rate but could, the instant it does.
-local function rated(ok, room, now, n, limit, burst, iv, blocked, ahead)
+-- the call did not fit the rate but could, the instant it does: for a
+-- count carried over (held), when its window ends (a lifetime's: never).
+local function rated(ok, room, now, n, limit, burst, iv, blocked, ahead, held)
   local used = math.min(burst, ceildiv(ahead, iv))
   local e, free = NONE, NONE
   if ahead > 0 then e = now + ahead end
-  if not ok and not room and limit > 0 and n <= burst then free = now + ahead + n * iv - burst * iv end
+  if not ok and not room and limit > 0 and n <= burst then
+    free = now + ahead + n * iv - burst * iv
+    if held == FOREVER then free = NONE elseif held ~= nil then free = held end
+  end
   return used, NONE, e, blocked or NONE, free, ok and 1 or 0
 end
 
 -- smoothAllow applies a smooth call, as allow does others: counted, the
--- hash keeps the new instant in t, and drops the count, window and log
--- of other kinds; denied, the tally and the penalty, as for every kind.
--- The hash lives until it is drained and its penalty is over.
+-- hash keeps the new instant in t, its units not yet drained in c over
+-- [0, t), and drops the log and limit of other kinds; denied, the tally
+-- and the penalty, as for every kind. The hash lives until it is drained
+-- and its penalty is over.
 local function smoothAllow(h, lg, f, a)
-  local ok, room, now, n, limit, burst, iv, x, blocked, ahead = gcra(f, a)
+  local ok, room, now, n, limit, burst, iv, x, blocked, ahead, held = gcra(f, a)
   if ok then
     ahead = ahead + n * iv
-    local set = {'HSET', h, 't', s(now + ahead)}
+    local ts = s(now + ahead)
+    local set = {'HSET', h, 't', ts, 'c', s(math.min(burst, ceildiv(ahead, iv))), 'b', '0', 'e', ts}
     record(set, tok)
     redis.call(unpack(set))
-    if f[1] or f[2] or f[3] or f[5] or f[6] then redis.call('HDEL', h, 'c', 'b', 'e', 'l', 's') end
+    if f[5] or f[6] then redis.call('HDEL', h, 'l', 's') end
     if f[5] then redis.call('DEL', lg) end
     local at = now + ahead
     if x ~= nil and x > at then at = x end
@@ -450,11 +506,10 @@ local function smoothAllow(h, lg, f, a)
     if f[2] then at = f[3] and math.max(now, tonumber(f[3])) or nil end
     if at ~= nil and (fresh or penalized) then
       if blocked ~= nil and blocked > at then at = blocked end
-      if now + ahead > at then at = now + ahead end
-      expire(h, at, now)
+      expire(h, later(at, f[8]), now)
     end
   end
-  return rated(ok, room, now, n, limit, burst, iv, blocked, ahead)
+  return rated(ok, room, now, n, limit, burst, iv, blocked, ahead, held)
 end
 
 -- allow applies the call whose hash is h, log lg, fields f and arguments
@@ -515,12 +570,12 @@ end
 -- this script left it (fields f, record r) from an earlier attempt.
 local function again(lg, f, a, r)
   if ARGV[a+6] == '-1' then
-    local ok, room, now, n, limit, burst, iv, _, blocked, ahead = gcra(f, a)
+    local ok, room, now, n, limit, burst, iv, _, blocked, ahead, held = gcra(f, a)
     if r == tok then
       -- Counted: t is the instant the call left, and it was not blocked.
       return rated(true, true, now, n, limit, burst, iv, nil, ahead)
     end
-    return rated(ok, room, now, n, limit, burst, iv, blocked, ahead)
+    return rated(ok, room, now, n, limit, burst, iv, blocked, ahead, held)
   end
   if r == tok then
     -- Counted: the hash holds the count and the window it left (for a
@@ -550,9 +605,12 @@ if repeated then
     local h, o = KEYS[2 * i - 1], 6 * (i - 1)
     local f = redis.pcall('HMGET', h, 'c', 'b', 'e', 'x', 's', 'l', 'r', 't')
     if f.err and ARGV[7 * i + 2] == '-1' then
-      -- A smooth key's string reads as its hash {t, r}.
-      local t, r = stringed(h, f)
-      if t ~= nil then f = {false, false, false, false, false, false, r, string.format('%d', t)} end
+      -- A smooth key's string reads as its hash {t, c, b, e, r}.
+      local t, c, r = stringed(h, f)
+      if t ~= nil then
+        local ts = string.format('%d', t)
+        f = {string.format('%d', c), '0', ts, false, false, false, r, ts}
+      end
     end
     if last[h] == i and not f.err and (f[7] == tok or f[7] == denied) then
       out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5], out[o + 6] = again(KEYS[2 * i], f, 7 * i - 4, f[7])
@@ -576,15 +634,15 @@ for i = 1, calls do
   local fine, used, wb, we, blocked, free, ok = false
   local f
   if ARGV[a + 6] == '-1' then
-    local t, r
-    used, we, t, r = instant(h, a, tok, GRACE)
+    local t, tc, r
+    used, we, t, tc, r = instant(h, a, tok, GRACE)
     if type(used) == 'table' then
       f = used -- failed alone
     elseif used then
       fine, wb, blocked, free, ok = true, NONE, NONE, NONE, 1
       f = {}
     elseif we then
-      unstring(h, t, r)
+      unstring(h, t, tc, r)
     end
   end
   if not fine and not f then f = fields(h) end

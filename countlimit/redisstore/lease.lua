@@ -52,10 +52,10 @@ local function latest()
 end
 
 -- A smooth key's string (smoothkey.lua, which Go puts before this script)
--- holds no penalty; a denial makes it its hash first (st, sr).
-local x, st, sr = redis.pcall('HGET', h, 'x'), nil, nil
+-- holds no penalty; a denial makes it its hash first (st, sc, sr).
+local x, st, sc, sr = redis.pcall('HGET', h, 'x'), nil, nil, nil
 if type(x) == 'table' then
-  st, sr = stringed(h, x)
+  st, sc, sr = stringed(h, x)
   if st == nil then return redis.error_reply(x.err) end
   x = nil
 end
@@ -90,7 +90,7 @@ elseif op == 'acquire' then
     -- it waited on are over. Its TTL is never shortened: a hash with a
     -- window (field b) already lives as long as its window and old penalty,
     -- and a lifetime count (b without e) keeps none.
-    if st ~= nil then unstring(h, st, sr) end
+    if st ~= nil then unstring(h, st, sc, sr) end
     local f = redis.call('HMGET', h, 'b', 'e')
     redis.call('HINCRBY', h, 'd', 1)
     if blocked == nil and block > 0 then

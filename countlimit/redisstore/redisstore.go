@@ -15,11 +15,13 @@
 // Keys are "countlimit:<use_type>:{<id>}", a hash holding the count, the
 // window, the denial tally, the penalty and the record of the script that
 // wrote it last (field r, see Lost replies); a Smooth window keeps its
-// instant (TAT, field t) instead of the count and window, and a key that
-// holds nothing else is kept as a string "<t>:<r>" instead of the hash
-// {t, r}, which every script reads as that hash and makes that hash
-// before it writes anything else (smoothkey.lua: one GET and one SET a
-// call, where the hash takes three commands); sliding windows add a sorted set
+// instant (TAT, field t) beside its units not yet drained as the count of
+// the window [0, t), which a rule of another kind on the same use type
+// carries over (apply.lua), and a key that holds nothing else is kept as
+// a string "<t>:<c>:<r>" (t in hexadecimal) instead of the hash {t, c, b,
+// e, r}, which every script reads as that hash and makes that hash before
+// it writes anything else (smoothkey.lua: one GET and one SET a call,
+// where the hash takes three commands); sliding windows add a sorted set
 // "countlimit:<use_type>:{<id>}:log" of the counted events, and Concurrent
 // windows a sorted set "countlimit:<use_type>:{<id>}:lease" of lease tokens
 // by expiry (see leaseKey and lease.lua). The hash tag
@@ -1097,7 +1099,7 @@ func finish(r *driver.Request, cmd redis.Cmder, pos, k int) (done bool, err erro
 		r.Checks[i].State = driver.State{
 			Allowed:      allowed,
 			Used:         v[0],
-			Begin:        wire.Time(v[1], none),
+			Begin:        windowBegin(v[1]),
 			End:          wire.Time(v[2], none),
 			BlockedUntil: wire.Time(v[3], none),
 			FreeAt:       wire.Time(v[4], none),
@@ -1108,6 +1110,17 @@ func finish(r *driver.Request, cmd redis.Cmder, pos, k int) (done bool, err erro
 
 // none is apply.lua's NONE: no time.
 const none = -1 << 53
+
+// windowBegin is a window's begin from a script's reply: zero for none and for
+// 0, the epoch, where a smooth key's window begins (apply.lua), which is
+// no time to the driver either (a window joined from a smooth key has no
+// begin of its own).
+func windowBegin(us int64) time.Time {
+	if us == 0 {
+		return time.Time{}
+	}
+	return wire.Time(us, none)
+}
 
 // needsLogs is the verdict of a call that was sent without a sliding log
 // its hash has (see appendKeys).

@@ -15,19 +15,20 @@ import (
 )
 
 // hashView reads a counter key as the hash it stands for: a smooth key
-// kept as a string, "<t>:<r>" or "<t>", reads as {t, r} (smoothkey.lua);
-// any other key that is no hash fails with HGETALL's error (WRONGTYPE).
-// The tests read through it what a hash's fields would tell, on either
-// form.
+// kept as a string, "<t>:<c>:<r>" or "<t>:<c>" (t in hexadecimal), reads
+// as {t, c, b = 0, e = t, r} (smoothkey.lua); any other key that is no
+// hash fails with HGETALL's error (WRONGTYPE). The tests read through it
+// what a hash's fields would tell, on either form.
 var hashView = redis.NewScript(`
 local h = redis.pcall('HGETALL', KEYS[1])
 if not h.err then return h end
 local v = redis.pcall('GET', KEYS[1])
 if type(v) ~= 'string' then return redis.error_reply(h.err) end
-local t, r = string.match(v, '^(-?%d+):?(%d*)$')
+local t, c, r = string.match(v, '^(%x+):(%d+):?(%d*)$')
 if t == nil then return redis.error_reply(h.err) end
-if r == '' then return {'t', t} end
-return {'t', t, 'r', r}
+t = string.format('%d', tonumber(t, 16))
+if r == '' then return {'t', t, 'c', c, 'b', '0', 'e', t} end
+return {'t', t, 'c', c, 'b', '0', 'e', t, 'r', r}
 `)
 
 // hashOf returns the fields of hashView's reply.
@@ -49,14 +50,15 @@ func hashOf(cmd *redis.Cmd) (map[string]string, error) {
 // TestSmoothStringIsItsHash holds a smooth key kept as a string
 // (smoothkey.lua) to the hash it stands for, on every path that meets it:
 // for each step, one id's key is left as fast.lua keeps it after an
-// Allow (a string), another's is made the hash {t, r} by hand with the
-// same TTL, and the same call on both must give the same Result and leave
-// the same fields, read as a hash, and TTL. The steps are the calls of
-// every script on such a key: a Peek (apply.lua, which writes nothing and
-// leaves the string), a Refund, Allows that fit (the string again) or do
-// not (a denial, a penalty: made a hash), AllowAll beside another rule,
-// another kind of window on the same use type, a lease's denial
-// (lease.lua) and a Reset.
+// Allow (a string), another's is made the hash {t, c, b, e, r} by hand
+// with the same TTL, and the same call on both must give the same Result
+// and leave the same fields, read as a hash, and TTL. The steps are the
+// calls of every script on such a key: a Peek (apply.lua, which writes
+// nothing and leaves the string), a Peek of another kind (which joins the
+// window [0, t) and its count), a Refund, Allows that fit (the string
+// again) or do not (a denial, a penalty: made a hash), AllowAll beside
+// another rule, another kind of window on the same use type, a lease's
+// denial (lease.lua) and a Reset.
 func TestSmoothStringIsItsHash(t *testing.T) {
 	c := client(t)
 	ctx := context.Background()
@@ -89,6 +91,10 @@ func TestSmoothStringIsItsHash(t *testing.T) {
 	}{
 		{"Peek", "string", func(id string) ([]countlimit.Result, error) {
 			r, err := l.Peek(ctx, smooth, id)
+			return []countlimit.Result{r}, err
+		}},
+		{"Peek of a fixed window on the same use type, which joins the string's", "string", func(id string) ([]countlimit.Result, error) {
+			r, err := l.Peek(ctx, fixed, id)
 			return []countlimit.Result{r}, err
 		}},
 		{"Allow that fits", "string", func(id string) ([]countlimit.Result, error) {
@@ -150,11 +156,18 @@ func TestSmoothStringIsItsHash(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: after an Allow of a new key, GET %s: %v; want the string fast.lua keeps", st.name, k, err)
 		}
-		at, rec, _ := strings.Cut(v, ":")
+		parts := strings.Split(v, ":")
+		if len(parts) != 3 {
+			t.Fatalf("%s: after an Allow of a new key, %s holds %q; want <t>:<c>:<r>", st.name, k, v)
+		}
+		at, err := strconv.ParseInt(parts[0], 16, 64)
+		if err != nil {
+			t.Fatalf("%s: %s holds %q, whose instant is no hexadecimal number: %v", st.name, k, v, err)
+		}
 		ttl := c.PTTL(ctx, k).Val()
 		if _, err := c.TxPipelined(ctx, func(p redis.Pipeliner) error {
 			p.Del(ctx, k)
-			p.HSet(ctx, k, "t", at, "r", rec)
+			p.HSet(ctx, k, "t", at, "c", parts[1], "b", 0, "e", at, "r", parts[2])
 			p.PExpire(ctx, k, ttl)
 			return nil
 		}); err != nil {
