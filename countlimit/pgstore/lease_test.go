@@ -237,8 +237,11 @@ func TestConcurrentPurgesOfLeases(t *testing.T) {
 // (only a call that is a transaction of its own may commit its denial tally
 // without waiting for the flush), and so does one over a plain connection,
 // which may be inside a transaction begun in SQL.
-func TestDeniedAcquireInCallersTx(t *testing.T) {
-	pool := testbackend.Postgres(t)
+func TestDeniedAcquireInCallersTx(t *testing.T) { deniedAcquireInCallersTx(t, testbackend.Postgres(t)) }
+
+// deniedAcquireInCallersTx runs the test on pool. Its own statements
+// prepare nothing, so that it runs behind a transaction pooler too.
+func deniedAcquireInCallersTx(t *testing.T, pool *pgxpool.Pool) {
 	ctx := context.Background()
 	tx, err := pool.Begin(ctx)
 	if err != nil {
@@ -271,7 +274,7 @@ func TestDeniedAcquireInCallersTx(t *testing.T) {
 			t.Fatalf("%s: second Acquire = %+v, %v; want denied", name, res, err)
 		}
 		var sc string
-		if err := d.QueryRow(ctx, "SHOW synchronous_commit").Scan(&sc); err != nil {
+		if err := d.QueryRow(ctx, "SHOW synchronous_commit", pgx.QueryExecModeExec).Scan(&sc); err != nil {
 			t.Fatal(err)
 		}
 		if sc != "on" {
