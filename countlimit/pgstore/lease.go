@@ -79,7 +79,7 @@ func (s *Store) lease(ctx context.Context, d DBTX, r *driver.Request) error {
 // began with Exec.
 func autocommit(d DBTX) bool {
 	switch d := d.(type) {
-	case unprepared:
+	case *stmts:
 		return autocommit(d.d)
 	case *pgxpool.Pool, *lockTimed:
 		return true

@@ -275,23 +275,26 @@ func locked(r *driver.Request, err error) error {
 // same themselves: sliding windows, AllowAll, Peek, Refund, Reset and
 // leases.
 //
-// The pipeline prepares no named statement, whatever the pool's
-// default_query_exec_mode (a pgx.Batch would prepare one in pgx's default
-// mode, which a transaction pooler cannot keep; see unprepared): both
-// statements go as unnamed ones, the second with binary parameters and
-// results by its description, which lockTimed asks the server for once
-// per statement, an unnamed statement too, and keeps. The pool's tracer,
-// when it traces batches, sees the pipeline as a batch of two.
+// Where the Store's statements go in the connections' own mode (see
+// stmts) the pipeline is a pgx.Batch. Elsewhere a pgx.Batch would
+// prepare both statements in the pool's mode, pgx's default, which a
+// transaction pooler cannot keep: both go as unnamed statements on the
+// connection (pgconn), the second with binary parameters and results by
+// its description, which lockTimed asks the server for once per
+// statement, an unnamed statement too, and keeps. The pool's tracer, when
+// it traces batches, sees that pipeline as a batch of two, as it sees a
+// pgx.Batch.
 type lockTimed struct {
 	p      *pgxpool.Pool
+	stmts  *stmts          // the Store's, on p
 	tracer pgx.BatchTracer // the pool's, or nil
 	descs  sync.Map        // SQL → *pgconn.StatementDescription
 }
 
 var _ DBTX = (*lockTimed)(nil)
 
-func newLockTimed(p *pgxpool.Pool) *lockTimed {
-	l := &lockTimed{p: p}
+func newLockTimed(p *pgxpool.Pool, s *stmts) *lockTimed {
+	l := &lockTimed{p: p, stmts: s}
 	l.tracer, _ = p.Config().ConnConfig.Tracer.(pgx.BatchTracer)
 	return l
 }
@@ -314,6 +317,9 @@ func (l *lockTimed) describe(ctx context.Context, c *pgconn.PgConn, sql string) 
 }
 
 func (l *lockTimed) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	if l.stmts.decided(ctx) == modeOwn {
+		return l.batch(ctx, sql, args)
+	}
 	pc, err := l.p.Acquire(ctx)
 	if err != nil {
 		return nil, err
@@ -390,6 +396,57 @@ func (l *lockTimed) Exec(ctx context.Context, sql string, args ...any) (pgconn.C
 func (l *lockTimed) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
 	rows, err := l.Query(ctx, sql, args...)
 	return batchRow{rows, err}
+}
+
+// batch sends the pipeline as a pgx.Batch, in the pool's mode.
+func (l *lockTimed) batch(ctx context.Context, sql string, args []any) (pgx.Rows, error) {
+	b := &pgx.Batch{}
+	b.Queue(lockBriefly)
+	b.Queue(sql, args...)
+	br := l.p.SendBatch(ctx, b)
+	if _, err := br.Exec(); err != nil {
+		br.Close()
+		return nil, err
+	}
+	rows, err := br.Query()
+	if err != nil {
+		br.Close()
+		return nil, err
+	}
+	return &batchRows{Rows: rows, br: br}, nil
+}
+
+// batchRows are the rows of a pgx.Batch's statement. Once read, they end
+// the batch, give the connection back and report, in Err, what the end of
+// the implicit transaction reported too, as a query's rows do.
+type batchRows struct {
+	pgx.Rows
+	br       pgx.BatchResults
+	closed   bool
+	closeErr error
+}
+
+func (r *batchRows) Next() bool {
+	if r.Rows.Next() {
+		return true
+	}
+	r.Close()
+	return false
+}
+
+func (r *batchRows) Close() {
+	if !r.closed {
+		r.closed = true
+		r.Rows.Close()
+		r.closeErr = r.br.Close()
+	}
+}
+
+func (r *batchRows) Err() error {
+	if err := r.Rows.Err(); err != nil {
+		return err
+	}
+	return r.closeErr
 }
 
 // pipelineRows are the rows of a lockTimed statement. Once read, they end

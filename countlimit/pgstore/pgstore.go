@@ -83,15 +83,19 @@
 //
 // # Behind a connection pooler
 //
-// A Store prepares no named statement and leaves no state in a session, so
-// it works through a connection pooler in transaction pooling (pgbouncer's
-// pool_mode = transaction, and the managed poolers like it) as in session
-// pooling, on pgx's default pool settings: its statements go in pgx's
-// cache_describe mode, whatever the pool's default_query_exec_mode (see
-// unprepared.go); a check in your transaction stays in it, as a pooler
-// keeps a transaction on one server connection; and Migrate's lock is a
-// transaction's. Your own statements on the same pool are yours to make
-// safe there: docs/operations.md, "Behind a connection pooler", says how.
+// A Store works through a connection pooler in transaction pooling
+// (pgbouncer's pool_mode = transaction, and the managed poolers like it)
+// as in session pooling, on pgx's default pool settings. At its first
+// statement it looks at where its connections go, once per address in
+// the process: where they reach PostgreSQL itself, its statements are
+// prepared as pgx prepares any; where a pooler, a proxy or a port mapping
+// stands between, they go unprepared, in pgx's cache_describe mode, and a
+// pool that sets default_query_exec_mode keeps its own mode. It keeps
+// nothing in a session between statements; a check in your transaction
+// stays in it, as a pooler keeps a transaction on one server connection;
+// and Migrate's lock is a transaction's. Your own statements on the same
+// pool are yours to make safe there: docs/operations.md, "Behind a
+// connection pooler", says how, and what it costs.
 //
 // # Purging
 //
@@ -142,7 +146,7 @@ type DBTX interface {
 // when its DBTX is (a pool is; a single *pgx.Conn or pgx.Tx is not). It is
 // cheap to make: make one per transaction, and one per pool.
 type Store struct {
-	db     unprepared // the DBTX New was given
+	db     *stmts // on the DBTX New was given
 	q      *db.Queries
 	pool   *pgxpool.Pool   // the DBTX, when it is a pool
 	timed  *lockTimed      // on pool
@@ -175,10 +179,10 @@ func WithMaxInFlight(n int) Option { return func(c *config) { c.maxInFlight = n 
 // gathers concurrent calls into group commits; options tune that and are
 // ignored for other DBTXs.
 func New(d DBTX, opts ...Option) *Store {
-	s := &Store{db: newUnprepared(d), q: db.New()}
+	s := &Store{db: &stmts{d: d}, q: db.New()}
 	if p, ok := d.(*pgxpool.Pool); ok {
 		s.pool = p
-		s.timed = newLockTimed(p)
+		s.timed = newLockTimed(p, s.db)
 		cfg := config{maxBatch: 256, maxInFlight: 2}
 		for _, o := range opts {
 			o(&cfg)

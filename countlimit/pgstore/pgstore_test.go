@@ -89,12 +89,17 @@ func TestOneStatementPerCall(t *testing.T) {
 }
 
 // oneStatementPerCall checks that each call is one statement (one round
-// trip; see counter). On a pool
+// trip; see counter), once s has looked at where its connections go (its
+// first statement, or the process's on that address, may bring one more:
+// a Ping first). On a pool
 // (pooled), a lone Allow is AllowBatchDistinct of one call, which never
 // waits for a row another transaction holds; in a transaction it is
 // AllowOne, and nothing is sent as a group commit.
 func oneStatementPerCall(t *testing.T, tracer *counter, s *pgstore.Store, pooled bool) {
 	ctx := context.Background()
+	if err := s.Ping(ctx); err != nil {
+		t.Fatal(err)
+	}
 	l := countlimit.New(s)
 	fixed := countlimit.Rule{UseType: storetest.UseType(t, "one"), Limit: 5, Window: countlimit.Fixed(time.Hour)}
 	sliding := countlimit.Rule{UseType: storetest.UseType(t, "one.sliding"), Limit: 5, Window: countlimit.Sliding(time.Minute), Block: time.Minute}

@@ -199,3 +199,62 @@ func mixedCallers(t *testing.T, pool *pgxpool.Pool) {
 		t.Logf("%d calls of 4 kinds by %d callers", 4*callers*each+2*len(leases), 4*callers)
 	}
 }
+
+// TestStatementMode: a Store prepares its statements where its
+// connections reach PostgreSQL itself, in a pool or a transaction, and
+// nowhere a pooler stands between; a pool that sets a mode of its own
+// keeps it.
+func TestStatementMode(t *testing.T) {
+	ctx := context.Background()
+	url := testbackend.FreshSchemaURL(t)
+	direct, err := pgxpool.New(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer direct.Close()
+	if err := pgstore.Migrate(ctx, direct); err != nil {
+		t.Fatal(err)
+	}
+	bouncer := pgbouncer.Start(t, url).URL()
+	rule := countlimit.Rule{UseType: storetest.UseType(t, "mode"), Limit: 10, Window: countlimit.Fixed(time.Hour)}
+	for _, tc := range []struct {
+		name, url, query string
+		want             string
+	}{
+		{"direct", url, "", "own"},
+		{"pgbouncer", bouncer, "", "cache describe"},
+		{"pgbouncer, no description cache", bouncer, "description_cache_capacity=0", "exec"},
+		{"pgbouncer, the pool's own mode", bouncer, "default_query_exec_mode=simple_protocol", "own"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			u := tc.url
+			if tc.query != "" {
+				u += "&" + tc.query
+			}
+			pool, err := pgxpool.New(ctx, u)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pool.Close()
+			s := pgstore.New(pool)
+			if _, err := countlimit.New(s).Allow(ctx, rule, "p"); err != nil {
+				t.Fatal(err)
+			}
+			if got := s.StatementModeForTest(); got != tc.want {
+				t.Errorf("pool: statements in mode %q, want %q", got, tc.want)
+			}
+			tx, err := pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback(ctx)
+			s = pgstore.New(tx)
+			if _, err := countlimit.New(s).Allow(ctx, rule, "tx"); err != nil {
+				t.Fatal(err)
+			}
+			if got := s.StatementModeForTest(); got != tc.want {
+				t.Errorf("transaction: statements in mode %q, want %q", got, tc.want)
+			}
+		})
+	}
+}

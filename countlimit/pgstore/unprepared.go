@@ -2,68 +2,172 @@ package pgstore
 
 import (
 	"context"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// unprepared runs a Store's statements on d in mode: never as a named
-// prepared statement, which pgx's default mode (cache_statement) prepares
-// on a connection and expects to find there again. Behind a connection
-// pooler in transaction mode (pgbouncer's pool_mode = transaction, and
-// most managed poolers), each statement outside a transaction may run on
-// another server connection, and each transaction does: where the name was
-// never prepared, or was prepared by another client, the statement fails
-// (SQLSTATE 26000 or 42P05). So every statement of the Store goes in pgx's
-// cache_describe mode: an unnamed statement, parsed with its binding in
-// the one round trip, whose description (parameter and column types) pgx
-// keeps per connection; its SQL casts every parameter and column, so that
-// description never changes. Where the connection's description cache is
-// off (description_cache_capacity=0), pgx would refuse that mode: exec
-// then, whose parameters and results go as text. docs/benchmarks.md has
-// what it costs on a direct connection against the prepared statement:
-// within the machine's noise.
+// stmts runs a Store's statements on d, prepared only where that is safe.
 //
-// Only the Store's own statements: the caller's own statements, in the
-// caller's transaction too, go in whatever mode the caller's pool sets.
-type unprepared struct {
-	d    DBTX
-	mode pgx.QueryExecMode
+// pgx's default mode (cache_statement) prepares each statement as a named
+// statement on a connection and expects to find it there again. Behind a
+// connection pooler in transaction mode (pgbouncer's pool_mode =
+// transaction, and most managed poolers) a statement outside a
+// transaction may run on another server connection than the one before,
+// and each transaction may: where the name was never prepared, or was
+// prepared there by another client, it fails (SQLSTATE 26000 or 42P05).
+// Unprepared, a statement costs the server its parse and plan each time:
+// about a quarter more of its CPU for a statement of one call
+// (docs/benchmarks.md), nearly nothing for a group commit's.
+//
+// So at its first statement a Store looks at where its connections go
+// (direct): where they reach PostgreSQL itself, and where the pool sets a
+// mode of its own (default_query_exec_mode other than cache_statement),
+// the Store's statements go in the connections' own mode, as any
+// statement of the pool does; where something stands between (a pooler,
+// a proxy, a port mapping), they go in pgx's cache_describe mode: an
+// unnamed statement, parsed with its binding in the one round trip, whose
+// description (parameter and column types) pgx keeps per connection, and
+// which never changes, as the SQL casts every parameter and column; exec
+// where the connection's description cache is off
+// (description_cache_capacity=0), as pgx refuses cache_describe there.
+//
+// Only the Store's own statements: the caller's own, in the caller's
+// transaction too, go in whatever mode the caller's pool sets.
+type stmts struct {
+	d  DBTX
+	mu sync.Mutex // held while deciding
+	// mode is pgx's mode for every statement, once decided: modeOwn for
+	// the connection's own (no argument), else a pgx.QueryExecMode.
+	mode atomic.Int32
 }
 
-var _ DBTX = unprepared{}
+var _ DBTX = (*stmts)(nil)
 
-// newUnprepared returns d with the mode its connections allow.
-func newUnprepared(d DBTX) unprepared {
-	var cfg *pgx.ConnConfig
-	switch d := d.(type) {
+const (
+	modeUndecided = 0
+	modeOwn       = -1
+)
+
+// decided returns the mode of d's statements, deciding it at the first
+// call. A look at the connection that fails is tried again at the next
+// call; meanwhile statements go unprepared.
+func (s *stmts) decided(ctx context.Context) pgx.QueryExecMode {
+	if m := s.mode.Load(); m != modeUndecided {
+		return pgx.QueryExecMode(m)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if m := s.mode.Load(); m != modeUndecided {
+		return pgx.QueryExecMode(m)
+	}
+	m, err := s.decide(ctx)
+	if err != nil {
+		return m
+	}
+	s.mode.Store(int32(m))
+	return m
+}
+
+// decide looks at a connection of d (see stmts).
+func (s *stmts) decide(ctx context.Context) (pgx.QueryExecMode, error) {
+	var conn *pgx.Conn
+	switch d := s.d.(type) {
 	case *pgxpool.Pool:
-		cfg = d.Config().ConnConfig
+		c, err := d.Acquire(ctx)
+		if err != nil {
+			return pgx.QueryExecModeCacheDescribe, err
+		}
+		defer c.Release()
+		conn = c.Conn()
+	case *pgxpool.Conn:
+		conn = d.Conn()
 	case *pgx.Conn:
-		cfg = d.Config()
+		conn = d
 	case pgx.Tx:
-		cfg = d.Conn().Config()
+		conn = d.Conn()
+	default:
+		// A DBTX of the caller's own making: nothing to look at.
+		return pgx.QueryExecModeCacheDescribe, nil
 	}
-	mode := pgx.QueryExecModeCacheDescribe
-	if cfg != nil && cfg.DescriptionCacheCapacity == 0 {
-		mode = pgx.QueryExecModeExec
+	cfg := conn.Config()
+	if cfg.DefaultQueryExecMode != pgx.QueryExecModeCacheStatement {
+		return modeOwn, nil
 	}
-	return unprepared{d: d, mode: mode}
+	unprepared := pgx.QueryExecModeCacheDescribe
+	if cfg.DescriptionCacheCapacity == 0 {
+		unprepared = pgx.QueryExecModeExec
+	}
+	ok, err := direct(ctx, conn)
+	if err != nil {
+		return unprepared, err
+	}
+	if ok {
+		return modeOwn, nil
+	}
+	return unprepared, nil
 }
 
-func (u unprepared) args(args []any) []any {
-	return append([]any{u.mode}, args...)
+// endpoints keeps what direct found, per address dialed: how a
+// connection reaches the server does not change.
+var endpoints sync.Map // "network address" → bool
+
+// direct reports whether conn reaches PostgreSQL itself: the server's own
+// address and port (inet_server_addr, inet_server_port; on a Unix socket
+// none, and the socket's name ends in the server's port) are those conn
+// dialed. A pooler, a proxy or a port mapping between shows another
+// address or port: pgbouncer on 6432 of the same host, say, connects to
+// the server's 5432. It asks the server once per address, one statement,
+// in the simple protocol.
+func direct(ctx context.Context, conn *pgx.Conn) (bool, error) {
+	remote := conn.PgConn().Conn().RemoteAddr()
+	key := remote.Network() + " " + remote.String()
+	if v, ok := endpoints.Load(key); ok {
+		return v.(bool), nil
+	}
+	var (
+		host *string
+		port *int32
+		own  string
+	)
+	err := conn.QueryRow(ctx, `SELECT host(inet_server_addr()), inet_server_port(), current_setting('port')`,
+		pgx.QueryExecModeSimpleProtocol).Scan(&host, &port, &own)
+	if err != nil {
+		return false, err
+	}
+	ok := false
+	switch a := remote.(type) {
+	case *net.TCPAddr:
+		ok = host != nil && port != nil && net.ParseIP(*host).Equal(a.IP) && int(*port) == a.Port
+	case *net.UnixAddr:
+		ok = host == nil && strings.HasSuffix(a.Name, ".s.PGSQL."+own)
+	}
+	endpoints.Store(key, ok)
+	return ok, nil
 }
 
-func (u unprepared) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	return u.d.Exec(ctx, sql, u.args(args)...)
+// args is args after the statement's mode, if any.
+func (s *stmts) args(ctx context.Context, args []any) []any {
+	m := s.decided(ctx)
+	if m == modeOwn {
+		return args
+	}
+	return append([]any{m}, args...)
 }
 
-func (u unprepared) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	return u.d.Query(ctx, sql, u.args(args)...)
+func (s *stmts) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	return s.d.Exec(ctx, sql, s.args(ctx, args)...)
 }
 
-func (u unprepared) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	return u.d.QueryRow(ctx, sql, u.args(args)...)
+func (s *stmts) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	return s.d.Query(ctx, sql, s.args(ctx, args)...)
+}
+
+func (s *stmts) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	return s.d.QueryRow(ctx, sql, s.args(ctx, args)...)
 }
