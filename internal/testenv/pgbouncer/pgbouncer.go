@@ -52,8 +52,10 @@ type Bouncer struct {
 // (auth_type any); pgbouncer logs in to the server as that user, with the
 // URL's password if it has one. pgbouncer refuses startup parameters it
 // does not know, so serverURL's runtime parameters (search_path, say) are
-// set on each server connection it opens instead (connect_query), as a
-// role's or a database's settings would be.
+// set on each server connection it opens instead (connect_query), and
+// again after the reset between two clients in session pooling
+// (server_reset_query: DISCARD ALL's steps, then the SETs), as a role's
+// or a database's settings would be.
 //
 // pgbouncer is killed when t ends, and its log shown if t failed. Without
 // pgbouncer installed the test is skipped, or failed when backends are
@@ -234,6 +236,9 @@ func config(cfg *pgconn.Config, port int, settings []string) (string, error) {
 		"user=" + cfg.User,
 	}
 	if cfg.Password != "" {
+		if strings.ContainsAny(cfg.Password, " '\"\\\n\r") {
+			return "", fmt.Errorf("the server's password has a space, quote or backslash, which pgbouncer.ini would need quoted")
+		}
 		db = append(db, "password="+cfg.Password)
 	}
 	var sets []string
