@@ -215,6 +215,13 @@ func TestStatementMode(t *testing.T) {
 	if err := pgstore.Migrate(ctx, direct); err != nil {
 		t.Fatal(err)
 	}
+	// A server in a container is reached through a port mapping, which is
+	// something between too: there is no direct connection to test.
+	var port *int32 // NULL on a Unix socket
+	if err := direct.QueryRow(ctx, `SELECT inet_server_port()`).Scan(&port); err != nil {
+		t.Fatal(err)
+	}
+	mapped := port != nil && int(*port) != int(direct.Config().ConnConfig.Port)
 	bouncer := pgbouncer.Start(t, url).URL()
 	rule := countlimit.Rule{UseType: storetest.UseType(t, "mode"), Limit: 10, Window: countlimit.Fixed(time.Hour)}
 	for _, tc := range []struct {
@@ -227,6 +234,9 @@ func TestStatementMode(t *testing.T) {
 		{"pgbouncer, the pool's own mode", bouncer, "default_query_exec_mode=simple_protocol", "own"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			if tc.name == "direct" && mapped {
+				t.Skipf("the test server answers on port %d, not the %d dialed (a container's port mapping)", *port, direct.Config().ConnConfig.Port)
+			}
 			u := tc.url
 			if tc.query != "" {
 				u += "&" + tc.query

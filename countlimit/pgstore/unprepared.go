@@ -42,8 +42,7 @@ import (
 // Only the Store's own statements: the caller's own, in the caller's
 // transaction too, go in whatever mode the caller's pool sets.
 type stmts struct {
-	d  DBTX
-	mu sync.Mutex // held while deciding
+	d DBTX
 	// mode is pgx's mode for every statement, once decided: modeOwn for
 	// the connection's own (no argument), else a pgx.QueryExecMode.
 	mode atomic.Int32
@@ -57,22 +56,18 @@ const (
 )
 
 // decided returns the mode of d's statements, deciding it at the first
-// call. A look at the connection that fails is tried again at the next
-// call; meanwhile statements go unprepared.
+// call. Calls that find it undecided each look, with their own contexts,
+// none waiting for another's (what one finds, the others find in
+// endpoints). A look that fails is tried again at the next call;
+// meanwhile statements go unprepared.
 func (s *stmts) decided(ctx context.Context) pgx.QueryExecMode {
 	if m := s.mode.Load(); m != modeUndecided {
 		return pgx.QueryExecMode(m)
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if m := s.mode.Load(); m != modeUndecided {
-		return pgx.QueryExecMode(m)
-	}
 	m, err := s.decide(ctx)
-	if err != nil {
-		return m
+	if err == nil {
+		s.mode.Store(int32(m))
 	}
-	s.mode.Store(int32(m))
 	return m
 }
 
