@@ -6,8 +6,11 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/driver"
@@ -250,4 +253,49 @@ func allBusy(err error, n int) bool {
 		}
 	}
 	return true
+}
+
+// TestDistinctBatchTakesAKeyReportedBusyTwice: countlimit_allow_distinct
+// (migration 00001) can report one key busy twice: held by another
+// transaction's insert at its first try (countlimit_claim_keys), and found
+// committed and locked by yet another at its second, its busy rows and
+// its held keys then overlapping. Seen under contention for new keys; here
+// a function of the same name, found first on the pool's search path,
+// answers so. The call is busy, once, and its batch's other calls stand.
+func TestDistinctBatchTakesAKeyReportedBusyTwice(t *testing.T) {
+	ctx := context.Background()
+	fake := testbackend.FreshSchema(t)
+	var schema string
+	if err := fake.QueryRow(ctx, `SELECT current_schema()`).Scan(&schema); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fake.Exec(ctx, `CREATE FUNCTION countlimit_allow_distinct_pooled(text[], text[], timestamptz[], bigint[],
+			bigint[], timestamptz[], timestamptz[], timestamptz[], text[])
+		RETURNS TABLE (o_key_of int, o_busy boolean, o_allowed boolean, o_used bigint, o_window_begin timestamptz,
+			o_window_end timestamptz, o_blocked_until timestamptz)
+		LANGUAGE sql AS $$ VALUES (1, true, false, 0::bigint, NULL::timestamptz, NULL::timestamptz, NULL::timestamptz),
+			(1, true, false, 0, NULL, NULL, NULL), (2, false, true, 1, now(), now() + interval '1 hour', NULL) $$`); err != nil {
+		t.Fatal(err)
+	}
+	cfg := testbackend.PoolConfig(t)
+	cfg.ConnConfig.RuntimeParams["search_path"] = schema + ", " + cfg.ConnConfig.RuntimeParams["search_path"]
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	rule := countlimit.Rule{UseType: storetest.UseType(t, "twice"), Limit: 10, Window: countlimit.Fixed(time.Hour)}
+	rec := &recorder{}
+	for _, id := range []string{"a", "b"} {
+		if _, err := countlimit.New(rec).Allow(ctx, rule, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	err = pgstore.New(pool).AllowBatchForTest(ctx, rec.reqs)
+	if !errors.Is(err, pgstore.ErrBusy) || strings.Contains(err.Error(), "call 1") || strings.Contains(err.Error(), "not sent") {
+		t.Errorf("batch with a key reported busy twice: %v; want call 0 busy and nothing else", err)
+	}
+	if st := rec.reqs[1].Checks[0].State; !st.Allowed || st.Used != 1 {
+		t.Errorf("the batch's other call: %+v, want allowed, Used 1", st)
+	}
 }

@@ -5,6 +5,9 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/internal/gather"
 )
@@ -44,4 +47,27 @@ func (s *Store) QueuedForTest() int { return s.gather.Queued() }
 // AllowAll do, whatever its rule.
 func (s *Store) ApplyForTest(ctx context.Context, r *driver.Request) error {
 	return interpretError(s.apply(ctx, s.db, r))
+}
+
+// UnpreparedForTest returns a Store on pool that sends its statements as
+// it does behind a pooler (cache_describe, and its pipelines on pgconn),
+// wherever pool's connections go: for benchmarks to compare with the
+// prepared statements of a direct connection.
+func UnpreparedForTest(pool *pgxpool.Pool) *Store {
+	s := New(pool)
+	s.db.mode.Store(int32(pgx.QueryExecModeCacheDescribe))
+	return s
+}
+
+// StatementModeForTest says how s sends its statements, once decided:
+// "own" (the connections' mode), or pgx's mode's name.
+func (s *Store) StatementModeForTest() string {
+	switch m := s.db.mode.Load(); m {
+	case modeUndecided:
+		return "undecided"
+	case modeOwn:
+		return "own"
+	default:
+		return pgx.QueryExecMode(m).String()
+	}
 }

@@ -24,7 +24,12 @@ import (
 // 100 through group commit: exactly 100 are allowed, and their Used values
 // are 1 to 100, each once, as if they had run one after another.
 func TestGroupCommitIsExact(t *testing.T) {
-	cfg := testbackend.PoolConfig(t)
+	groupCommitIsExact(t, testbackend.PoolConfig(t), testbackend.Postgres(t))
+}
+
+// groupCommitIsExact runs the test on a pool of cfg, and reads the row
+// through admin.
+func groupCommitIsExact(t *testing.T, cfg *pgxpool.Config, admin *pgxpool.Pool) {
 	tracer := &counter{}
 	cfg.ConnConfig.Tracer = tracer
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
@@ -41,7 +46,7 @@ func TestGroupCommitIsExact(t *testing.T) {
 	denied := testbackend.AllAtOnce(t, callers, each, 100, func(int) (countlimit.Result, error) { return l.Allow(ctx, rule, "hot") })
 	// What the DBA sees of the row the batches wrote.
 	var used, remaining, den int64
-	err = pool.QueryRow(ctx, `SELECT used, remaining, denied_count FROM count_limit_status
+	err = admin.QueryRow(ctx, `SELECT used, remaining, denied_count FROM count_limit_status
 		WHERE use_type = $1 AND unique_id = 'hot'`, string(rule.UseType)).Scan(&used, &remaining, &den)
 	if err != nil || used != 100 || remaining != 0 || den != int64(denied) {
 		t.Errorf("count_limit_status: used %d remaining %d denied %d (%v); want 100, 0, %d", used, remaining, den, err, denied)
@@ -282,7 +287,11 @@ func waitQueued(t *testing.T, s *pgstore.Store, n int) {
 // runs 2 s and, on a loaded machine, on until every kind of call has run
 // 20 times.
 func TestMixedTrafficNeverFails(t *testing.T) {
-	pools := []*pgxpool.Pool{testbackend.PostgresPool(t), testbackend.PostgresPool(t)}
+	mixedTrafficNeverFails(t, testbackend.PostgresPool(t), testbackend.PostgresPool(t))
+}
+
+// mixedTrafficNeverFails runs the traffic on two pools.
+func mixedTrafficNeverFails(t *testing.T, pools ...*pgxpool.Pool) {
 	hourly := countlimit.Rule{UseType: storetest.UseType(t, "mix.a"), Limit: 1 << 30, Window: countlimit.Fixed(time.Hour)}
 	daily := countlimit.Rule{UseType: storetest.UseType(t, "mix.b"), Limit: 1 << 30, Window: countlimit.Rolling(24 * time.Hour)}
 	sliding := countlimit.Rule{UseType: storetest.UseType(t, "mix.c"), Limit: 10000, Window: countlimit.Sliding(time.Second)}

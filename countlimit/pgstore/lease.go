@@ -78,8 +78,10 @@ func (s *Store) lease(ctx context.Context, d DBTX, r *driver.Request) error {
 // its own: d is a pool. A *pgx.Conn may be inside a transaction its owner
 // began with Exec.
 func autocommit(d DBTX) bool {
-	switch d.(type) {
-	case *pgxpool.Pool, lockTimed:
+	switch d := d.(type) {
+	case *stmts:
+		return autocommit(d.d)
+	case *pgxpool.Pool, *lockTimed:
 		return true
 	}
 	return false

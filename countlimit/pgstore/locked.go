@@ -64,7 +64,7 @@ func (s *Store) statementTimedOut(ctx context.Context, ran time.Duration) bool {
 	}
 	ms, ok := s.stmt.get()
 	if !ok {
-		if err := s.pool.QueryRow(ctx, `SELECT setting::bigint FROM pg_settings WHERE name = 'statement_timeout'`).Scan(&ms); err != nil {
+		if err := s.db.QueryRow(ctx, `SELECT setting::bigint FROM pg_settings WHERE name = 'statement_timeout'`).Scan(&ms); err != nil {
 			return true
 		}
 		s.stmt.set(ms)
@@ -128,7 +128,7 @@ func (s *Store) waitLocks(ctx context.Context, r *driver.Request, send func() er
 			// Not a held row: the statement waits for the table, as any
 			// statement would, and fails as an outage if its context ends
 			// first.
-			if err := s.do(ctx, s.pool, r); err != nil {
+			if err := s.do(ctx, s.db, r); err != nil {
 				return fmt.Errorf("%w: %w", errTableLocked, err)
 			}
 			return nil
@@ -188,7 +188,7 @@ var errTableLocked = errors.New("pgstore: another transaction holds or waits for
 func (s *Store) tableLocked(ctx context.Context, r *driver.Request) (bool, error) {
 	leases := r.OnLeases() || r.Op == driver.OpReset
 	var locked bool
-	err := s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_locks
+	err := s.db.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_locks
 		WHERE locktype = 'relation'
 		  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
 		  AND mode IN ('ShareLock', 'ShareRowExclusiveLock', 'ExclusiveLock', 'AccessExclusiveLock')
@@ -274,28 +274,136 @@ func locked(r *driver.Request, err error) error {
 // the statements that are not the fast path's, whose functions set the
 // same themselves: sliding windows, AllowAll, Peek, Refund, Reset and
 // leases.
-type lockTimed struct{ p *pgxpool.Pool }
-
-var _ DBTX = lockTimed{}
-
-func (l lockTimed) send(ctx context.Context, sql string, args []any) pgx.BatchResults {
-	b := &pgx.Batch{}
-	b.Queue(`SELECT countlimit_lock_briefly()`)
-	b.Queue(sql, args...)
-	return l.p.SendBatch(ctx, b)
+//
+// Where the Store's statements go in the connections' own mode (see
+// stmts) the pipeline is a pgx.Batch. Elsewhere a pgx.Batch would
+// prepare both statements in the pool's mode, pgx's default, which a
+// transaction pooler cannot keep: both go as unnamed statements on the
+// connection (pgconn), the second with binary parameters and results by
+// its description, which lockTimed asks the server for once per
+// statement, an unnamed statement too, and keeps. The pool's tracer, when
+// it traces batches, sees that pipeline as a batch of two, as it sees a
+// pgx.Batch.
+type lockTimed struct {
+	p      *pgxpool.Pool
+	stmts  *stmts          // the Store's, on p
+	tracer pgx.BatchTracer // the pool's, or nil
+	descs  sync.Map        // SQL → *pgconn.StatementDescription
 }
 
-func (l lockTimed) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	br := l.send(ctx, sql, args)
-	defer br.Close()
-	if _, err := br.Exec(); err != nil {
+var _ DBTX = (*lockTimed)(nil)
+
+func newLockTimed(p *pgxpool.Pool, s *stmts) *lockTimed {
+	l := &lockTimed{p: p, stmts: s}
+	l.tracer, _ = p.Config().ConnConfig.Tracer.(pgx.BatchTracer)
+	return l
+}
+
+// lockBriefly is the pipeline's first statement.
+const lockBriefly = `SELECT countlimit_lock_briefly()`
+
+// describe returns the description of sql, asking the server on c the
+// first time.
+func (l *lockTimed) describe(ctx context.Context, c *pgconn.PgConn, sql string) (*pgconn.StatementDescription, error) {
+	if sd, ok := l.descs.Load(sql); ok {
+		return sd.(*pgconn.StatementDescription), nil
+	}
+	sd, err := c.Prepare(ctx, "", sql, nil)
+	if err != nil {
+		return nil, err
+	}
+	l.descs.Store(sql, sd)
+	return sd, nil
+}
+
+func (l *lockTimed) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	if l.stmts.decided(ctx) == modeOwn {
+		return l.batch(ctx, sql, args)
+	}
+	pc, err := l.p.Acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := l.send(ctx, pc, sql, args)
+	if err != nil {
+		pc.Release()
+		return nil, err
+	}
+	return rows, nil
+}
+
+// send sends the pipeline on pc and returns the second statement's rows,
+// which release pc once read or closed.
+func (l *lockTimed) send(ctx context.Context, pc *pgxpool.Conn, sql string, args []any) (_ *pipelineRows, err error) {
+	conn := pc.Conn()
+	r := &pipelineRows{pc: pc, sql: sql, args: args}
+	if l.tracer != nil {
+		b := &pgx.Batch{}
+		b.Queue(lockBriefly)
+		b.Queue(sql, args...)
+		r.ctx = l.tracer.TraceBatchStart(ctx, conn, pgx.TraceBatchStartData{Batch: b})
+		r.tracer = l.tracer
+		defer func() {
+			if err != nil {
+				r.tracer.TraceBatchEnd(r.ctx, conn, pgx.TraceBatchEndData{Err: err})
+			}
+		}()
+	}
+	sd, err := l.describe(ctx, conn.PgConn(), sql)
+	if err != nil {
+		return nil, err
+	}
+	var eqb pgx.ExtendedQueryBuilder
+	if err := eqb.Build(conn.TypeMap(), sd, args); err != nil {
+		return nil, err
+	}
+	b := &pgconn.Batch{}
+	b.ExecParams(lockBriefly, nil, nil, nil, nil)
+	b.ExecParams(sql, eqb.ParamValues, sd.ParamOIDs, eqb.ParamFormats, eqb.ResultFormats)
+	r.mrr = conn.PgConn().ExecBatch(ctx, b)
+	if !r.mrr.NextResult() {
+		return nil, r.mrr.Close()
+	}
+	tag, err := r.mrr.ResultReader().Close()
+	if r.tracer != nil {
+		r.tracer.TraceBatchQuery(r.ctx, conn, pgx.TraceBatchQueryData{SQL: lockBriefly, CommandTag: tag, Err: err})
+	}
+	if err != nil {
+		r.mrr.Close()
+		return nil, err
+	}
+	if !r.mrr.NextResult() {
+		if err := r.mrr.Close(); err != nil {
+			return nil, err
+		}
+		return nil, fmt.Errorf("pgstore: no result for %q", sql)
+	}
+	r.Rows = pgx.RowsFromResultReader(conn.TypeMap(), r.mrr.ResultReader())
+	return r, nil
+}
+
+func (l *lockTimed) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	rows, err := l.Query(ctx, sql, args...)
+	if err != nil {
 		return pgconn.CommandTag{}, err
 	}
-	return br.Exec()
+	for rows.Next() {
+	}
+	rows.Close()
+	return rows.CommandTag(), rows.Err()
 }
 
-func (l lockTimed) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	br := l.send(ctx, sql, args)
+func (l *lockTimed) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	rows, err := l.Query(ctx, sql, args...)
+	return batchRow{rows, err}
+}
+
+// batch sends the pipeline as a pgx.Batch, in the pool's mode.
+func (l *lockTimed) batch(ctx context.Context, sql string, args []any) (pgx.Rows, error) {
+	b := &pgx.Batch{}
+	b.Queue(lockBriefly)
+	b.Queue(sql, args...)
+	br := l.p.SendBatch(ctx, b)
 	if _, err := br.Exec(); err != nil {
 		br.Close()
 		return nil, err
@@ -308,14 +416,9 @@ func (l lockTimed) Query(ctx context.Context, sql string, args ...any) (pgx.Rows
 	return &batchRows{Rows: rows, br: br}, nil
 }
 
-func (l lockTimed) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	rows, err := l.Query(ctx, sql, args...)
-	return batchRow{rows, err}
-}
-
-// batchRows are the rows of a lockTimed statement. Once read, they end
-// the pipeline, give the connection back and report, in Err, what the end
-// of the implicit transaction reported too, as a query's rows do.
+// batchRows are the rows of a pgx.Batch's statement. Once read, they end
+// the batch, give the connection back and report, in Err, what the end of
+// the implicit transaction reported too, as a query's rows do.
 type batchRows struct {
 	pgx.Rows
 	br       pgx.BatchResults
@@ -340,6 +443,52 @@ func (r *batchRows) Close() {
 }
 
 func (r *batchRows) Err() error {
+	if err := r.Rows.Err(); err != nil {
+		return err
+	}
+	return r.closeErr
+}
+
+// pipelineRows are the rows of a lockTimed statement. Once read, they end
+// the pipeline, give the connection back and report, in Err, what the end
+// of the implicit transaction reported too, as a query's rows do.
+type pipelineRows struct {
+	pgx.Rows
+	pc       *pgxpool.Conn
+	mrr      *pgconn.MultiResultReader
+	sql      string
+	args     []any
+	tracer   pgx.BatchTracer
+	ctx      context.Context // the tracer's
+	closed   bool
+	closeErr error
+}
+
+func (r *pipelineRows) Next() bool {
+	if r.Rows.Next() {
+		return true
+	}
+	r.Close()
+	return false
+}
+
+func (r *pipelineRows) Close() {
+	if r.closed {
+		return
+	}
+	r.closed = true
+	r.Rows.Close()
+	r.closeErr = r.mrr.Close()
+	if r.tracer != nil {
+		conn := r.pc.Conn()
+		err := r.Err()
+		r.tracer.TraceBatchQuery(r.ctx, conn, pgx.TraceBatchQueryData{SQL: r.sql, Args: r.args, CommandTag: r.Rows.CommandTag(), Err: err})
+		r.tracer.TraceBatchEnd(r.ctx, conn, pgx.TraceBatchEndData{Err: err})
+	}
+	r.pc.Release()
+}
+
+func (r *pipelineRows) Err() error {
 	if err := r.Rows.Err(); err != nil {
 		return err
 	}

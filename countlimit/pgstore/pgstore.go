@@ -81,6 +81,22 @@
 // batched; pgx's default (the larger of 4 and the number of CPUs) serves
 // most services, and pool_max_conns in the URL changes it.
 //
+// # Behind a connection pooler
+//
+// A Store works through a connection pooler in transaction pooling
+// (pgbouncer's pool_mode = transaction, and the managed poolers like it)
+// as in session pooling, on pgx's default pool settings. At its first
+// statement it looks at where its connections go, once per address in
+// the process: where they reach PostgreSQL itself, its statements are
+// prepared as pgx prepares any; where a pooler, a proxy or a port mapping
+// stands between, they go unprepared, in pgx's cache_describe mode, and a
+// pool that sets default_query_exec_mode keeps its own mode. It keeps
+// nothing in a session between statements; a check in your transaction
+// stays in it, as a pooler keeps a transaction on one server connection;
+// and Migrate's lock is a transaction's. Your own statements on the same
+// pool are yours to make safe there: docs/operations.md, "Behind a
+// connection pooler", says how, and what it costs.
+//
 // # Purging
 //
 // Rows are never deleted by checks: count_limit keeps a row for every
@@ -130,9 +146,10 @@ type DBTX interface {
 // when its DBTX is (a pool is; a single *pgx.Conn or pgx.Tx is not). It is
 // cheap to make: make one per transaction, and one per pool.
 type Store struct {
-	db     DBTX
+	db     *stmts // on the DBTX New was given
 	q      *db.Queries
-	pool   *pgxpool.Pool   // db, when it is a pool
+	pool   *pgxpool.Pool   // the DBTX, when it is a pool
+	timed  *lockTimed      // on pool
 	gather *gather.Batcher // nil unless db is a pool
 	turns  turns           // of the rows calls on the pool wait for
 	stmt   stmtTimeout     // the pool's statement_timeout, as last read
@@ -162,9 +179,10 @@ func WithMaxInFlight(n int) Option { return func(c *config) { c.maxInFlight = n 
 // gathers concurrent calls into group commits; options tune that and are
 // ignored for other DBTXs.
 func New(d DBTX, opts ...Option) *Store {
-	s := &Store{db: d, q: db.New()}
+	s := &Store{db: &stmts{d: d}, q: db.New()}
 	if p, ok := d.(*pgxpool.Pool); ok {
 		s.pool = p
+		s.timed = newLockTimed(p, s.db)
 		cfg := config{maxBatch: 256, maxInFlight: 2}
 		for _, o := range opts {
 			o(&cfg)
@@ -202,10 +220,10 @@ func (s *Store) pooled(ctx context.Context, r *driver.Request) error {
 	case fast(r) && s.gather != nil:
 		return s.gather.Do(ctx, r)
 	case fast(r):
-		return s.allowOne(ctx, s.pool, r, true)
+		return s.allowOne(ctx, s.db, r, true)
 	}
 	sent := time.Now()
-	err := s.do(ctx, lockTimed{s.pool}, r)
+	err := s.do(ctx, s.timed, r)
 	if s.busy(ctx, err, sent) {
 		return errBusy
 	}

@@ -89,12 +89,17 @@ func TestOneStatementPerCall(t *testing.T) {
 }
 
 // oneStatementPerCall checks that each call is one statement (one round
-// trip; see counter). On a pool
+// trip; see counter), once s has looked at where its connections go (its
+// first statement, or the process's on that address, may bring one more:
+// a Ping first). On a pool
 // (pooled), a lone Allow is AllowBatchDistinct of one call, which never
 // waits for a row another transaction holds; in a transaction it is
 // AllowOne, and nothing is sent as a group commit.
 func oneStatementPerCall(t *testing.T, tracer *counter, s *pgstore.Store, pooled bool) {
 	ctx := context.Background()
+	if err := s.Ping(ctx); err != nil {
+		t.Fatal(err)
+	}
 	l := countlimit.New(s)
 	fixed := countlimit.Rule{UseType: storetest.UseType(t, "one"), Limit: 5, Window: countlimit.Fixed(time.Hour)}
 	sliding := countlimit.Rule{UseType: storetest.UseType(t, "one.sliding"), Limit: 5, Window: countlimit.Sliding(time.Minute), Block: time.Minute}
@@ -134,7 +139,13 @@ func oneStatementPerCall(t *testing.T, tracer *counter, s *pgstore.Store, pooled
 }
 
 func TestTransactionCommitsOrRollsBackWithCaller(t *testing.T) {
-	pool := testbackend.Postgres(t)
+	commitsOrRollsBackWithCaller(t, testbackend.Postgres(t))
+}
+
+// commitsOrRollsBackWithCaller pins an article at most once a month, the
+// check and the pin in one transaction on pool. The test's own statements
+// prepare nothing, so that they run behind a transaction pooler too.
+func commitsOrRollsBackWithCaller(t *testing.T, pool *pgxpool.Pool) {
 	ctx := context.Background()
 	rule := countlimit.Rule{UseType: storetest.UseType(t, "tx"), Limit: 1, Window: countlimit.Calendar(countlimit.Month, time.UTC)}
 	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS pgstore_test_pins (user_id text, article int)`); err != nil {
@@ -152,7 +163,7 @@ func TestTransactionCommitsOrRollsBackWithCaller(t *testing.T) {
 			t.Fatal(err)
 		}
 		if res.Allowed {
-			if _, err := tx.Exec(ctx, `INSERT INTO pgstore_test_pins VALUES ($1, 7)`, string(rule.UseType)); err != nil {
+			if _, err := tx.Exec(ctx, `INSERT INTO pgstore_test_pins VALUES ($1, 7)`, pgx.QueryExecModeExec, string(rule.UseType)); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -165,7 +176,7 @@ func TestTransactionCommitsOrRollsBackWithCaller(t *testing.T) {
 	}
 	pins := func() int {
 		var n int
-		if err := pool.QueryRow(ctx, `SELECT count(*) FROM pgstore_test_pins WHERE user_id = $1`, string(rule.UseType)).Scan(&n); err != nil {
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM pgstore_test_pins WHERE user_id = $1`, pgx.QueryExecModeExec, string(rule.UseType)).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
 		return n
@@ -323,8 +334,10 @@ func TestMigrateUpDownUp(t *testing.T) {
 	}
 }
 
-func TestConcurrentMigrate(t *testing.T) {
-	pool := testbackend.FreshSchema(t)
+func TestConcurrentMigrate(t *testing.T) { concurrentMigrate(t, testbackend.FreshSchema(t)) }
+
+// concurrentMigrate runs four Migrates at once on pool, of a new schema.
+func concurrentMigrate(t *testing.T, pool *pgxpool.Pool) {
 	var wg sync.WaitGroup
 	errs := make(chan error, 4)
 	for range 4 {
@@ -397,6 +410,12 @@ func TestSchemaIsDocumentedForDBAs(t *testing.T) {
 
 func TestPurge(t *testing.T) {
 	pool := testbackend.FreshSchema(t)
+	purge(t, pool, pool)
+}
+
+// purge migrates the new schema of pool, writes rows, and purges them
+// through pool; admin, on the same schema, reads what is left.
+func purge(t *testing.T, pool, admin *pgxpool.Pool) {
 	ctx := context.Background()
 	if err := pgstore.Migrate(ctx, pool); err != nil {
 		t.Fatal(err)
@@ -437,7 +456,7 @@ func TestPurge(t *testing.T) {
 		t.Errorf("Purge deleted %d rows, want %d", n, expired)
 	}
 	var left []string
-	rows, err := pool.Query(ctx, `SELECT use_type || '/' || unique_id FROM count_limit ORDER BY 1`)
+	rows, err := admin.Query(ctx, `SELECT use_type || '/' || unique_id FROM count_limit ORDER BY 1`)
 	if err != nil {
 		t.Fatal(err)
 	}

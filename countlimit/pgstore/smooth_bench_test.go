@@ -157,17 +157,33 @@ type benchVariant struct {
 
 // runInterleaved is BenchmarkSmoothInterleaved's run.
 func runInterleaved(b *testing.B, variants []benchVariant) {
+	callers := []int{1, 16}
+	for k, med := range interleave(b, callers, smoothRounds, smoothCell, variants) {
+		// variants: upsert, fixed@v0.1.0, fixed@head, smooth@head.
+		b.Logf("callers %2d  fixed@head / fixed@v0.1.0 %.2f; smooth@head / upsert %.2f; smooth@head / fixed@head %.2f; fixed@head / upsert %.2f",
+			callers[k], med[2]/med[1], med[3]/med[0], med[3]/med[2], med[2]/med[0])
+	}
+}
+
+// interleave measures variants in one run, alternated so that the
+// machine's load falls on each alike: at each number of callers, rounds
+// of cell each, in the order of variants, then backwards, and so on (ABC
+// CBA ...), each caller calling on ids user-0 to user-255 in turn. It logs
+// each variant's median calls a second over its rounds, reports them as
+// metrics, and returns them, for each number of callers in order.
+func interleave(b *testing.B, callers []int, rounds int, cell time.Duration, variants []benchVariant) [][]float64 {
 	ctx := context.Background()
-	for _, callers := range []int{1, 16} {
+	var meds [][]float64
+	for _, callers := range callers {
 		rates := make([][]float64, len(variants))
-		for round := range smoothRounds {
+		for round := range rounds {
 			for j := range variants {
 				i := j
 				if round%2 == 1 {
 					i = len(variants) - 1 - j
 				}
 				var calls, next atomic.Int64
-				stop := time.Now().Add(smoothCell)
+				stop := time.Now().Add(cell)
 				start := time.Now()
 				var wg sync.WaitGroup
 				for range callers {
@@ -191,13 +207,12 @@ func runInterleaved(b *testing.B, variants []benchVariant) {
 		for i := range variants {
 			slices.Sort(rates[i])
 			med[i] = rates[i][len(rates[i])/2]
-			b.Logf("callers %2d  %-13s median %7.0f calls/s  rounds, sorted %v", callers, variants[i].name, med[i], roundRates(rates[i]))
+			b.Logf("callers %2d  %-22s median %7.0f calls/s  rounds, sorted %v", callers, variants[i].name, med[i], roundRates(rates[i]))
 			b.ReportMetric(med[i], fmt.Sprintf("calls/s-%d-%s", callers, variants[i].name))
 		}
-		// variants: upsert, fixed@v0.1.0, fixed@head, smooth@head.
-		b.Logf("callers %2d  fixed@head / fixed@v0.1.0 %.2f; smooth@head / upsert %.2f; smooth@head / fixed@head %.2f; fixed@head / upsert %.2f",
-			callers, med[2]/med[1], med[3]/med[0], med[3]/med[2], med[2]/med[0])
+		meds = append(meds, med)
 	}
+	return meds
 }
 
 func roundRates(rs []float64) []int {

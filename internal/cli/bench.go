@@ -14,6 +14,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/internal/ruleops"
@@ -277,7 +279,9 @@ func cleanUp(ctx context.Context, st *opened, l *countlimit.Limiter, rules []cou
 		for i, r := range rules {
 			uts[i] = string(r.UseType)
 		}
-		_, err := st.pool.Exec(ctx, "DELETE FROM count_limit WHERE use_type = ANY($1)", uts)
+		// Unprepared: a transaction pooler between here and the database
+		// keeps no prepared statement for the next command.
+		_, err := st.pool.Exec(ctx, "DELETE FROM count_limit WHERE use_type = ANY($1)", pgx.QueryExecModeExec, uts)
 		return err
 	}
 	var (

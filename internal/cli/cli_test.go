@@ -230,8 +230,10 @@ func TestVersion(t *testing.T) {
 	}
 }
 
-func TestMigrate(t *testing.T) {
-	url := testbackend.FreshSchemaURL(t)
+func TestMigrate(t *testing.T) { migrateSteps(t, testbackend.FreshSchemaURL(t)) }
+
+// migrateSteps runs migrate status, up and down on url, of a new schema.
+func migrateSteps(t *testing.T, url string) {
 	steps := []struct {
 		args []string
 		want string
