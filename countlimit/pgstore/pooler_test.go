@@ -85,13 +85,12 @@ func TestBehindPgBouncer(t *testing.T) {
 			p, pool := migrated(t, setting)
 			t.Run("conformance", func(t *testing.T) {
 				next := testbackend.Alternate(pool, p.pool(t))
-				storetest.RunWith(t, func(t *testing.T) driver.Store { return pgstore.New(next(t)) }, storetest.Options{NoSmooth: noSmooth})
+				storetest.Run(t, func(t *testing.T) driver.Store { return pgstore.New(next(t)) })
 			})
 			t.Run("contract", func(t *testing.T) {
 				in := storetest.Inspector{
-					Read:     func(ctx context.Context, ut, id string) (driver.Key, error) { return readKey(ctx, p.direct, ut, id) },
-					Seed:     func(ctx context.Context, ut, id string, k driver.Key) error { return seedKey(ctx, p.direct, ut, id, k) },
-					NoSmooth: noSmooth,
+					Read: func(ctx context.Context, ut, id string) (driver.Key, error) { return readKey(ctx, p.direct, ut, id) },
+					Seed: func(ctx context.Context, ut, id string, k driver.Key) error { return seedKey(ctx, p.direct, ut, id, k) },
 				}
 				storetest.RunContract(t, pgstore.New(pool), in)
 			})
