@@ -72,6 +72,16 @@ type Path struct {
 	// refuses them. Every store of this module supports them.
 	// Every path of a store that supports them leaves it false.
 	NoSmooth bool
+	// Cases, when set, names the cases of the path's own statements that
+	// a step reached, as "copy: case" (see Tally): it is called after
+	// every step the path carried out itself (not Skip's), with the
+	// requests as the path answered them and, for each request, its
+	// checks' keys in the model just before it. It names only cases of
+	// AllCases.
+	Cases func(reqs []*driver.Request, before [][]driver.Key) []string
+	// AllCases are every case Cases may name: a case a run never reaches
+	// is tallied 0.
+	AllCases []string
 }
 
 // Each returns a Path.Do that carries out a step's requests with do, one
@@ -257,14 +267,26 @@ func (w world) key(ut, id string) *driver.Key {
 }
 
 // apply carries out reqs on w, one after another.
-func (w world) apply(reqs []*driver.Request) {
-	for _, r := range reqs {
+func (w world) apply(reqs []*driver.Request) { w.applyFrom(reqs, false) }
+
+// applyFrom carries out reqs on w, one after another; with before, it
+// returns each request's checks' keys as they were just before it.
+func (w world) applyFrom(reqs []*driver.Request, before bool) [][]driver.Key {
+	var out [][]driver.Key
+	if before {
+		out = make([][]driver.Key, len(reqs))
+	}
+	for j, r := range reqs {
 		keys := make([]*driver.Key, len(r.Checks))
 		for i := range r.Checks {
 			keys[i] = w.key(r.Checks[i].UseType, r.ID)
+			if before {
+				out[j] = append(out[j], keystate.Clone(*keys[i]))
+			}
 		}
 		driver.Apply(r, keys)
 	}
+	return out
 }
 
 // instant is when something of a key ends.
@@ -657,21 +679,28 @@ type keyspace struct {
 // the index of the first step whose Results or stored states differ, with
 // what differs; -1 when none does.
 func replay(ctx context.Context, p Path, steps []Step, ks keyspace, prefix string) (int, string) {
-	return replayFrom(ctx, p, world{}, steps, ks, prefix)
+	return replayFrom(ctx, p, world{}, steps, ks, prefix, nil)
 }
 
 // replayFrom is replay from the keys of w, which the store holds already.
-func replayFrom(ctx context.Context, p Path, w world, steps []Step, ks keyspace, prefix string) (int, string) {
+// With tally, it counts there the cases (Path.Cases) each step reached.
+func replayFrom(ctx context.Context, p Path, w world, steps []Step, ks keyspace, prefix string, tally Tally) (int, string) {
 	for i, st := range steps {
 		want := clones(st.Reqs)
-		w.apply(want)
+		before := w.applyFrom(want, tally != nil && p.Cases != nil)
 		got := clonesFor(st.Reqs, prefix)
 		do := p.Do
-		if p.Skip != nil && p.Skip(got) {
+		skipped := p.Skip != nil && p.Skip(got)
+		if skipped {
 			do = p.Fallback
 		}
 		if err := protect(func() error { return do(ctx, got) }); err != nil {
 			return i, fmt.Sprintf("%s: %v", p.Name, err)
+		}
+		if before != nil && !skipped {
+			for _, c := range p.Cases(got, before) {
+				tally[c]++
+			}
 		}
 		for j := range want {
 			for c := range want[j].Checks {
@@ -754,7 +783,7 @@ func Upgrade(t *testing.T, p Path, seed func(ctx context.Context, ut, id string,
 	if why := compareKeys(ctx, p, w, ks, prefix, steps[half-1].Reqs[0].Now.UnixMicro()); why != "" {
 		t.Fatalf("seed %d (%s): after the upgrade, of %d keys written: %s", s, replayText, written, why)
 	}
-	if at, why := replayFrom(ctx, p, w, steps[half:], ks, prefix); at >= 0 {
+	if at, why := replayFrom(ctx, p, w, steps[half:], ks, prefix, nil); at >= 0 {
 		t.Fatalf("seed %d (%s): step %d of %d, the %dth after the upgrade (%s): %s", s, replayText, half+at+1, n, at+1, steps[half+at].Desc, why)
 	}
 	smooth := 0
@@ -810,8 +839,10 @@ func Run(t *testing.T, paths []Path) {
 		t.Run(p.Name, func(t *testing.T) {
 			runs++
 			prefix := fmt.Sprintf("m%d.%d.", seed%1e6, runs)
-			at, why := replay(ctx, p, steps, ks, prefix)
+			tally := Tally{}
+			at, why := replayFrom(ctx, p, world{}, steps, ks, prefix, tally)
 			if at < 0 {
+				writeTally(t, p, tally)
 				return
 			}
 			replayText := fmt.Sprintf("COUNTLIMIT_MODEL_SEED=%d COUNTLIMIT_MODEL_STEPS=%d to replay", seed, n)
