@@ -370,7 +370,8 @@ func gen(seed uint64, n int, smooth bool) []Step {
 	// penalty box, which the next step often asks again; roomy, a key a
 	// denial put in its penalty box while its window had room for two
 	// more (the call asked for more than the room), whose penalty's end
-	// a batch of two calls of one often lands on.
+	// a batch often lands on: two calls of one on it, or a call on it
+	// beside keys of their own.
 	var penalized, roomy *instant
 	var steps []Step
 	for len(steps) < n {
@@ -468,6 +469,9 @@ func gen(seed uint64, n int, smooth bool) []Step {
 			id = focus.id
 		}
 		r = vary(rng, r)
+		if back && rng.IntN(3) == 0 {
+			r.Block = 0 // asked again by a rule without a penalty
+		}
 		n := int64(1 + rng.IntN(3))
 		var desc string
 		op := rng.IntN(14)
@@ -558,9 +562,6 @@ func gen(seed uint64, n int, smooth bool) []Step {
 					twoKeys, other, otherID = true, &o.rule, o.id
 				}
 			}
-			if atRoom {
-				distinct = false
-			}
 			if focus != nil && !distinct && (atRoom || rng.IntN(2) == 0) {
 				// Two calls of one each, both on the key whose instant
 				// this is: room for both, at a penalty's end, where the
@@ -602,6 +603,9 @@ func gen(seed uint64, n int, smooth bool) []Step {
 					bn = 1
 				} else {
 					b = vary(rng, b)
+					if back && bid == focus.id && rng.IntN(3) == 0 {
+						b.Block = 0 // asked again by a rule without a penalty
+					}
 					if rng.IntN(8) == 0 {
 						bn = b.Limit + 1 // more than the rule ever allows: denied, however empty the window
 					}
