@@ -17,23 +17,45 @@ import (
 // calls does. Its error names each call that failed, was busy (ErrBusy)
 // or was left for a retry.
 func (s *Store) AllowBatchForTest(ctx context.Context, reqs []*driver.Request) error {
+	var errs []error
+	for i, err := range s.AllowBatchEachForTest(ctx, reqs) {
+		if err != nil {
+			errs = append(errs, fmt.Errorf("call %d: %w", i, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// AllowBatchEachForTest is AllowBatchForTest with each call's outcome:
+// nil for a call applied (its state written), ErrBusy for one whose row
+// another transaction holds, an error saying so for one left for a
+// retry, or the batch's error.
+func (s *Store) AllowBatchEachForTest(ctx context.Context, reqs []*driver.Request) []error {
 	calls := make([]*gather.Call, len(reqs))
 	for i, r := range reqs {
 		calls[i] = &gather.Call{Req: *r}
 	}
 	s.sendBatch(ctx, calls)
-	var errs []error
+	errs := make([]error, len(reqs))
 	for i, c := range calls {
 		switch {
 		case c.Err != nil:
-			errs = append(errs, fmt.Errorf("call %d: %w", i, c.Err))
+			errs[i] = c.Err
 		case c.Retried():
-			errs = append(errs, fmt.Errorf("call %d was left for a retry", i))
+			errs[i] = errors.New("left for a retry")
 		default:
 			reqs[i].Checks[0].State = c.Req.Checks[0].State
 		}
 	}
-	return errors.Join(errs...)
+	return errs
+}
+
+// AllowOneSkippingLockedForTest runs r, which takes the fast path, as
+// countlimit_allow_one with skip_locked, alone (oneSkips): the statement
+// the pool sends after countlimit_allow_one_pooled's first one found the
+// row absent or held, here for every row, free ones included.
+func (s *Store) AllowOneSkippingLockedForTest(ctx context.Context, r *driver.Request) error {
+	return s.allowOne(ctx, s.db, r, oneSkips)
 }
 
 // ErrBusy is the outcome of a batched call whose row another transaction

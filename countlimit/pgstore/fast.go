@@ -36,12 +36,30 @@ func penaltyEnd(r *driver.Request, c *driver.Check) pgtype.Timestamptz {
 	return timestamptz(r.Now.Add(c.Block))
 }
 
+// oneStatement is the statement a call of the fast path is sent as, alone.
+type oneStatement int
+
+const (
+	// oneWaits is AllowOne, waiting for a row another transaction holds
+	// (a Store on a connection or a transaction).
+	oneWaits oneStatement = iota
+	// onePooled is AllowOnePooled (the pool): AllowOne with skip_locked,
+	// after a statement of its own for a row that exists and is free.
+	onePooled
+	// oneSkips is AllowOne with skip_locked alone: what AllowOnePooled
+	// sends after its first statement found the row absent or held. Only
+	// tests send it alone (AllowOneSkippingLockedForTest), to reach what
+	// it decides of a row that exists and is free, which it meets on the
+	// pool when another transaction lets the row go between the two.
+	oneSkips
+)
+
 // allowOne runs r, which takes the fast path, as one statement: AllowOne,
-// or with skipLocked (the pool) AllowOnePooled, which is AllowOne with
-// skip_locked. With skipLocked a row another transaction holds locked, or
-// has inserted and not committed, is not waited for: the call fails with
-// errBusy, nothing written.
-func (s *Store) allowOne(ctx context.Context, d DBTX, r *driver.Request, skipLocked bool) error {
+// AllowOnePooled or AllowOne with skip_locked (stmt). Skipping locks (all
+// but oneWaits), a row another transaction holds locked, or has inserted
+// and not committed, is not waited for: the call fails with errBusy,
+// nothing written.
+func (s *Store) allowOne(ctx context.Context, d DBTX, r *driver.Request, stmt oneStatement) error {
 	c := &r.Checks[0]
 	p := db.AllowOnePooledParams{
 		N:          r.N,
@@ -58,12 +76,14 @@ func (s *Store) allowOne(ctx context.Context, d DBTX, r *driver.Request, skipLoc
 		row, err := s.q.AllowOnePooled(ctx, d, p)
 		return db.AllowOneRow(row), err
 	}
-	if !skipLocked {
+	if stmt != onePooled {
 		one = func() (db.AllowOneRow, error) {
 			return s.q.AllowOne(ctx, d, db.AllowOneParams{UseType: p.UseType, UniqueID: p.UniqueID, Now: p.Now, N: p.N,
-				LimitValue: p.LimitValue, BeginTime: p.BeginTime, WindowEnd: p.WindowEnd, PenaltyEnd: p.PenaltyEnd, WindowKind: p.WindowKind})
+				LimitValue: p.LimitValue, BeginTime: p.BeginTime, WindowEnd: p.WindowEnd, PenaltyEnd: p.PenaltyEnd,
+				SkipLocked: stmt == oneSkips, WindowKind: p.WindowKind})
 		}
 	}
+	skipLocked := stmt != oneWaits
 	for range gather.MaxAttempts {
 		sent := time.Now()
 		row, err := one()
@@ -100,7 +120,7 @@ func state(allowed bool, used int64, begin, end, blocked pgtype.Timestamptz) dri
 func (s *Store) sendBatch(ctx context.Context, calls []*gather.Call) {
 	if len(calls) == 1 {
 		c := calls[0]
-		if err := s.allowOne(ctx, s.db, &c.Req, true); err != errBusy {
+		if err := s.allowOne(ctx, s.db, &c.Req, onePooled); err != errBusy {
 			c.Err = interpretError(err)
 		} else {
 			c.Err = errBusy

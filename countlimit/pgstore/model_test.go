@@ -22,11 +22,21 @@ import (
 )
 
 // TestModel holds every PostgreSQL path to the reference model
-// (internal/modeltest): a lone call on the pool (countlimit_allow_one,
-// skipping locked rows), group commits of distinct and repeated keys
-// (countlimit_allow_distinct, countlimit_allow_batch), countlimit_apply
-// for every call it can take, a Store on one connection (AllowOne that
-// waits for locks), and a check inside a caller's transaction.
+// (internal/modeltest): a lone call on the pool
+// (countlimit_allow_one_pooled), group commits of distinct and repeated
+// keys (countlimit_allow_distinct_pooled, countlimit_allow_batch_pooled),
+// the same while another transaction holds the row of one call's key
+// (the calls beside it decided by countlimit_allow_distinct and
+// countlimit_allow_batch; it found busy, then sent again), every fast
+// call through countlimit_allow_one skipping locks alone (which the pool
+// sends after countlimit_allow_one_pooled's first statement, and which
+// meets a row that exists and is free when another transaction lets it
+// go between the two), countlimit_apply for every call it can take, a
+// Store on one connection (AllowOne that waits for locks), and a check
+// inside a caller's transaction. Each path tallies the cases of the
+// statements it reached (casesOf); with modeltest.EnvCover set, the
+// tallies and plpgsql_check's profile of every function are written for
+// internal/coverreport.
 func TestModel(t *testing.T) {
 	pool := testbackend.Postgres(t)
 	ctx := context.Background()
@@ -53,9 +63,16 @@ func TestModel(t *testing.T) {
 		}
 		return false
 	}
+	held, heldCalls := heldSends(pool, onPool)
 	modeltest.Run(t, []modeltest.Path{
-		{Name: "pool", Do: poolEach, Read: read},
-		{Name: "group commit", Do: onPool.AllowBatchForTest, Read: read, Skip: fastOnly, Fallback: poolEach},
+		{Name: "pool", Do: poolEach, Read: read,
+			Cases: casesOf(eachPooled, nil), AllCases: fastCases},
+		{Name: "group commit", Do: onPool.AllowBatchForTest, Read: read, Skip: fastOnly, Fallback: poolEach,
+			Cases: casesOf(together, nil), AllCases: fastCases},
+		{Name: "group commit, a row held", Do: held, Read: read, Skip: fastOnly, Fallback: poolEach,
+			Cases: casesOf(together, heldCalls), AllCases: fastCases},
+		{Name: "countlimit_allow_one skipping locks", Do: modeltest.Each(onPool.AllowOneSkippingLockedForTest), Read: read,
+			Skip: fastOnly, Fallback: poolEach, Cases: casesOf(eachSkips, nil), AllCases: fastCases},
 		{Name: "countlimit_apply", Read: read,
 			Do: modeltest.Each(onPool.ApplyForTest),
 			Skip: func(reqs []*driver.Request) bool {
@@ -66,8 +83,22 @@ func TestModel(t *testing.T) {
 				}
 				return false
 			},
-			Fallback: poolEach},
-		{Name: "connection", Do: modeltest.Each(single(pgstore.New(conn))), Read: read},
+			Fallback: poolEach,
+			Cases: func(reqs []*driver.Request, before [][]driver.Key) []string {
+				// Every call goes to countlimit_apply, the fast ones too.
+				var out []string
+				for i, r := range reqs {
+					for c := range r.Checks {
+						for _, a := range modeltest.Arms(before[i][c], r, &r.Checks[c]) {
+							out = append(out, stmtApply+": "+a)
+						}
+					}
+				}
+				return out
+			},
+			AllCases: fastCases},
+		{Name: "connection", Do: modeltest.Each(single(pgstore.New(conn))), Read: read,
+			Cases: casesOf(eachWaits, nil), AllCases: fastCases},
 		{Name: "transaction", Read: read, Do: modeltest.Each(func(ctx context.Context, r *driver.Request) error {
 			tx, err := pool.Begin(ctx)
 			if err != nil {
@@ -78,8 +109,9 @@ func TestModel(t *testing.T) {
 				return err
 			}
 			return tx.Commit(ctx)
-		})},
+		}), Cases: casesOf(eachWaits, nil), AllCases: fastCases},
 	})
+	writeProfile(t, pool)
 }
 
 // readKey reads what PostgreSQL keeps of (ut, id), in the model's terms.

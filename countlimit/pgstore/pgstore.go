@@ -220,7 +220,7 @@ func (s *Store) pooled(ctx context.Context, r *driver.Request) error {
 	case fast(r) && s.gather != nil:
 		return s.gather.Do(ctx, r)
 	case fast(r):
-		return s.allowOne(ctx, s.db, r, true)
+		return s.allowOne(ctx, s.db, r, onePooled)
 	}
 	sent := time.Now()
 	err := s.do(ctx, s.timed, r)
@@ -240,7 +240,7 @@ func (s *Store) do(ctx context.Context, d DBTX, r *driver.Request) error {
 	case !fast(r):
 		return s.apply(ctx, d, r)
 	}
-	return s.allowOne(ctx, d, r, false)
+	return s.allowOne(ctx, d, r, oneWaits)
 }
 
 func (s *Store) reset(ctx context.Context, d DBTX, r *driver.Request) error {

@@ -68,6 +68,16 @@ type Path struct {
 	// it false and is held to the tally of every key, even one with
 	// nothing else live, as a denial of a new key without a Block leaves.
 	Expires bool
+	// Cases, when set, names the cases of the path's own statements that
+	// a step reached, as "copy: case" (see Tally): it is called after
+	// every step the path carried out itself (not Skip's), with the
+	// requests as the path answered them and, for each request, its
+	// checks' keys in the model just before it. It names only cases of
+	// AllCases.
+	Cases func(reqs []*driver.Request, before [][]driver.Key) []string
+	// AllCases are every case Cases may name: a case a run never reaches
+	// is tallied 0.
+	AllCases []string
 }
 
 // Each returns a Path.Do that carries out a step's requests with do, one
@@ -253,20 +263,33 @@ func (w world) key(ut, id string) *driver.Key {
 }
 
 // apply carries out reqs on w, one after another.
-func (w world) apply(reqs []*driver.Request) {
-	for _, r := range reqs {
+func (w world) apply(reqs []*driver.Request) { w.applyFrom(reqs, false) }
+
+// applyFrom carries out reqs on w, one after another; with before, it
+// returns each request's checks' keys as they were just before it.
+func (w world) applyFrom(reqs []*driver.Request, before bool) [][]driver.Key {
+	var out [][]driver.Key
+	if before {
+		out = make([][]driver.Key, len(reqs))
+	}
+	for j, r := range reqs {
 		keys := make([]*driver.Key, len(r.Checks))
 		for i := range r.Checks {
 			keys[i] = w.key(r.Checks[i].UseType, r.ID)
+			if before {
+				out[j] = append(out[j], keystate.Clone(*keys[i]))
+			}
 		}
 		driver.Apply(r, keys)
 	}
+	return out
 }
 
 // instant is when something of a key ends.
 type instant struct {
-	at     int64
-	ut, id string
+	at      int64
+	ut, id  string
+	penalty bool // a penalty's end
 }
 
 // expiries returns every instant at which something of w ends: windows,
@@ -278,28 +301,52 @@ func (w world) expiries() []instant {
 	for name, k := range w {
 		ut, id, _ := strings.Cut(name, "\x00")
 		if k.Begin < k.End && k.End != driver.Forever {
-			out = append(out, instant{k.End, ut, id})
+			out = append(out, instant{at: k.End, ut: ut, id: id})
 		}
 		if k.Blocked > 0 {
-			out = append(out, instant{k.Blocked, ut, id})
+			out = append(out, instant{k.Blocked, ut, id, true})
 		}
 		for _, e := range k.Log {
-			out = append(out, instant{e + spans[ut], ut, id})
+			out = append(out, instant{at: e + spans[ut], ut: ut, id: id})
 		}
 		for _, e := range k.Leases {
-			out = append(out, instant{e, ut, id})
+			out = append(out, instant{at: e, ut: ut, id: id})
 		}
 		// When the key is drained, and when each unit of its burst is.
 		if every, ok := smoothEvery[ut]; ok && k.TAT > 0 {
 			for j := range every[1] {
-				out = append(out, instant{k.TAT - j*every[0], ut, id})
+				out = append(out, instant{at: k.TAT - j*every[0], ut: ut, id: id})
 			}
 		}
 	}
 	slices.SortFunc(out, func(a, b instant) int {
-		return cmp.Or(cmp.Compare(a.at, b.at), strings.Compare(a.ut, b.ut), strings.Compare(a.id, b.id))
+		return cmp.Or(cmp.Compare(a.at, b.at), strings.Compare(a.ut, b.ut), strings.Compare(a.id, b.id), compareBool(a.penalty, b.penalty))
 	})
 	return out
+}
+
+func compareBool(a, b bool) int {
+	switch {
+	case a == b:
+		return 0
+	case a:
+		return 1
+	}
+	return -1
+}
+
+// vary returns r, its limit moved by one one time in six and its
+// penalty changed (to none, 1 s or 4 s) one time in eight: the rule of
+// another process whose rule file differs. A penalty changed to none
+// asks again an id that a rule with one blocked.
+func vary(rng *rand.Rand, r countlimit.Rule) countlimit.Rule {
+	if rng.IntN(6) == 0 {
+		r.Limit += int64(rng.IntN(3)) - 1
+	}
+	if rng.IntN(8) == 0 {
+		r.Block = []time.Duration{0, time.Second, 4 * time.Second}[rng.IntN(3)]
+	}
+	return r
 }
 
 // gen makes n steps from seed, with smooth rules or without: the same
@@ -315,15 +362,39 @@ func gen(seed uint64, n int, smooth bool) []Step {
 	// joins the window or log it just wrote.
 	var lastRule *countlimit.Rule
 	var lastID string
+	// penalized is the key a denial of the step before left in its
+	// penalty box, which the next step often asks again; roomy, a key a
+	// denial put in its penalty box while its window had room for two
+	// more (the call asked for more than the room), whose penalty's end
+	// a batch often lands on: two calls of one on it, or a call on it
+	// beside keys of their own.
+	var penalized, roomy *instant
 	var steps []Step
 	for len(steps) < n {
 		// The clock: small steps, large ones, an instant something ends
-		// at, or, rarely, a read a little older than the last one.
+		// at (a penalty's end half the time one is near), or, rarely, a
+		// read a little older than the last one; or, half the time after
+		// a denial that left a key in its penalty box, less than a
+		// second on, on that key (an id blocked, asked again).
 		// focus, when set, is the key whose instant the clock landed on:
 		// the step then works on it.
 		var focus *instant
 		again := false
+		back := penalized != nil && rng.IntN(2) == 0
+		if back {
+			now = now.Add(time.Duration(rng.IntN(1000)) * time.Millisecond)
+			focus = &instant{at: now.UnixMicro(), ut: penalized.ut, id: penalized.id}
+		}
+		penalized = nil
+		if roomy != nil && roomy.at <= now.UnixMicro() {
+			roomy = nil
+		}
+		atRoom := !back && roomy != nil && rng.IntN(2) == 0
+		if atRoom {
+			now, focus, roomy = time.UnixMicro(roomy.at).In(loc), roomy, nil
+		}
 		switch p := rng.IntN(20); {
+		case back || atRoom:
 		case p < 11:
 			now = now.Add(time.Duration(rng.IntN(1500)) * time.Millisecond)
 		case p < 13:
@@ -334,6 +405,15 @@ func gen(seed uint64, n int, smooth bool) []Step {
 				if e.at > now.UnixMicro() && e.at < now.UnixMicro()+30e6 {
 					soon = append(soon, e)
 				}
+			}
+			var ends []instant
+			for _, e := range soon {
+				if e.penalty {
+					ends = append(ends, e)
+				}
+			}
+			if len(ends) > 0 && rng.IntN(2) == 0 {
+				soon = ends
 			}
 			if len(soon) > 0 {
 				focus = &soon[rng.IntN(len(soon))]
@@ -367,8 +447,13 @@ func gen(seed uint64, n int, smooth bool) []Step {
 		ctx := context.Background()
 		r := rs[rng.IntN(len(rs))]
 		id := ids[rng.IntN(len(ids))]
+		slots := false
 		if again {
 			r, id = *lastRule, lastID
+		} else if focus == nil && lastRule != nil && lastRule.Window.IsConcurrent() && rng.IntN(2) == 0 {
+			// An Acquire on the slots the step before used: a key's
+			// slots fill up, and a denial starts its penalty.
+			r, id, slots = *lastRule, lastID, true
 		} else if alt := otherKinds(rs, lastRule); len(alt) > 0 && rng.IntN(4) == 0 {
 			// The rule of another kind on the key the step before
 			// wrote: two processes whose rule files differ, by turns.
@@ -379,8 +464,9 @@ func gen(seed uint64, n int, smooth bool) []Step {
 			}
 			id = focus.id
 		}
-		if rng.IntN(6) == 0 {
-			r.Limit += int64(rng.IntN(3)) - 1
+		r = vary(rng, r)
+		if back && rng.IntN(3) == 0 {
+			r.Block = 0 // asked again by a rule without a penalty
 		}
 		n := int64(1 + rng.IntN(3))
 		var desc string
@@ -388,13 +474,18 @@ func gen(seed uint64, n int, smooth bool) []Step {
 		// hot: a batch of a hot id's calls, every one on the key the step
 		// before wrote, whose row is then there, often with room for them
 		// all (PostgreSQL's countlimit_allow_batch_pooled decides such a
-		// batch by a statement of its own, which random keys seldom reach).
-		hot := false
+		// batch by a statement of its own, which random keys seldom
+		// reach), under its rule, or, when that rule is sliding or
+		// smooth, a rule of a window on its use type (on a log or a
+		// smooth instant); half the hot batches have a call on another
+		// key whose window has room too, between them.
+		hot, hotRule := false, windowRule(rs, lastRule)
 		switch {
-		case again:
+		case again || slots:
 			op = 0 // an allow, or an acquire
-		case focus == nil && lastRule != nil && !lastRule.Window.IsConcurrent() && !lastRule.Window.IsSmooth() &&
-			!strings.HasPrefix(lastRule.Window.String(), "sliding") && rng.IntN(5) == 0:
+		case atRoom:
+			op = 5 // a batch of two calls on it
+		case focus == nil && hotRule != nil && rng.IntN(5) == 0:
 			op, hot = 5, true
 		case focus != nil && !r.Window.IsConcurrent() && rng.IntN(5) < 4:
 			op = []int{0, 5}[rng.IntN(2)] // an allow, or a batch, at the instant
@@ -449,15 +540,35 @@ func gen(seed uint64, n int, smooth bool) []Step {
 			// A batch: allows of rules that are not sliding, over the ids,
 			// some of them on one id, as concurrent callers send them.
 			// Half the batches have a key each (PostgreSQL's
-			// countlimit_allow_distinct), the others repeat keys.
-			k, distinct := 2+rng.IntN(5), rng.IntN(2) == 0 && focus == nil
+			// countlimit_allow_distinct), the others repeat keys. At an
+			// instant something of a key ends, a batch of keys of their
+			// own has that key first, one that repeats keys has it in
+			// two calls of three.
+			k, distinct := 2+rng.IntN(5), rng.IntN(2) == 0
 			if distinct {
 				k = 2 + rng.IntN(len(ids)-1)
 			}
+			twoKeys, allFocus := false, false
+			var other *countlimit.Rule
+			var otherID string
 			if hot {
 				k, distinct = 2+rng.IntN(2), false // of one each: room for them all, under most limits
+				if room := w.room(rs, at.UnixMicro(), string(hotRule.UseType), lastID); len(room) > 0 && rng.IntN(2) == 0 {
+					o := room[rng.IntN(len(room))]
+					twoKeys, other, otherID = true, &o.rule, o.id
+				}
+			}
+			if focus != nil && !distinct && (atRoom || rng.IntN(2) == 0) {
+				// Two calls of one each, both on the key whose instant
+				// this is: room for both, at a penalty's end, where the
+				// penalty came of a call that asked more than the room.
+				allFocus, k = true, 2
 			}
 			order := rng.Perm(len(ids))
+			if distinct && focus != nil {
+				i := slices.IndexFunc(order, func(i int) bool { return ids[i] == focus.id })
+				order[0], order[i] = order[i], order[0]
+			}
 			var parts []string
 			for j := range k {
 				b := rs[rng.IntN(len(rs))]
@@ -469,9 +580,12 @@ func gen(seed uint64, n int, smooth bool) []Step {
 					bid = ids[order[j]]
 				}
 				if hot {
-					b, bid = *lastRule, lastID
+					b, bid = *hotRule, lastID
+					if twoKeys && j == 1 {
+						b, bid = *other, otherID
+					}
 				}
-				if focus != nil && rng.IntN(3) > 0 {
+				if focus != nil && (distinct && j == 0 || allFocus || !distinct && rng.IntN(3) > 0) {
 					// Calls on the key whose instant this is.
 					bid = focus.id
 					for _, fr := range rs {
@@ -481,8 +595,16 @@ func gen(seed uint64, n int, smooth bool) []Step {
 					}
 				}
 				bn := int64(1 + rng.IntN(2))
-				if hot {
+				if hot || allFocus {
 					bn = 1
+				} else {
+					b = vary(rng, b)
+					if back && bid == focus.id && rng.IntN(3) == 0 {
+						b.Block = 0 // asked again by a rule without a penalty
+					}
+					if rng.IntN(8) == 0 {
+						bn = b.Limit + 1 // more than the rule ever allows: denied, however empty the window
+					}
 				}
 				l.AllowN(ctx, b, bid, bn)
 				parts = append(parts, fmt.Sprintf("%s/%s", b.UseType, bid))
@@ -492,6 +614,11 @@ func gen(seed uint64, n int, smooth bool) []Step {
 			desc = fmt.Sprintf("Peek(%s %v, %s)", r.UseType, r.Window, id)
 			l.Peek(ctx, r, id)
 		case op < 9:
+			if lastRule != nil && !lastRule.Window.IsConcurrent() && rng.IntN(2) == 0 {
+				// One event back on the key the step before counted (the
+				// SMS failed): a sliding log keeps the others.
+				r, id, n = *lastRule, lastID, 1
+			}
 			desc = fmt.Sprintf("Refund(%s %v, %s, %d)", r.UseType, r.Window, id, n)
 			l.Refund(ctx, r, id, n)
 		case op < 10:
@@ -528,7 +655,19 @@ func gen(seed uint64, n int, smooth bool) []Step {
 		if len(rec.reqs) == 0 {
 			continue // nothing to do (a lease no longer parses, say)
 		}
-		w.apply(clones(rec.reqs))
+		done := clones(rec.reqs)
+		w.apply(done)
+		for _, q := range done {
+			for _, c := range q.Checks {
+				if penalized == nil && !c.State.Allowed && c.State.BlockedUntil.After(q.Now) {
+					penalized = &instant{ut: c.UseType, id: q.ID}
+					if c.Span == 0 && !c.Smooth() && c.TTL == 0 && c.State.Used+2 <= c.Limit &&
+						(c.State.End.IsZero() || c.State.End.After(c.State.BlockedUntil)) {
+						roomy = &instant{at: c.State.BlockedUntil.UnixMicro(), ut: c.UseType, id: q.ID, penalty: true}
+					}
+				}
+			}
+		}
 		lastRule, lastID = &r, id
 		for _, id := range ids {
 			if len(id) > 40 {
@@ -538,6 +677,59 @@ func gen(seed uint64, n int, smooth bool) []Step {
 		steps = append(steps, Step{Desc: at.UTC().Format("2006-01-02 15:04:05.000000 ") + desc, Reqs: rec.reqs})
 	}
 	return steps
+}
+
+// keyRule is a key, with a rule of a window on its use type.
+type keyRule struct {
+	rule countlimit.Rule
+	id   string
+}
+
+// room returns the keys of w but (ut, id) whose window, under a rule of
+// rs of a window on their use type, is current at now with room for
+// one more, no penalty running, in order of use type and id.
+func (w world) room(rs []countlimit.Rule, now int64, ut, id string) []keyRule {
+	var out []keyRule
+	for name, k := range w {
+		kut, kid, _ := strings.Cut(name, "\x00")
+		if kut == ut && kid == id || k.Blocked > now || !(k.Begin < k.End && now < k.End) {
+			continue
+		}
+		for _, r := range rs {
+			if string(r.UseType) == kut && isWindow(&r) && k.Count+1 <= r.Limit {
+				out = append(out, keyRule{r, kid})
+				break
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b keyRule) int {
+		return cmp.Or(strings.Compare(string(a.rule.UseType), string(b.rule.UseType)), strings.Compare(a.id, b.id))
+	})
+	return out
+}
+
+// isWindow reports whether r is a rule of a window: not sliding, smooth
+// or concurrent (the fast path's rules).
+func isWindow(r *countlimit.Rule) bool {
+	return !r.Window.IsConcurrent() && !r.Window.IsSmooth() && !strings.HasPrefix(r.Window.String(), "sliding")
+}
+
+// windowRule returns last when it is a rule of a window (not sliding,
+// smooth or concurrent), else a rule of rs of a window on last's use
+// type, if any; nil when last is nil or concurrent.
+func windowRule(rs []countlimit.Rule, last *countlimit.Rule) *countlimit.Rule {
+	if last == nil || last.Window.IsConcurrent() {
+		return nil
+	}
+	if isWindow(last) {
+		return last
+	}
+	for _, o := range otherKinds(rs, last) {
+		if isWindow(&o) {
+			return &o
+		}
+	}
+	return nil
 }
 
 // otherKinds returns the rules of rs on last's use type whose window is of
@@ -653,21 +845,28 @@ type keyspace struct {
 // the index of the first step whose Results or stored states differ, with
 // what differs; -1 when none does.
 func replay(ctx context.Context, p Path, steps []Step, ks keyspace, prefix string) (int, string) {
-	return replayFrom(ctx, p, world{}, steps, ks, prefix)
+	return replayFrom(ctx, p, world{}, steps, ks, prefix, nil)
 }
 
 // replayFrom is replay from the keys of w, which the store holds already.
-func replayFrom(ctx context.Context, p Path, w world, steps []Step, ks keyspace, prefix string) (int, string) {
+// With tally, it counts there the cases (Path.Cases) each step reached.
+func replayFrom(ctx context.Context, p Path, w world, steps []Step, ks keyspace, prefix string, tally Tally) (int, string) {
 	for i, st := range steps {
 		want := clones(st.Reqs)
-		w.apply(want)
+		before := w.applyFrom(want, tally != nil && p.Cases != nil)
 		got := clonesFor(st.Reqs, prefix)
 		do := p.Do
-		if p.Skip != nil && p.Skip(got) {
+		skipped := p.Skip != nil && p.Skip(got)
+		if skipped {
 			do = p.Fallback
 		}
 		if err := protect(func() error { return do(ctx, got) }); err != nil {
 			return i, fmt.Sprintf("%s: %v", p.Name, err)
+		}
+		if before != nil && !skipped {
+			for _, c := range p.Cases(got, before) {
+				tally[c]++
+			}
 		}
 		for j := range want {
 			for c := range want[j].Checks {
@@ -748,7 +947,7 @@ func Upgrade(t *testing.T, p Path, seed func(ctx context.Context, ut, id string,
 	if why := compareKeys(ctx, p, w, ks, prefix, steps[half-1].Reqs[0].Now.UnixMicro()); why != "" {
 		t.Fatalf("seed %d (%s): after the upgrade, of %d keys written: %s", s, replayText, written, why)
 	}
-	if at, why := replayFrom(ctx, p, w, steps[half:], ks, prefix); at >= 0 {
+	if at, why := replayFrom(ctx, p, w, steps[half:], ks, prefix, nil); at >= 0 {
 		t.Fatalf("seed %d (%s): step %d of %d, the %dth after the upgrade (%s): %s", s, replayText, half+at+1, n, at+1, steps[half+at].Desc, why)
 	}
 	smooth := 0
@@ -795,8 +994,10 @@ func Run(t *testing.T, paths []Path) {
 	for _, p := range paths {
 		t.Run(p.Name, func(t *testing.T) {
 			prefix := fmt.Sprintf("m%d.%d.", seed%1e6, runs.Add(1))
-			at, why := replay(ctx, p, steps, ks, prefix)
+			tally := Tally{}
+			at, why := replayFrom(ctx, p, world{}, steps, ks, prefix, tally)
 			if at < 0 {
+				writeTally(t, p, tally)
 				return
 			}
 			replayText := fmt.Sprintf("COUNTLIMIT_MODEL_SEED=%d COUNTLIMIT_MODEL_STEPS=%d to replay", seed, n)
