@@ -156,14 +156,14 @@ CREATE VIEW count_limit_status AS
  SELECT s.use_type,
     s.unique_id,
     s.window_kind,
-    (s.used)::bigint AS used,
+    s.used,
     s.limit_value,
-    (GREATEST(((s.cap)::numeric - s.used), (0)::numeric))::bigint AS remaining,
+    GREATEST((s.cap - s.used), (0)::bigint) AS remaining,
     s.denied_count,
     s.window_begin,
     s.window_end,
         CASE
-            WHEN ((s.used > (0)::numeric) AND (s.window_end IS NOT NULL)) THEN (s.window_end - now())
+            WHEN ((s.used > 0) AND (s.window_end IS NOT NULL)) THEN (s.window_end - now())
             ELSE NULL::interval
         END AS resets_in,
     ((s.blocked_until IS NOT NULL) AND (s.blocked_until > now())) AS blocked,
@@ -190,16 +190,18 @@ CREATE VIEW count_limit_status AS
                     ELSE COALESCE(c.window_kind, 'window'::text)
                 END AS window_kind,
                 CASE
-                    WHEN k.concurrent THEN (h.held)::numeric
+                    WHEN k.concurrent THEN h.held
                     ELSE n.counted
                 END AS used,
                 CASE
-                    WHEN ((NOT k.concurrent) AND m.smooth) THEN COALESCE(c.smooth_burst, c.limit_value)
+                    WHEN ((NOT k.concurrent) AND m.smooth AND (c.limit_value > 0)) THEN COALESCE(c.smooth_burst, c.limit_value)
+                    WHEN ((NOT k.concurrent) AND m.smooth) THEN (0)::bigint
                     ELSE c.limit_value
                 END AS cap,
                 CASE
                     WHEN k.concurrent THEN h.first_taken
                     WHEN m.smooth THEN NULL::timestamp with time zone
+                    WHEN ((c.events IS NOT NULL) AND (n.counted > 0)) THEN c.events[((cardinality(c.events) - (n.counted)::integer) + 1)]
                     ELSE NULLIF(c.begin_time, '1970-01-01 00:00:00+00'::timestamp with time zone)
                 END AS window_begin,
                 CASE
@@ -211,7 +213,7 @@ CREATE VIEW count_limit_status AS
                     END
                     ELSE c.end_time
                 END AS window_end
-           FROM ((((count_limit c
+           FROM (((((count_limit c
              CROSS JOIN LATERAL ( SELECT count(*) AS held,
                     min(l.taken_at) AS first_taken,
                     max(l.expires_at) AS last_expiry
@@ -220,19 +222,28 @@ CREATE VIEW count_limit_status AS
              CROSS JOIN LATERAL ( SELECT COALESCE((c.window_kind = 'smooth'::text), false) AS smooth) m)
              CROSS JOIN LATERAL ( SELECT
                         CASE
+                            WHEN m.smooth THEN (((EXTRACT(epoch FROM c.end_time) - EXTRACT(epoch FROM now())) * (1000000)::numeric))::bigint
+                            ELSE NULL::bigint
+                        END AS ahead,
+                        CASE
+                            WHEN m.smooth THEN ((EXTRACT(epoch FROM c.smooth_interval) * (1000000)::numeric))::bigint
+                            ELSE NULL::bigint
+                        END AS t) u)
+             CROSS JOIN LATERAL ( SELECT
+                        CASE
                             WHEN m.smooth THEN
                             CASE
-                                WHEN (c.end_time <= now()) THEN (0)::numeric
-                                WHEN ((c.smooth_interval IS NULL) OR (c.smooth_interval <= '00:00:00'::interval)) THEN NULL::numeric
-                                ELSE LEAST((COALESCE(c.smooth_burst, c.limit_value))::numeric, ceil(((EXTRACT(epoch FROM c.end_time) - EXTRACT(epoch FROM now())) / EXTRACT(epoch FROM c.smooth_interval))))
+                                WHEN (u.ahead <= 0) THEN (0)::bigint
+                                WHEN ((u.t IS NULL) OR (u.t <= 0)) THEN NULL::bigint
+                                ELSE LEAST(COALESCE(c.smooth_burst, c.limit_value), (((u.ahead + u.t) - 1) / u.t))
                             END
-                            WHEN (c.events IS NOT NULL) THEN (( SELECT count(*) AS count
+                            WHEN (c.events IS NOT NULL) THEN ( SELECT count(*) AS count
                                FROM unnest(c.events) e(e)
-                              WHERE (EXTRACT(epoch FROM e.e) > (EXTRACT(epoch FROM now()) - (EXTRACT(epoch FROM c.end_time) - EXTRACT(epoch FROM c.events[cardinality(c.events)]))))))::numeric
-                            WHEN ((c.begin_time < COALESCE(c.end_time, 'infinity'::timestamp with time zone)) AND COALESCE((c.end_time > now()), true)) THEN (c.already_count)::numeric
-                            ELSE (0)::numeric
+                              WHERE (EXTRACT(epoch FROM e.e) > (EXTRACT(epoch FROM now()) - (EXTRACT(epoch FROM c.end_time) - EXTRACT(epoch FROM c.events[cardinality(c.events)])))))
+                            WHEN ((c.begin_time < COALESCE(c.end_time, 'infinity'::timestamp with time zone)) AND COALESCE((c.end_time > now()), true)) THEN c.already_count
+                            ELSE (0)::bigint
                         END AS counted) n)
-             CROSS JOIN LATERAL ( SELECT ((c.lease_until IS NOT NULL) AND ((h.held > 0) OR (n.counted = (0)::numeric))) AS concurrent) k)) s;
+             CROSS JOIN LATERAL ( SELECT ((c.lease_until IS NOT NULL) AND ((h.held > 0) OR (n.counted = 0))) AS concurrent) k)) s;
 
 -- Name: VIEW count_limit_status; Type: COMMENT
 
@@ -260,7 +271,7 @@ COMMENT ON COLUMN count_limit_status.limit_value IS 'The limit the last check ap
 
 -- Name: COLUMN count_limit_status.remaining; Type: COMMENT
 
-COMMENT ON COLUMN count_limit_status.remaining IS 'limit_value - used, never below 0: how many more events (for concurrent limits, slots) the last applied limit allows now. For smooth limits, smooth_burst - used: how many fit at once now (one more drains every smooth_interval).';
+COMMENT ON COLUMN count_limit_status.remaining IS 'limit_value - used, never below 0: how many more events (for concurrent limits, slots) the last applied limit allows now. For smooth limits, smooth_burst - used: how many fit at once now (one more drains every smooth_interval); 0 while limit_value is 0.';
 
 -- Name: COLUMN count_limit_status.denied_count; Type: COMMENT
 
@@ -268,7 +279,7 @@ COMMENT ON COLUMN count_limit_status.denied_count IS 'Denied checks since the ro
 
 -- Name: COLUMN count_limit_status.window_begin; Type: COMMENT
 
-COMMENT ON COLUMN count_limit_status.window_begin IS 'When the current window began; for sliding windows, the oldest logged event; for concurrent limits, when the oldest live lease was taken (NULL when none is held); NULL for smooth limits, and for a window another kind joined from a smooth limit''s (it began at the epoch).';
+COMMENT ON COLUMN count_limit_status.window_begin IS 'When the current window began; for sliding windows, the oldest logged event still in the window (while none is, the oldest logged); for concurrent limits, when the oldest live lease was taken (NULL when none is held); NULL for smooth limits, and for a window another kind joined from a smooth limit''s (it began at the epoch).';
 
 -- Name: COLUMN count_limit_status.window_end; Type: COMMENT
 
@@ -403,8 +414,9 @@ DECLARE
     ut      text := use_type;
     rec     count_limit;
     counted bigint;
-    t       numeric; -- a smooth row's interval, in µs
-    ahead   numeric; -- its max(TAT, now()) - now(), in µs
+    t       bigint; -- a smooth row's interval, in µs
+    b       bigint; -- its burst
+    ahead   bigint; -- its max(TAT, now()) - now(), in µs
 BEGIN
     IF id IS NULL OR ut IS NULL OR delta IS NULL THEN
         RAISE EXCEPTION 'countlimit_adjust_count: unique_id, use_type and delta must not be NULL'
@@ -418,25 +430,34 @@ BEGIN
         RETURN NULL;
     END IF;
     IF rec.window_kind = 'smooth' THEN
-        t := extract(epoch FROM rec.smooth_interval) * 1000000;
-        IF t IS NULL OR t <= 0 OR rec.smooth_burst IS NULL OR rec.smooth_burst < 1 THEN
+        t := (extract(epoch FROM rec.smooth_interval) * 1000000)::bigint;
+        b := rec.smooth_burst;
+        IF t IS NULL OR t <= 0 OR b IS NULL OR b < 1 THEN
             RAISE EXCEPTION 'countlimit_adjust_count: (%, %) is a smooth limit with no interval or burst recorded (smooth_interval %, smooth_burst %)',
                 ut, id, rec.smooth_interval, rec.smooth_burst
                 USING ERRCODE = 'feature_not_supported',
                       HINT = 'The next smooth check of the id records them; countlimit_reset_id forgets the id.';
         END IF;
-        ahead := greatest(extract(epoch FROM rec.end_time) - extract(epoch FROM now()), 0) * 1000000;
-        ahead := least(greatest(ahead + delta * t, 0), rec.smooth_burst * t);
-        counted := least(rec.smooth_burst, ceil(ahead / t))::bigint;
+        ahead := greatest(((extract(epoch FROM rec.end_time) - extract(epoch FROM now())) * 1000000)::bigint, 0);
+        IF ahead = 0 AND delta <= 0 THEN
+            -- Drained: nothing to give back, and nothing is written.
+            RETURN 0;
+        END IF;
+        -- Past a burst and one either way a bound is met anyway; so clamped,
+        -- delta * t does not overflow.
+        ahead := least(greatest(ahead + greatest(least(delta, b + 1), -b - 1) * t, 0), b * t);
+        counted := least(b, (ahead + t - 1) / t);
         UPDATE count_limit c SET
             already_count = counted,
             begin_time    = 'epoch',
-            end_time      = now() + ahead::bigint * interval '1 microsecond',
+            end_time      = now() + ahead * interval '1 microsecond',
             updated_at    = now()
         WHERE c.use_type = ut AND c.unique_id = id;
         RETURN counted;
     END IF;
-    IF rec.events IS NOT NULL THEN
+    -- A sliding rule's row, even one that only denials made (no log yet),
+    -- as count_limit_status shows it: window_kind sliding.
+    IF rec.events IS NOT NULL OR rec.window_kind = 'sliding' THEN
         RAISE EXCEPTION 'countlimit_adjust_count: (%, %) is a sliding window: its count is its log of events (column events), not already_count', ut, id
             USING ERRCODE = 'feature_not_supported',
                   HINT = 'Limiter.Refund gives events back; countlimit_reset_id forgets them all.';
@@ -457,7 +478,7 @@ $$;
 
 -- Name: FUNCTION countlimit_adjust_count(unique_id text, use_type text, delta bigint); Type: COMMENT
 
-COMMENT ON FUNCTION countlimit_adjust_count(unique_id text, use_type text, delta bigint) IS 'countlimit, for DBAs: add delta (negative to lower) to the count of one id''s current window for one use type, never below 0; returns the new count, or NULL (and a notice) when there is no current window to change. Refuses sliding windows. On a smooth limit, moves its TAT by delta intervals (never before now, never past a full burst) and returns the new used. Safe beside live checks: the row is locked and the count changed in place. See docs/operations.md.';
+COMMENT ON FUNCTION countlimit_adjust_count(unique_id text, use_type text, delta bigint) IS 'countlimit, for DBAs: add delta (negative to lower) to the count of one id''s current window for one use type, never below 0; returns the new count, or NULL (and a notice) when there is no current window to change. Refuses sliding windows. On a smooth limit, moves its TAT by delta intervals (never before now, never past a full burst; a drained limit lowered is left as it is) and returns the new used. Safe beside live checks: the row is locked and the count changed in place. See docs/operations.md.';
 
 -- Name: countlimit_allow_batch(text[], text[], integer[], integer[], timestamp with time zone[], bigint[], bigint[], timestamp with time zone[], timestamp with time zone[], timestamp with time zone[], text[]); Type: FUNCTION
 

@@ -748,8 +748,10 @@ $fn$;
 
 -- 4. For people.
 
--- count_limit_status: smooth rows read as used (events not yet drained),
--- remaining (burst less used) and window_end (the TAT).
+-- count_limit_status: smooth rows read as used (events not yet drained,
+-- in whole microseconds as the checks count them), remaining (burst less
+-- used; none at limit 0) and window_end (the TAT); a sliding log's window
+-- begins at its oldest event still in it.
 -- +goose StatementBegin
 CREATE OR REPLACE VIEW count_limit_status AS
 SELECT
@@ -783,8 +785,14 @@ FROM (
             ELSE coalesce(c.window_kind, 'window')
         END AS window_kind,
         CASE WHEN k.concurrent THEN h.held ELSE n.counted END AS used,
-        CASE WHEN NOT k.concurrent AND m.smooth THEN coalesce(c.smooth_burst, c.limit_value) ELSE c.limit_value END AS cap,
-        CASE WHEN k.concurrent THEN h.first_taken WHEN m.smooth THEN NULL ELSE nullif(c.begin_time, 'epoch') END AS window_begin,
+        -- A smooth limit of 0 lets nothing through, burst or not.
+        CASE WHEN NOT k.concurrent AND m.smooth AND c.limit_value > 0 THEN coalesce(c.smooth_burst, c.limit_value)
+            WHEN NOT k.concurrent AND m.smooth THEN 0 ELSE c.limit_value END AS cap,
+        -- A sliding log is time-ordered: its last n.counted events are the
+        -- ones still in the window.
+        CASE WHEN k.concurrent THEN h.first_taken WHEN m.smooth THEN NULL
+            WHEN c.events IS NOT NULL AND n.counted > 0 THEN c.events[cardinality(c.events) - n.counted::int + 1]
+            ELSE nullif(c.begin_time, 'epoch') END AS window_begin,
         CASE WHEN k.concurrent THEN h.last_expiry WHEN m.smooth THEN CASE WHEN c.end_time > now() THEN c.end_time END
             ELSE c.end_time END AS window_end
     FROM count_limit c
@@ -801,14 +809,20 @@ FROM (
         SELECT coalesce(c.window_kind = 'smooth', false) AS smooth
     ) m
     CROSS JOIN LATERAL (
+        -- A smooth row's TAT - now() and its interval in whole microseconds,
+        -- as the checks count them (driver.Apply); epoch arithmetic keeps
+        -- DST out of it.
+        SELECT CASE WHEN m.smooth THEN ((extract(epoch FROM c.end_time) - extract(epoch FROM now())) * 1000000)::bigint END AS ahead,
+               CASE WHEN m.smooth THEN (extract(epoch FROM c.smooth_interval) * 1000000)::bigint END AS t
+    ) u
+    CROSS JOIN LATERAL (
         SELECT CASE
-            -- Smooth: the events not yet drained, rounded up, at most the
-            -- burst; epoch arithmetic keeps DST out of it.
+            -- Smooth: the events not yet drained, ceil(ahead / t) in
+            -- integers, at most the burst.
             WHEN m.smooth THEN CASE
-                WHEN c.end_time <= now() THEN 0
-                WHEN c.smooth_interval IS NULL OR c.smooth_interval <= interval '0' THEN NULL
-                ELSE least(coalesce(c.smooth_burst, c.limit_value),
-                    ceil((extract(epoch FROM c.end_time) - extract(epoch FROM now())) / extract(epoch FROM c.smooth_interval)))
+                WHEN u.ahead <= 0 THEN 0
+                WHEN u.t IS NULL OR u.t <= 0 THEN NULL
+                ELSE least(coalesce(c.smooth_burst, c.limit_value), (u.ahead + u.t - 1) / u.t)
                 END
             -- The log is time-ordered and end_time is its newest event plus
             -- the window's length; epoch arithmetic keeps DST out of it.
@@ -834,13 +848,15 @@ COMMENT ON VIEW count_limit_status IS
     'count_limit as of the database clock, for people: what each id has used of its limit now (for concurrency limits, the slots it holds; for smooth limits, the events not yet drained), what remains, whether it is blocked and for how long.';
 COMMENT ON COLUMN count_limit_status.window_kind IS 'rolling, fixed or calendar (the rule that last counted in the window; window for CheckLimit''s window of the caller''s own), sliding (an exact log of events), lifetime (never resets), concurrent (slots held at once, as leases in count_limit_lease) or smooth (a rate with bursts, GCRA: one instant per key, the TAT, in count_limit.end_time).';
 COMMENT ON COLUMN count_limit_status.used IS 'Events counted in the current window as of now; 0 once the window has ended. For concurrent limits, the leases live now (slots held). For smooth limits, the events not yet drained at now, ceil((TAT - now) / smooth_interval), at most smooth_burst; 0 once drained.';
-COMMENT ON COLUMN count_limit_status.remaining IS 'limit_value - used, never below 0: how many more events (for concurrent limits, slots) the last applied limit allows now. For smooth limits, smooth_burst - used: how many fit at once now (one more drains every smooth_interval).';
-COMMENT ON COLUMN count_limit_status.window_begin IS 'When the current window began; for sliding windows, the oldest logged event; for concurrent limits, when the oldest live lease was taken (NULL when none is held); NULL for smooth limits, and for a window another kind joined from a smooth limit''s (it began at the epoch).';
+COMMENT ON COLUMN count_limit_status.remaining IS 'limit_value - used, never below 0: how many more events (for concurrent limits, slots) the last applied limit allows now. For smooth limits, smooth_burst - used: how many fit at once now (one more drains every smooth_interval); 0 while limit_value is 0.';
+COMMENT ON COLUMN count_limit_status.window_begin IS 'When the current window began; for sliding windows, the oldest logged event still in the window (while none is, the oldest logged); for concurrent limits, when the oldest live lease was taken (NULL when none is held); NULL for smooth limits, and for a window another kind joined from a smooth limit''s (it began at the epoch).';
 COMMENT ON COLUMN count_limit_status.window_end IS 'When the current window ends (exclusive); NULL for lifetime limits. For sliding windows, the newest event plus the window length; for concurrent limits, when the last live lease expires unless extended or released (NULL when none is held); for smooth limits, when the id is fully drained (its TAT), NULL once it is.';
 COMMENT ON COLUMN count_limit_status.resets_in IS 'How long until the window ends and its count goes, while something is counted; NULL otherwise and for lifetime limits. For concurrent limits, until the last live lease expires; for smooth limits, until the id is fully drained.';
 
 -- countlimit_adjust_count: on a smooth row, delta moves the TAT by delta
--- intervals, between now() and a full burst.
+-- intervals, between now() and a full burst, in whole microseconds as the
+-- checks count (a drained row lowered stays as it is); a row of a sliding
+-- rule is refused whether or not it keeps a log.
 -- +goose StatementBegin
 CREATE OR REPLACE FUNCTION countlimit_adjust_count(unique_id text, use_type text, delta bigint)
 RETURNS bigint LANGUAGE plpgsql SET enable_seqscan = off AS $fn$
@@ -849,8 +865,9 @@ DECLARE
     ut      text := use_type;
     rec     count_limit;
     counted bigint;
-    t       numeric; -- a smooth row's interval, in µs
-    ahead   numeric; -- its max(TAT, now()) - now(), in µs
+    t       bigint; -- a smooth row's interval, in µs
+    b       bigint; -- its burst
+    ahead   bigint; -- its max(TAT, now()) - now(), in µs
 BEGIN
     IF id IS NULL OR ut IS NULL OR delta IS NULL THEN
         RAISE EXCEPTION 'countlimit_adjust_count: unique_id, use_type and delta must not be NULL'
@@ -864,25 +881,34 @@ BEGIN
         RETURN NULL;
     END IF;
     IF rec.window_kind = 'smooth' THEN
-        t := extract(epoch FROM rec.smooth_interval) * 1000000;
-        IF t IS NULL OR t <= 0 OR rec.smooth_burst IS NULL OR rec.smooth_burst < 1 THEN
+        t := (extract(epoch FROM rec.smooth_interval) * 1000000)::bigint;
+        b := rec.smooth_burst;
+        IF t IS NULL OR t <= 0 OR b IS NULL OR b < 1 THEN
             RAISE EXCEPTION 'countlimit_adjust_count: (%, %) is a smooth limit with no interval or burst recorded (smooth_interval %, smooth_burst %)',
                 ut, id, rec.smooth_interval, rec.smooth_burst
                 USING ERRCODE = 'feature_not_supported',
                       HINT = 'The next smooth check of the id records them; countlimit_reset_id forgets the id.';
         END IF;
-        ahead := greatest(extract(epoch FROM rec.end_time) - extract(epoch FROM now()), 0) * 1000000;
-        ahead := least(greatest(ahead + delta * t, 0), rec.smooth_burst * t);
-        counted := least(rec.smooth_burst, ceil(ahead / t))::bigint;
+        ahead := greatest(((extract(epoch FROM rec.end_time) - extract(epoch FROM now())) * 1000000)::bigint, 0);
+        IF ahead = 0 AND delta <= 0 THEN
+            -- Drained: nothing to give back, and nothing is written.
+            RETURN 0;
+        END IF;
+        -- Past a burst and one either way a bound is met anyway; so clamped,
+        -- delta * t does not overflow.
+        ahead := least(greatest(ahead + greatest(least(delta, b + 1), -b - 1) * t, 0), b * t);
+        counted := least(b, (ahead + t - 1) / t);
         UPDATE count_limit c SET
             already_count = counted,
             begin_time    = 'epoch',
-            end_time      = now() + ahead::bigint * interval '1 microsecond',
+            end_time      = now() + ahead * interval '1 microsecond',
             updated_at    = now()
         WHERE c.use_type = ut AND c.unique_id = id;
         RETURN counted;
     END IF;
-    IF rec.events IS NOT NULL THEN
+    -- A sliding rule's row, even one that only denials made (no log yet),
+    -- as count_limit_status shows it: window_kind sliding.
+    IF rec.events IS NOT NULL OR rec.window_kind = 'sliding' THEN
         RAISE EXCEPTION 'countlimit_adjust_count: (%, %) is a sliding window: its count is its log of events (column events), not already_count', ut, id
             USING ERRCODE = 'feature_not_supported',
                   HINT = 'Limiter.Refund gives events back; countlimit_reset_id forgets them all.';
@@ -902,7 +928,7 @@ END
 $fn$;
 -- +goose StatementEnd
 COMMENT ON FUNCTION countlimit_adjust_count(text, text, bigint) IS
-    'countlimit, for DBAs: add delta (negative to lower) to the count of one id''s current window for one use type, never below 0; returns the new count, or NULL (and a notice) when there is no current window to change. Refuses sliding windows. On a smooth limit, moves its TAT by delta intervals (never before now, never past a full burst) and returns the new used. Safe beside live checks: the row is locked and the count changed in place. See docs/operations.md.';
+    'countlimit, for DBAs: add delta (negative to lower) to the count of one id''s current window for one use type, never below 0; returns the new count, or NULL (and a notice) when there is no current window to change. Refuses sliding windows. On a smooth limit, moves its TAT by delta intervals (never before now, never past a full burst; a drained limit lowered is left as it is) and returns the new used. Safe beside live checks: the row is locked and the count changed in place. See docs/operations.md.';
 
 -- +goose Down
 -- Back to v0.1.0's schema exactly: what the Up added goes, what it

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -220,9 +221,15 @@ func seedV010(ctx context.Context, pool *pgxpool.Pool, ut, id string, k driver.K
 	return seedRow(ctx, pool, ut, id, k, false)
 }
 
-// seedRow writes k for (ut, id); smooth says whether the schema has
-// smooth rows (v0.2.0 onwards), written only for a key with a TAT.
-func seedRow(ctx context.Context, pool *pgxpool.Pool, ut, id string, k driver.Key, smooth bool) error {
+// execer runs a statement: a pool, a connection or a transaction.
+type execer interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+// seedRow writes k for (ut, id) through db; smooth says whether the
+// schema has smooth rows (v0.2.0 onwards), written only for a key with a
+// TAT.
+func seedRow(ctx context.Context, pool execer, ut, id string, k driver.Key, smooth bool) error {
 	if _, err := pool.Exec(ctx, `DELETE FROM count_limit WHERE use_type = $1 AND unique_id = $2`, ut, id); err != nil {
 		return err
 	}
@@ -236,6 +243,9 @@ func seedRow(ctx context.Context, pool *pgxpool.Pool, ut, id string, k driver.Ke
 		return pgtype.Timestamptz{Time: time.UnixMicro(us), Valid: true}
 	}
 	var events []time.Time
+	if k.Log != nil {
+		events = []time.Time{} // a log with nothing in it, as a refund of every event leaves one
+	}
 	for _, e := range k.Log {
 		events = append(events, time.UnixMicro(e))
 	}

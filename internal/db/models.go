@@ -65,10 +65,10 @@ type CountLimitStatus struct {
 	// Events counted in the current window as of now; 0 once the window has ended. For concurrent limits, the leases live now (slots held). For smooth limits, the events not yet drained at now, ceil((TAT - now) / smooth_interval), at most smooth_burst; 0 once drained.
 	Used       int64
 	LimitValue int64
-	// limit_value - used, never below 0: how many more events (for concurrent limits, slots) the last applied limit allows now. For smooth limits, smooth_burst - used: how many fit at once now (one more drains every smooth_interval).
+	// limit_value - used, never below 0: how many more events (for concurrent limits, slots) the last applied limit allows now. For smooth limits, smooth_burst - used: how many fit at once now (one more drains every smooth_interval); 0 while limit_value is 0.
 	Remaining   int64
 	DeniedCount int64
-	// When the current window began; for sliding windows, the oldest logged event; for concurrent limits, when the oldest live lease was taken (NULL when none is held); NULL for smooth limits, and for a window another kind joined from a smooth limit's (it began at the epoch).
+	// When the current window began; for sliding windows, the oldest logged event still in the window (while none is, the oldest logged); for concurrent limits, when the oldest live lease was taken (NULL when none is held); NULL for smooth limits, and for a window another kind joined from a smooth limit's (it began at the epoch).
 	WindowBegin pgtype.Timestamptz
 	// When the current window ends (exclusive); NULL for lifetime limits. For sliding windows, the newest event plus the window length; for concurrent limits, when the last live lease expires unless extended or released (NULL when none is held); for smooth limits, when the id is fully drained (its TAT), NULL once it is.
 	WindowEnd pgtype.Timestamptz

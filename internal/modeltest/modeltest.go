@@ -767,12 +767,12 @@ func clonesFor(reqs []*driver.Request, prefix string) []*driver.Request {
 
 func clones(reqs []*driver.Request) []*driver.Request { return clonesFor(reqs, "") }
 
-// canon is what must be equal of a key in every store at now: a key whose
+// Canon is what must be equal of a key in every store at now: a key whose
 // window, penalty, log and leases are all over may be gone (a Redis TTL,
 // a janitor) or kept, and counts as empty, but for its denial tally when
 // tally is set (a Path that does not expire keys); a log and the leases
-// count by what is live.
-func canon(k driver.Key, span, now int64, tally bool) string {
+// count by what is live, for a sliding span of span µs (0 for none).
+func Canon(k driver.Key, span, now int64, tally bool) string {
 	k = keystate.Live(k, span, now)
 	log, leases := k.Log, k.Leases
 	window := k.Begin < k.End
@@ -891,7 +891,7 @@ func compareKeys(ctx context.Context, p Path, w world, ks keyspace, prefix strin
 			if err != nil {
 				return fmt.Sprintf("reading (%s, %.12s): %v", ut, id, err)
 			}
-			if g, m := canon(k, ks.spans[ut], now, !p.Expires), canon(*w.key(ut, id), ks.spans[ut], now, !p.Expires); g != m {
+			if g, m := Canon(k, ks.spans[ut], now, !p.Expires), Canon(*w.key(ut, id), ks.spans[ut], now, !p.Expires); g != m {
 				return fmt.Sprintf("stored (%s, %.12s): %s keeps %s, the model %s", ut, id, p.Name, g, m)
 			}
 		}
