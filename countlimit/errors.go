@@ -14,7 +14,7 @@ import (
 // written. The
 // error's message names the field or the store; test with errors.Is. It
 // is the error a store refusing a request wraps.
-var ErrInvalid = errs.Invalid
+var ErrInvalid = errs.ErrInvalid
 
 // ErrUnavailable is returned when the store cannot be reached, fails, or the
 // context ends before it answers. Stores wrap their driver's error with it, so
@@ -23,7 +23,7 @@ var ErrInvalid = errs.Invalid
 // (the network may fail after the store committed); the Result is zero and
 // Allowed is false. A store wraps its errors with it through
 // driver.Unavailable.
-var ErrUnavailable = errs.Unavailable
+var ErrUnavailable = errs.ErrUnavailable
 
 // fieldError is an ErrInvalid that names the offending field.
 type fieldError struct {

@@ -30,7 +30,7 @@ var ErrCircuitOpen = fmt.Errorf("%w: circuit breaker open", ErrUnavailable)
 // call that could not be decided; but the store is not failing: it does
 // not count toward the circuit breaker (nor as a failure or timeout in
 // Stats), and the fallback store does not answer for it.
-var ErrLocked = errs.Locked
+var ErrLocked = errs.ErrLocked
 
 // WithStoreTimeout bounds every store call the Limiter makes to d, on top of
 // the caller's own context: a store that does not answer within d fails the

@@ -22,10 +22,10 @@ import (
 // does an error that wraps countlimit.ErrInvalid (a refusal, not a
 // failure).
 func Unavailable(err error) error {
-	if err == nil || errors.Is(err, errs.Unavailable) || errors.Is(err, errs.Invalid) {
+	if err == nil || errors.Is(err, errs.ErrUnavailable) || errors.Is(err, errs.ErrInvalid) {
 		return err
 	}
-	return fmt.Errorf("%w: %w", errs.Unavailable, err)
+	return fmt.Errorf("%w: %w", errs.ErrUnavailable, err)
 }
 
 // Store keeps counters and applies checks to them atomically. The stores of

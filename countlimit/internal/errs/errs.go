@@ -9,11 +9,11 @@ import (
 	"fmt"
 )
 
-// Unavailable is countlimit.ErrUnavailable.
-var Unavailable = errors.New("store unavailable")
+// ErrUnavailable is countlimit.ErrUnavailable.
+var ErrUnavailable = errors.New("store unavailable")
 
-// Locked is countlimit.ErrLocked; it wraps Unavailable.
-var Locked = fmt.Errorf("%w: the id's state is locked by another transaction", Unavailable)
+// ErrLocked is countlimit.ErrLocked; it wraps ErrUnavailable.
+var ErrLocked = fmt.Errorf("%w: the id's state is locked by another transaction", ErrUnavailable)
 
-// Invalid is countlimit.ErrInvalid.
-var Invalid = errors.New("invalid argument")
+// ErrInvalid is countlimit.ErrInvalid.
+var ErrInvalid = errors.New("invalid argument")
