@@ -419,7 +419,7 @@ func TestBatchLeavesRowCreatedMeanwhile(t *testing.T) {
 			if err := b.tx.Commit(ctx); err != nil {
 				t.Fatal(err)
 			}
-			if err := <-sent; err == nil || !strings.Contains(err.Error(), "call 1 was left for a retry") {
+			if err := <-sent; err == nil || !strings.Contains(err.Error(), "call 1: left for a retry") {
 				t.Fatalf("batch over a row created meanwhile: %v, want call 1 left for a retry", err)
 			}
 			for _, c := range []struct {
