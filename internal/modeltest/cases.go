@@ -37,11 +37,11 @@ func writeTally(t *testing.T, p Path, tally Tally) {
 	}
 	var b strings.Builder
 	for _, c := range p.AllCases {
-		copy, arm, ok := strings.Cut(c, ": ")
+		stmt, arm, ok := strings.Cut(c, ": ")
 		if !ok {
 			t.Fatalf("path %s: case %q is not \"copy: case\"", p.Name, c)
 		}
-		fmt.Fprintf(&b, "%s\t%s\t%d\n", copy, arm, tally[c])
+		fmt.Fprintf(&b, "%s\t%s\t%d\n", stmt, arm, tally[c])
 	}
 	f, err := os.OpenFile(filepath.Join(dir, fmt.Sprintf("cases-%d.tsv", os.Getpid())), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	if err != nil {

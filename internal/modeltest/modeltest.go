@@ -369,6 +369,15 @@ func gen(seed uint64, n int, smooth bool) []Step {
 	// a batch often lands on: two calls of one on it, or a call on it
 	// beside keys of their own.
 	var penalized, roomy *instant
+	// empty is a key a denial of a new key left with an empty window (no
+	// penalty set), which the next batch of keys of their own takes
+	// first.
+	var empty *instant
+	// slid is set when the step before allowed a lone sliding check that
+	// left two events or more: the next step is then often a late allow
+	// on it (its event goes before the newest) or a refund of one (the
+	// log keeps the others).
+	slid := false
 	var steps []Step
 	for len(steps) < n {
 		// The clock: small steps, large ones, an instant something ends
@@ -393,7 +402,15 @@ func gen(seed uint64, n int, smooth bool) []Step {
 		if atRoom {
 			now, focus, roomy = time.UnixMicro(roomy.at).In(loc), roomy, nil
 		}
-		switch p := rng.IntN(20); {
+		slidNext := 0 // 1: a late allow on the log, 2: a refund of one
+		if slid && !back && !atRoom {
+			slidNext = rng.IntN(3)
+		}
+		p := rng.IntN(20)
+		if slidNext == 1 {
+			p = 19
+		}
+		switch {
 		case back || atRoom:
 		case p < 11:
 			now = now.Add(time.Duration(rng.IntN(1500)) * time.Millisecond)
@@ -437,8 +454,9 @@ func gen(seed uint64, n int, smooth bool) []Step {
 				now = back
 				// Half the time on the key just written, whose window or
 				// log the late read joins (a late Allow on a log that
-				// began after it, say).
-				again = lastRule != nil && rng.IntN(2) == 0
+				// began after it, say); always when that was a sliding
+				// log, whose event the late one goes before.
+				again = lastRule != nil && (strings.HasPrefix(lastRule.Window.String(), "sliding") || rng.IntN(2) == 0)
 			}
 		}
 		at := now
@@ -448,7 +466,7 @@ func gen(seed uint64, n int, smooth bool) []Step {
 		r := rs[rng.IntN(len(rs))]
 		id := ids[rng.IntN(len(ids))]
 		slots := false
-		if again {
+		if again || slidNext == 2 {
 			r, id = *lastRule, lastID
 		} else if focus == nil && lastRule != nil && lastRule.Window.IsConcurrent() && rng.IntN(2) == 0 {
 			// An Acquire on the slots the step before used: a key's
@@ -481,6 +499,8 @@ func gen(seed uint64, n int, smooth bool) []Step {
 		// key whose window has room too, between them.
 		hot, hotRule := false, windowRule(rs, lastRule)
 		switch {
+		case slidNext == 2:
+			op = 8 // a refund of one
 		case again || slots:
 			op = 0 // an allow, or an acquire
 		case atRoom:
@@ -565,6 +585,12 @@ func gen(seed uint64, n int, smooth bool) []Step {
 				allFocus, k = true, 2
 			}
 			order := rng.Perm(len(ids))
+			if distinct && focus == nil && empty != nil {
+				if k := w.key(empty.ut, empty.id); k.Begin == k.End {
+					focus = empty
+				}
+				empty = nil
+			}
 			if distinct && focus != nil {
 				i := slices.IndexFunc(order, func(i int) bool { return ids[i] == focus.id })
 				order[0], order[i] = order[i], order[0]
@@ -589,7 +615,7 @@ func gen(seed uint64, n int, smooth bool) []Step {
 					// Calls on the key whose instant this is.
 					bid = focus.id
 					for _, fr := range rs {
-						if string(fr.UseType) == focus.ut && !fr.Window.IsConcurrent() && !strings.HasPrefix(fr.Window.String(), "sliding") {
+						if string(fr.UseType) == focus.ut && isWindow(&fr) {
 							b = fr
 						}
 					}
@@ -614,7 +640,7 @@ func gen(seed uint64, n int, smooth bool) []Step {
 			desc = fmt.Sprintf("Peek(%s %v, %s)", r.UseType, r.Window, id)
 			l.Peek(ctx, r, id)
 		case op < 9:
-			if lastRule != nil && !lastRule.Window.IsConcurrent() && rng.IntN(2) == 0 {
+			if slidNext == 2 || lastRule != nil && !lastRule.Window.IsConcurrent() && rng.IntN(2) == 0 {
 				// One event back on the key the step before counted (the
 				// SMS failed): a sliding log keeps the others.
 				r, id, n = *lastRule, lastID, 1
@@ -657,8 +683,17 @@ func gen(seed uint64, n int, smooth bool) []Step {
 		}
 		done := clones(rec.reqs)
 		w.apply(done)
+		slid = false
+		if q := done[0]; len(done) == 1 && len(q.Checks) == 1 && q.Op == driver.OpAllow {
+			c := &q.Checks[0]
+			slid = c.Span > 0 && c.State.Allowed && c.State.Used >= 2
+		}
 		for _, q := range done {
 			for _, c := range q.Checks {
+				if k := w.key(c.UseType, q.ID); empty == nil && !c.State.Allowed && k.Begin == k.End && k.Blocked == 0 && k.Denied > 0 &&
+					c.Span == 0 && !c.Smooth() && c.TTL == 0 {
+					empty = &instant{ut: c.UseType, id: q.ID}
+				}
 				if penalized == nil && !c.State.Allowed && c.State.BlockedUntil.After(q.Now) {
 					penalized = &instant{ut: c.UseType, id: q.ID}
 					if c.Span == 0 && !c.Smooth() && c.TTL == 0 && c.State.Used+2 <= c.Limit &&
