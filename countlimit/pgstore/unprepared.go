@@ -46,6 +46,10 @@ type stmts struct {
 	// mode is pgx's mode for every statement, once decided: modeOwn for
 	// the connection's own (no argument), else a pgx.QueryExecMode.
 	mode atomic.Int32
+	// looking is set while a call looks: one look at a time, so that the
+	// first wave of calls does not ask the pool for a connection each
+	// beside the one its statement takes.
+	looking atomic.Bool
 }
 
 var _ DBTX = (*stmts)(nil)
@@ -56,19 +60,43 @@ const (
 )
 
 // decided returns the mode of d's statements, deciding it at the first
-// call. Calls that find it undecided each look, with their own contexts,
-// none waiting for another's (what one finds, the others find in
-// endpoints). A look that fails is tried again at the next call;
-// meanwhile statements go unprepared.
+// call. One call at a time looks, with its own context; the calls that
+// find it undecided while another looks, and those after a look that
+// failed, send their statements unprepared, waiting for no look and
+// taking no connection for one (a look per call would double the pool's
+// load while it is undecided, and under load each look that ran out of
+// time would make the next calls look again). A look that fails is tried
+// again at the next call.
 func (s *stmts) decided(ctx context.Context) pgx.QueryExecMode {
 	if m := s.mode.Load(); m != modeUndecided {
 		return pgx.QueryExecMode(m)
 	}
+	if !s.looking.CompareAndSwap(false, true) {
+		return s.unprepared()
+	}
+	defer s.looking.Store(false)
 	m, err := s.decide(ctx)
 	if err == nil {
 		s.mode.Store(int32(m))
 	}
 	return m
+}
+
+// unprepared is the mode of a statement sent before the mode is decided:
+// the pool's own where it sets one, else unprepared (see decide).
+func (s *stmts) unprepared() pgx.QueryExecMode {
+	p, ok := s.d.(*pgxpool.Pool)
+	if !ok {
+		return pgx.QueryExecModeCacheDescribe
+	}
+	cfg := p.Config().ConnConfig
+	switch {
+	case cfg.DefaultQueryExecMode != pgx.QueryExecModeCacheStatement:
+		return modeOwn
+	case cfg.DescriptionCacheCapacity == 0:
+		return pgx.QueryExecModeExec
+	}
+	return pgx.QueryExecModeCacheDescribe
 }
 
 // decide looks at a connection of d (see stmts).
