@@ -31,6 +31,32 @@ var dbaFunctions = []string{
 	"countlimit_most_denied(interval, integer)",
 }
 
+// dbaSchemaNotices is dbaSchema whose connections keep the notices the
+// server sends; lastNotice returns the latest since its last call, or "",
+// and forgets them.
+func dbaSchemaNotices(t testing.TB, maxConns int32) (pool *pgxpool.Pool, lastNotice func() string) {
+	t.Helper()
+	var (
+		mu      sync.Mutex
+		notices []string
+	)
+	pool = dbaSchema(t, maxConns, func(n *pgconn.Notice) {
+		mu.Lock()
+		notices = append(notices, n.Message)
+		mu.Unlock()
+	})
+	return pool, func() string {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(notices) == 0 {
+			return ""
+		}
+		s := notices[len(notices)-1]
+		notices = nil
+		return s
+	}
+}
+
 // dbaSchema returns a pool of maxConns connections on a fresh, migrated
 // schema, whose notices (the functions' and auto_explain's) go to notices
 // when it is not nil, and which runs each of setup's statements on every
@@ -244,25 +270,7 @@ func TestDBALiftPenalty(t *testing.T) {
 }
 
 func TestDBAAdjustCount(t *testing.T) {
-	var (
-		mu      sync.Mutex
-		notices []string
-	)
-	pool := dbaSchema(t, 4, func(n *pgconn.Notice) {
-		mu.Lock()
-		notices = append(notices, n.Message)
-		mu.Unlock()
-	})
-	lastNotice := func() string {
-		mu.Lock()
-		defer mu.Unlock()
-		if len(notices) == 0 {
-			return ""
-		}
-		s := notices[len(notices)-1]
-		notices = nil
-		return s
-	}
+	pool, lastNotice := dbaSchemaNotices(t, 4)
 	ctx := context.Background()
 	l := countlimit.New(pgstore.New(pool))
 	rule := countlimit.Rule{UseType: "dba.sms", Limit: 5, Window: countlimit.Rolling(time.Hour)}

@@ -8,7 +8,6 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -242,25 +241,7 @@ func keyText(k driver.Key) string {
 // Acquire, at now() and after) must be what the model says of the same
 // change.
 func TestDBAFunctionsAreTheModel(t *testing.T) {
-	var (
-		mu      sync.Mutex
-		notices []string
-	)
-	pool := dbaSchema(t, 2, func(n *pgconn.Notice) {
-		mu.Lock()
-		notices = append(notices, n.Message)
-		mu.Unlock()
-	})
-	lastNotice := func() string {
-		mu.Lock()
-		defer mu.Unlock()
-		if len(notices) == 0 {
-			return ""
-		}
-		s := notices[len(notices)-1]
-		notices = nil
-		return s
-	}
+	pool, lastNotice := dbaSchemaNotices(t, 2)
 	ctx := context.Background()
 	seed, n := modeltest.Seed(), modeltest.Steps(300)
 	replay := fmt.Sprintf("COUNTLIMIT_MODEL_SEED=%d COUNTLIMIT_MODEL_STEPS=%d to replay", seed, n)
