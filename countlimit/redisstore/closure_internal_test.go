@@ -17,11 +17,11 @@ import (
 func TestCommonestSmoothCallMakesOneClosure(t *testing.T) {
 	t.Parallel()
 	const ret = "if used then return {used, NONE, e, NONE, NONE, 1} end"
-	at := strings.Index(fastSrc, ret)
+	at := strings.Index(builtScripts.fast.src, ret)
 	if at < 0 {
 		t.Fatalf("fast.lua returns no %q: this test needs to learn its new form", ret)
 	}
-	code := regexp.MustCompile(`--[^\n]*`).ReplaceAllString(fastSrc[:at], "")
+	code := regexp.MustCompile(`--[^\n]*`).ReplaceAllString(builtScripts.fast.src[:at], "")
 	fns := regexp.MustCompile(`\bfunction\b`).FindAllStringIndex(code, -1)
 	if len(fns) != 1 {
 		t.Fatalf("fast.lua makes %d functions before its commonest smooth call returns, want 1 (instant)", len(fns))

@@ -2,8 +2,6 @@ package redisstore
 
 import (
 	"context"
-	"fmt"
-	"strings"
 	"time"
 
 	"github.com/countlimit/countlimit/countlimit"
@@ -28,17 +26,52 @@ const (
 	BoundFresh = boundFresh
 )
 
-// SetUnguarded turns the lost-reply records off (true) or on, for every
-// Store of the process: a test shows what they protect against.
-func SetUnguarded(off bool) { unguarded.Store(off) }
+// WithUnguarded builds the Store's scripts with the lost-reply records
+// off: a test shows what they protect against.
+func WithUnguarded() Option {
+	return func(c *config) { c.testBuild().unguarded = true }
+}
+
+// WithPaddedTTLs builds the Store's scripts to give each key they expire
+// pad more time to live than its end calls for (a grace of ExpiryGrace +
+// pad). A test whose clock is not the real one (internal/modeltest's,
+// which moves seconds ahead in a microsecond, or stops 1 µs before a
+// window ends) would otherwise see Redis drop a key, in real time, whose
+// window its own clock has not yet seen end. A key kept past its end is
+// what the scripts meet anyway when the Limiter's clock runs behind
+// Redis's: they decide by the times in it.
+func WithPaddedTTLs(pad time.Duration) Option {
+	return func(c *config) { c.testBuild().grace = expiryGrace + pad }
+}
+
+// WithScriptFiles builds the Store's scripts from each file (apply.lua,
+// fast.lua, lease.lua, reset.lua, smoothkey.lua) as file returns it, given
+// its name and source: an instrumented build, say.
+func WithScriptFiles(file func(name, src string) string) Option {
+	return func(c *config) { c.testBuild().file = file }
+}
+
+// ScriptFiles are the scripts' files, by name.
+var ScriptFiles = map[string]string{
+	"apply.lua": applyFile, "fast.lua": fastFile, "lease.lua": leaseFile,
+	"reset.lua": resetFile, "smoothkey.lua": smoothKeyFile,
+}
+
+func (c *config) testBuild() *build {
+	if c.build == nil {
+		c.build = &build{grace: expiryGrace}
+	}
+	return c.build
+}
 
 // QueuedForTest reports how many calls wait for a pipeline.
 func (s *Store) QueuedForTest() int { return s.gather.Queued() }
 
-// The scripts' sources, for a test that runs them side by side.
+// The scripts' sources, as every Store but a test's sends them, for a
+// test that runs them side by side.
 var (
-	ApplySource = applySrc
-	FastSource  = fastSrc
+	ApplySource = builtScripts.apply.src
+	FastSource  = builtScripts.fast.src
 )
 
 // SetPolicyClock makes CheckEviction read the time from now.
@@ -73,14 +106,14 @@ func (s *Store) CombinedForTest(ctx context.Context, reqs []*driver.Request) err
 // reset) whatever its rule, as a script of its own: what an Allow of one
 // rule would meet if fast.lua did not take it.
 func (s *Store) ApplyForTest(ctx context.Context, r *driver.Request) error {
-	return s.alone(ctx, r, func(logs bool) redis.Cmder { return applyCommand(ctx, r, logs) })
+	return s.alone(ctx, r, func(logs bool) redis.Cmder { return s.scripts.applyCommand(ctx, r, logs) })
 }
 
 // FastForTest sends r, an Allow of one rule, as the Store sends a call
 // that goes alone (fast.lua's EVALSHA), and reads its reply into r's
 // states, without the Batcher: the script and the round trip alone.
 func (s *Store) FastForTest(ctx context.Context, r *driver.Request) error {
-	return s.alone(ctx, r, func(logs bool) redis.Cmder { return fastCommand(ctx, logs, r) })
+	return s.alone(ctx, r, func(logs bool) redis.Cmder { return s.scripts.fastCommand(ctx, logs, r) })
 }
 
 // alone sends r's one command, as command(logs) makes it, and reads its
@@ -96,44 +129,6 @@ func (s *Store) alone(ctx context.Context, r *driver.Request, command func(logs 
 		err = finishAlone(r, cmds[0])
 	}
 	return wrap(err)
-}
-
-// PadTTLsForTest makes the scripts of every Store of the process give each
-// key they expire pad more time to live than its end calls for, until
-// restore is called; no test may run beside it. A test whose clock is not
-// the real one (internal/modeltest's, which moves seconds ahead in a
-// microsecond, or stops 1 µs before a window ends) would otherwise see
-// Redis drop a key, in real time, whose window its own clock has not yet
-// seen end. A key kept past its end is what the scripts meet anyway when
-// the Limiter's clock runs behind Redis's: they decide by the times in it.
-func PadTTLsForTest(pad time.Duration) (restore func()) {
-	const call = "redis.call('PEXPIRE', "
-	padded := func(name, src string) string {
-		if !strings.Contains(src, call) {
-			panic("redisstore: " + name + " sets no TTL with " + call + "...): PadTTLsForTest needs to learn its new form")
-		}
-		// fast.lua's smooth key kept as a string: SET ... PX.
-		const px = "'PX', string.format('%d', ms))"
-		if name == "fast.lua" && !strings.Contains(src, px) {
-			panic("redisstore: fast.lua sets no TTL with " + px + ": PadTTLsForTest needs to learn its new form")
-		}
-		src = strings.ReplaceAll(src, px, fmt.Sprintf("'PX', string.format('%%d', ms + %d))", pad.Milliseconds()))
-		return fmt.Sprintf("local function pexpire(k, ms) return redis.call('PEXPIRE', k, ms + %d) end\n", pad.Milliseconds()) +
-			strings.ReplaceAll(src, call, "pexpire(")
-	}
-	srcs := []*string{&applySrc, &fastSrc, &leaseSrc}
-	shas := []*any{&applySHA, &fastSHA, &leaseSHA}
-	saved := []string{applySrc, fastSrc, leaseSrc}
-	for i, name := range []string{"apply.lua", "fast.lua", "lease.lua"} {
-		*srcs[i] = padded(name, *srcs[i])
-		*shas[i] = redis.NewScript(*srcs[i]).Hash()
-	}
-	return func() {
-		for i := range srcs {
-			*srcs[i] = saved[i]
-			*shas[i] = redis.NewScript(saved[i]).Hash()
-		}
-	}
 }
 
 // ExpiryGrace is how long every key the scripts expire outlives its end.

@@ -2,20 +2,11 @@ package redisstore
 
 import (
 	"context"
-	_ "embed"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/driver"
-)
-
-var (
-	//go:embed lease.lua
-	leaseBody   string
-	leaseSrc        = prelude + leaseBody
-	leaseScript     = redis.NewScript(leaseSrc)
-	leaseSHA    any = leaseScript.Hash()
 )
 
 // leaseKey returns the key of the leases beside counterKey(useType, id): a sorted
@@ -34,10 +25,10 @@ var leaseOpArg = [...]any{driver.OpPeek: "peek", driver.OpAcquire: "acquire", dr
 // leaseCommand returns the EVALSHA of lease.lua for r (see it for KEYS and
 // ARGV). It names no reply key: the lease's token makes a repeat harmless
 // (see lease.lua).
-func leaseCommand(ctx context.Context, r *driver.Request) redis.Cmder {
+func (sc *scripts) leaseCommand(ctx context.Context, r *driver.Request) redis.Cmder {
 	c := &r.Checks[0]
 	key := counterKey(countlimit.UseType(c.UseType), r.ID)
-	cmd := redis.NewIntSliceCmd(ctx, "evalsha", leaseSHA, 2, key, key+leaseSuffix,
+	cmd := redis.NewIntSliceCmd(ctx, "evalsha", sc.lease.sha, 2, key, key+leaseSuffix,
 		leaseOpArg[r.Op], r.Now.UnixMicro(), r.Lease, c.Limit, c.TTL.Microseconds(), c.Block.Microseconds())
 	cmd.SetFirstKeyPos(3)
 	return cmd

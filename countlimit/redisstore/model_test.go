@@ -23,13 +23,12 @@ import (
 // apply.lua, reset.lua or lease.lua for the others), a pipeline whose
 // Allows of one rule share combined fast.lua scripts, a pipeline of a
 // script per call, and apply.lua for every call it can take. The
-// scripts keep each key a minute past its end (PadTTLsForTest): the
+// scripts keep each key a minute past its end (WithPaddedTTLs): the
 // harness's clock is not Redis's. Every path expires keys: a key with
 // nothing live, a denial of a new key's tally say, is gone with its TTL.
 func TestModel(t *testing.T) {
 	client := testbackend.Redis(t)
-	t.Cleanup(redisstore.PadTTLsForTest(time.Minute))
-	s := redisstore.New(client)
+	s := redisstore.New(client, redisstore.WithPaddedTTLs(time.Minute))
 	read := func(ctx context.Context, ut, id string) (driver.Key, error) {
 		return readKey(ctx, client, ut, id)
 	}
@@ -60,8 +59,7 @@ func TestModel(t *testing.T) {
 // expiry is TestKeysExpire's.
 func TestContract(t *testing.T) {
 	client := testbackend.Redis(t)
-	t.Cleanup(redisstore.PadTTLsForTest(time.Minute))
-	storetest.RunContract(t, redisstore.New(client), storetest.Inspector{
+	storetest.RunContract(t, redisstore.New(client, redisstore.WithPaddedTTLs(time.Minute)), storetest.Inspector{
 		Read: func(ctx context.Context, ut, id string) (driver.Key, error) { return readKey(ctx, client, ut, id) },
 		Seed: func(ctx context.Context, ut, id string, k driver.Key) error { return seedKey(ctx, client, ut, id, k) },
 	})

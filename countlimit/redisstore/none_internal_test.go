@@ -13,7 +13,7 @@ import (
 func TestNoneIsOneValue(t *testing.T) {
 	t.Parallel()
 	def := regexp.MustCompile(`(?m)^local NONE = (-?\d+)`)
-	for name, src := range map[string]string{"fast.lua": fastSrc, "apply.lua": applySrc, "lease.lua": leaseSrc} {
+	for name, src := range map[string]string{"fast.lua": builtScripts.fast.src, "apply.lua": builtScripts.apply.src, "lease.lua": builtScripts.lease.src} {
 		m := def.FindStringSubmatch(src)
 		if m == nil {
 			t.Errorf("%s defines no NONE", name)

@@ -320,7 +320,7 @@ func testConnectionKilled(t *testing.T, maxRetries int) {
 	opts.MaxRetries = maxRetries
 	victim := redis.NewClient(&opts)
 	t.Cleanup(func() { victim.Close() })
-	l := countlimit.New(redisstore.New(victim))
+	l := countlimit.New(redisstore.New(victim, guarded()...))
 	rule := countlimit.Rule{UseType: storetest.UseType(t, "kill"), Limit: 1 << 40, Window: countlimit.Fixed(time.Hour)}
 	ids := []string{"k0", "k1", "k2", "k3"}
 

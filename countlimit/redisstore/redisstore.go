@@ -275,41 +275,6 @@ var _ driver.Store = (*Store)(nil)
 // likewise (keepAfterRefillDuration).
 const expiryGrace = time.Second
 
-var (
-	// prelude goes before each script that reads or writes a counter
-	// hash: the grace every TTL carries (GRACE, ms), and smoothkey.lua (a
-	// smooth key may be kept as a string). fast.lua takes smoothkey.lua
-	// at its own line "-- smoothkey.lua", below its commonest smooth call
-	// (see fast.lua).
-	//go:embed smoothkey.lua
-	smoothKeySrc string
-	grace        = fmt.Sprintf("local GRACE = %d -- ms: redisstore.go, expiryGrace\n", expiryGrace.Milliseconds())
-	prelude      = grace + smoothKeySrc
-
-	//go:embed apply.lua
-	applyBody   string
-	applySrc    = prelude + applyBody
-	applyScript = redis.NewScript(applySrc)
-
-	//go:embed fast.lua
-	fastBody   string
-	fastSrc    = grace + spliced(fastBody, "\n-- smoothkey.lua\n", "\n"+smoothKeySrc)
-	fastScript = redis.NewScript(fastSrc)
-
-	//go:embed reset.lua
-	resetSrc    string
-	resetScript = redis.NewScript(resetSrc)
-)
-
-// spliced returns src with its one line at (with the newlines around it)
-// made with; it panics when src holds that line other than once.
-func spliced(src, at, with string) string {
-	if strings.Count(src, at) != 1 {
-		panic(fmt.Sprintf("redisstore: a script holds %q %d times, want once", strings.TrimSpace(at), strings.Count(src, at)))
-	}
-	return strings.Replace(src, at, with, 1)
-}
-
 const (
 	// replyTTL is how long a Reset's reply is kept for a repeat of the call.
 	replyTTL = 20 * time.Second
@@ -320,12 +285,9 @@ const (
 
 // Boxed once, not per call: arguments every command carries.
 var (
-	replyMS  any = replyTTL.Milliseconds()
-	applySHA any = applyScript.Hash()
-	fastSHA  any = fastScript.Hash()
-	resetSHA any = resetScript.Hash()
-	noToken  any = "0"
-	opArg        = [...]any{driver.OpAllow: "allow", driver.OpPeek: "peek", driver.OpRefund: "refund", driver.OpReset: "reset"}
+	replyMS any = replyTTL.Milliseconds()
+	noToken any = "0"
+	opArg       = [...]any{driver.OpAllow: "allow", driver.OpPeek: "peek", driver.OpRefund: "refund", driver.OpReset: "reset"}
 )
 
 var (
@@ -335,9 +297,6 @@ var (
 	// starts at a random place, so that two processes seldom use the same
 	// numbers at the same time.
 	tokenSeq = newTokenSeq()
-	// unguarded turns the lost-reply records off, for a test that shows
-	// what they protect against.
-	unguarded atomic.Bool
 )
 
 // newCallPrefix returns 72 random bits: calls from two processes never
@@ -364,9 +323,6 @@ func newTokenSeq() *atomic.Uint32 {
 // the few that wrote the same hash around the same time: the chance that a
 // retry meets its own number written by someone else is 2^-31.
 func token() any {
-	if unguarded.Load() {
-		return noToken
-	}
 	for {
 		if t := tokenSeq.Add(1) & (1<<31 - 1); t != 0 {
 			return strconv.FormatUint(uint64(t), 10)
@@ -380,8 +336,9 @@ var errLost = errors.New("the reply to an earlier attempt was lost and its outco
 
 // Store is a driver.Store on Redis. It is safe for concurrent use.
 type Store struct {
-	client redis.UniversalClient
-	gather *gather.Batcher // nil: no pipelining
+	client  redis.UniversalClient
+	scripts *scripts        // builtScripts but in a test's Store
+	gather  *gather.Batcher // nil: no pipelining
 	// A pipeline's fast-path calls go in one script: on one server, until
 	// it answers that the keys of one script must share a slot.
 	combine atomic.Bool
@@ -408,6 +365,7 @@ type config struct {
 	maxBatch, maxInFlight    int
 	scriptPerCall            bool
 	scriptCalls, scriptBytes int
+	build                    *build // a test's scripts (export_test.go); nil: builtScripts
 }
 
 // WithMaxBatch sets how many calls one pipeline may carry (default 128).
@@ -461,7 +419,10 @@ func New(client redis.UniversalClient, opts ...Option) *Store {
 		o(&cfg)
 	}
 	_, single := client.(*redis.Client) // one server, or Sentinel's master
-	s := &Store{client: client, now: time.Now, scriptCalls: cfg.scriptCalls, scriptBytes: cfg.scriptBytes}
+	s := &Store{client: client, scripts: builtScripts, now: time.Now, scriptCalls: cfg.scriptCalls, scriptBytes: cfg.scriptBytes}
+	if cfg.build != nil {
+		s.scripts = newScripts(*cfg.build)
+	}
 	s.combine.Store(single && !cfg.scriptPerCall)
 	s.cluster, _ = client.(stateReloader)
 	if cfg.maxBatch > 1 {
@@ -640,14 +601,14 @@ func (s *Store) run(ctx context.Context, calls []*gather.Call, combine bool) {
 	if len(calls) > 1 {
 		cmds = make([]redis.Cmder, 0, len(calls))
 		if combine {
-			cmds, of, at, size = combined(ctx, cmds, calls, s.scriptCalls, s.scriptBytes)
+			cmds, of, at, size = s.scripts.combined(ctx, cmds, calls, s.scriptCalls, s.scriptBytes)
 		}
 	}
 	if of == nil {
 		cmds = cmds[:0]
 		followed := s.followed(calls)
 		for i, c := range calls {
-			cmds = append(cmds, command(ctx, &c.Req, s.cluster == nil || (followed != nil && followed[i])))
+			cmds = append(cmds, s.scripts.command(ctx, &c.Req, s.cluster == nil || (followed != nil && followed[i])))
 		}
 	}
 	s.execLoading(ctx, cmds)
@@ -686,7 +647,7 @@ func (s *Store) run(ctx context.Context, calls []*gather.Call, combine bool) {
 	// combined script (on one server) nothing.
 	cmds = cmds[:0]
 	for _, c := range alone {
-		cmds = append(cmds, command(ctx, &c.Req, true))
+		cmds = append(cmds, s.scripts.command(ctx, &c.Req, true))
 	}
 	s.execLoading(ctx, cmds)
 	for i, c := range alone {
@@ -772,7 +733,7 @@ func (s *Store) refused(cmd redis.Cmder) bool {
 // call. It returns which command each call is (of), its place in it (at),
 // and how many calls each command carries (size); of is nil when no script
 // would carry two calls.
-func combined(ctx context.Context, cmds []redis.Cmder, calls []*gather.Call, maxCalls, maxBytes int) (_ []redis.Cmder, of, at, size []int32) {
+func (sc *scripts) combined(ctx context.Context, cmds []redis.Cmder, calls []*gather.Call, maxCalls, maxBytes int) (_ []redis.Cmder, of, at, size []int32) {
 	nfast := 0
 	for _, c := range calls {
 		if isFast(&c.Req) {
@@ -788,14 +749,14 @@ func combined(ctx context.Context, cmds []redis.Cmder, calls []*gather.Call, max
 	bytes, open := 0, -1 // the script being filled: its bytes, its command
 	flush := func() {
 		if open >= 0 {
-			cmds[open] = fastCommand(ctx, true, fast...) // one server: no slot migrates
+			cmds[open] = sc.fastCommand(ctx, true, fast...) // one server: no slot migrates
 			fast, open = fast[:0], -1
 		}
 	}
 	for i, c := range calls {
 		if !isFast(&c.Req) {
 			of[i] = int32(len(cmds))
-			cmds = append(cmds, command(ctx, &c.Req, true))
+			cmds = append(cmds, sc.command(ctx, &c.Req, true))
 			size = append(size, 1)
 			continue
 		}
@@ -837,7 +798,7 @@ func (s *Store) execLoading(ctx context.Context, cmds []redis.Cmder) {
 			if again == nil {
 				again = make([]redis.Cmder, 0, len(cmds)-i)
 			}
-			cmds[i] = withSource(ctx, cmd)
+			cmds[i] = s.scripts.withSource(ctx, cmd)
 			again = append(again, cmds[i])
 		}
 	}
@@ -867,20 +828,20 @@ func (s *Store) exec(ctx context.Context, cmds []redis.Cmder) {
 // lease.go), reset.lua for a reset, fast.lua for an Allow of one rule,
 // else apply.lua (see each for its KEYS and ARGV). With logs it names every
 // check's sliding log, else only those the call needs (see appendKeys).
-func command(ctx context.Context, r *driver.Request, logs bool) redis.Cmder {
+func (sc *scripts) command(ctx context.Context, r *driver.Request, logs bool) redis.Cmder {
 	if r.OnLeases() {
-		return leaseCommand(ctx, r)
+		return sc.leaseCommand(ctx, r)
 	}
 	if isFast(r) {
-		return fastCommand(ctx, logs, r)
+		return sc.fastCommand(ctx, logs, r)
 	}
-	return applyCommand(ctx, r, logs)
+	return sc.applyCommand(ctx, r, logs)
 }
 
 // applyCommand returns the EVALSHA of r, not on leases, for reset.lua (a
 // reset) or apply.lua (any other op, whatever its rules); logs as for
 // command.
-func applyCommand(ctx context.Context, r *driver.Request, logs bool) redis.Cmder {
+func (sc *scripts) applyCommand(ctx context.Context, r *driver.Request, logs bool) redis.Cmder {
 	reset := r.Op == driver.OpReset
 	nkeys := 2 * len(r.Checks)
 	if reset {
@@ -895,7 +856,7 @@ func applyCommand(ctx context.Context, r *driver.Request, logs bool) redis.Cmder
 	args = appendKeys(args, r, reset, logs)
 	var cmd redis.Cmder
 	if reset {
-		args[1] = resetSHA
+		args[1] = sc.reset.sha
 		args = withLeaseKeys(args, r)
 		at := newAttempt() // which reset.lua does not read (see Store.moving)
 		args = append(args, replyMS, at)
@@ -903,7 +864,7 @@ func applyCommand(ctx context.Context, r *driver.Request, logs bool) redis.Cmder
 		c.SetFirstKeyPos(3)
 		cmd = at.carry(c)
 	} else {
-		args[1] = applySHA
+		args[1] = sc.apply.sha
 		tok := noToken
 		if r.Op != driver.OpPeek {
 			tok = token()
@@ -941,9 +902,9 @@ func isFast(r *driver.Request) bool {
 
 // fastCommand is fast.lua's EVALSHA for rs, Allows of one rule, applied in
 // order under one token; logs as for command.
-func fastCommand(ctx context.Context, logs bool, rs ...*driver.Request) redis.Cmder {
+func (sc *scripts) fastCommand(ctx context.Context, logs bool, rs ...*driver.Request) redis.Cmder {
 	args := make([]any, 3, 3+2*len(rs)+2+7*len(rs))
-	args[0], args[1], args[2] = "evalsha", fastSHA, 2*len(rs)
+	args[0], args[1], args[2] = "evalsha", sc.fast.sha, 2*len(rs)
 	for _, r := range rs {
 		args = appendKeys(args, r, false, logs)
 	}
@@ -1026,46 +987,6 @@ func writeReplyKey(b *strings.Builder, id string, tok []byte) {
 	b.WriteString("}:reply:")
 	b.WriteString(callPrefix)
 	b.Write(tok)
-}
-
-// withSource returns cmd again as an EVAL of its script's source, for a
-// server that answered NOSCRIPT.
-func withSource(ctx context.Context, cmd redis.Cmder) redis.Cmder {
-	args := append([]any(nil), cmd.Args()...)
-	args[0] = "eval"
-	var at *attempt
-	for i, a := range args {
-		// The EVALSHA answered NOSCRIPT ran nothing: its EVAL is a repeat
-		// only where an earlier send of it may have run (a lost reply,
-		// then a SCRIPT FLUSH).
-		if old, ok := a.(*attempt); ok {
-			at = old.successor()
-			args[i] = at
-		}
-	}
-	var out redis.Cmder
-	if args[1] == resetSHA {
-		args[1] = resetSrc
-		c := redis.NewIntCmd(ctx, args...)
-		c.SetFirstKeyPos(3)
-		out = c
-	} else {
-		switch cmd.Args()[1] {
-		case applySHA:
-			args[1] = applySrc
-		case fastSHA:
-			args[1] = fastSrc
-		case leaseSHA:
-			args[1] = leaseSrc
-		}
-		c := redis.NewIntSliceCmd(ctx, args...)
-		c.SetFirstKeyPos(3)
-		out = c
-	}
-	if at != nil {
-		at.carry(out)
-	}
-	return out
 }
 
 // finish writes the reply of cmd, of k calls (k > 1: a combined fast.lua

@@ -28,12 +28,18 @@ func TestMain(m *testing.M) { testenv.MainNeeding(m, "Redis", testenv.FindRedis)
 
 var unguarded = flag.Bool("unguarded", false, "turn the lost-reply records off: the retry and CLIENT KILL tests should fail")
 
+// guarded returns the options of the retry and CLIENT KILL tests' Stores:
+// with -unguarded, the lost-reply records off.
+func guarded() []redisstore.Option {
+	if *unguarded {
+		return []redisstore.Option{redisstore.WithUnguarded()}
+	}
+	return nil
+}
+
 // client returns a new client on the test Redis, closed when t ends.
 func client(t testing.TB) *redis.Client {
 	t.Helper()
-	if *unguarded {
-		redisstore.SetUnguarded(true)
-	}
 	c, err := redisurl.Open(testbackend.RedisURL(t))
 	if err != nil {
 		t.Fatalf("%s: %v", testbackend.EnvRedis, err)
@@ -472,6 +478,58 @@ func TestClockBehindRedisKeepsCounts(t *testing.T) {
 	for i, r := range res {
 		if r.Allowed || !seen(rules[i], "all", r) {
 			t.Errorf("AllowAll, %s: a clock %v behind: %+v; want a denial by what is stored", rules[i].UseType, lag, r)
+		}
+	}
+}
+
+// TestTestBuildsAreTheStoresOwn runs a Store whose scripts pad their TTLs
+// and keep no lost-reply records (a test's build) beside a Store of the
+// package's scripts, on one server, from many goroutines: each Store's
+// keys are as its own scripts write them, whatever the other runs.
+func TestTestBuildsAreTheStoresOwn(t *testing.T) {
+	t.Parallel()
+	c := client(t)
+	ctx := context.Background()
+	built := countlimit.New(redisstore.New(c))
+	test := countlimit.New(redisstore.New(c, redisstore.WithPaddedTTLs(time.Hour), redisstore.WithUnguarded()))
+	rule := countlimit.Rule{UseType: storetest.UseType(t, "builds"), Limit: 1 << 20, Window: countlimit.Fixed(time.Minute)}
+	var wg sync.WaitGroup
+	for g := range 32 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 20 {
+				l, id := built, "built"
+				if (g+i)%2 == 1 {
+					l, id = test, "test"
+				}
+				if _, err := l.Allow(ctx, rule, id); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	for _, tc := range []struct {
+		id       string
+		record   bool
+		min, max time.Duration
+	}{
+		{"built", true, 0, time.Minute + redisstore.ExpiryGrace},
+		{"test", false, time.Hour, time.Hour + time.Minute + redisstore.ExpiryGrace},
+	} {
+		k := redisstore.Key(rule.UseType, tc.id)
+		ttl, err := c.PTTL(ctx, k).Result()
+		if err != nil || ttl <= tc.min || ttl > tc.max {
+			t.Errorf("%s: PTTL %v, %v; want it in (%v, %v]", k, ttl, err, tc.min, tc.max)
+		}
+		n, err := c.HGet(ctx, k, "c").Int64()
+		if err != nil || n != 320 {
+			t.Errorf("%s: count %d, %v; want 320", k, n, err)
+		}
+		if has, err := c.HExists(ctx, k, "r").Result(); err != nil || has != tc.record {
+			t.Errorf("%s: a lost-reply record (field r): %v, %v; want %v", k, has, err, tc.record)
 		}
 	}
 }

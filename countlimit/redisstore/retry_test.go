@@ -140,7 +140,7 @@ func TestRetryAfterLostReplyCountsOnce(t *testing.T) {
 	t.Cleanup(func() { viaProxy.Close() })
 
 	ctx := context.Background()
-	l := countlimit.New(redisstore.New(viaProxy))
+	l := countlimit.New(redisstore.New(viaProxy, guarded()...))
 	other := countlimit.New(redisstore.New(direct))
 	fixed := countlimit.Rule{UseType: storetest.UseType(t, "retry.fixed"), Limit: 5, Window: countlimit.Fixed(time.Hour)}
 	sliding := countlimit.Rule{UseType: storetest.UseType(t, "retry.sliding"), Limit: 5, Window: countlimit.Sliding(time.Hour)}
@@ -298,7 +298,7 @@ func deadlineLimiter(t *testing.T) (*deadlineHook, *countlimit.Limiter) {
 	c := client(t)
 	h := &deadlineHook{}
 	c.AddHook(h)
-	return h, countlimit.New(redisstore.New(c))
+	return h, countlimit.New(redisstore.New(c, guarded()...))
 }
 
 // TestCallsEndBeforeTheirRepliesExpire: go-redis repeats a call only while

@@ -40,8 +40,7 @@ var releases = []struct {
 // new Store meeting the old keys.
 func TestUpgradeFromReleases(t *testing.T) {
 	client := testbackend.Redis(t)
-	t.Cleanup(redisstore.PadTTLsForTest(time.Minute))
-	s := redisstore.New(client)
+	s := redisstore.New(client, redisstore.WithPaddedTTLs(time.Minute))
 	for _, rel := range releases {
 		t.Run(rel.tag, func(t *testing.T) {
 			modeltest.Upgrade(t, modeltest.Path{

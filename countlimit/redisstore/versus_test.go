@@ -116,7 +116,7 @@ var memoryFor = flag.Duration("memory.for", 20*time.Second, "BenchmarkMemoryVers
 // call; a redis_rate key lives as long as its calls' share of the hour,
 // 3.6 s a call, so it outlives the run, and countlimit's until the hour
 // ends): countlimit's Allow,
-// the same with the lost-reply records off (SetUnguarded: no field r), and
+// the same with the lost-reply records off (WithUnguarded: no field r), and
 // redis_rate's. It reports the bytes and keys each leaves (B-countlimit,
 // keys-countlimit: one a counter, when no write keeps a key of its own;
 // B-records-off; B-redis_rate, keys-redis_rate), what the records take
@@ -143,6 +143,7 @@ func BenchmarkMemoryVersusRedisRate(b *testing.B) {
 		b.Run(fmt.Sprintf("callers=%d", callers), func(b *testing.B) {
 			run := strconv.FormatInt(time.Now().UnixNano(), 36)
 			l := countlimit.New(redisstore.New(c))
+			lOff := countlimit.New(redisstore.New(c, redisstore.WithUnguarded()))
 			// phase returns the bytes and keys a run of call leaves, and
 			// the calls it made; the keys matching pattern are deleted
 			// after.
@@ -153,18 +154,16 @@ func BenchmarkMemoryVersusRedisRate(b *testing.B) {
 				deleteMatching(b, c, pattern)
 				return mem1 - mem, n1 - n, calls
 			}
-			allow := func(ut countlimit.UseType) (bytes, keys, calls int64) {
+			allow := func(l *countlimit.Limiter, ut countlimit.UseType) (bytes, keys, calls int64) {
 				rule := countlimit.Rule{UseType: ut, Limit: 1000, Window: countlimit.Fixed(time.Hour)}
 				return phase(redisstore.Key(rule.UseType, "*"), allowOf(l, rule))
 			}
 			// A first run, not measured: the first phase after the server
 			// took the filler keys now and then read more memory than the
 			// same phase run later.
-			allow(countlimit.UseType("bench.memory.warm." + run))
-			cl, keys, calls := allow(countlimit.UseType("bench.memory." + run))
-			redisstore.SetUnguarded(true)
-			off, _, _ := allow(countlimit.UseType("bench.memory.off." + run))
-			redisstore.SetUnguarded(false)
+			allow(l, countlimit.UseType("bench.memory.warm."+run))
+			cl, keys, calls := allow(l, countlimit.UseType("bench.memory."+run))
+			off, _, _ := allow(lOff, countlimit.UseType("bench.memory.off."+run))
 			rr := redis_rate.NewLimiter(c)
 			perHour := redis_rate.PerHour(1000)
 			rate, rateKeys, rateCalls := phase("rate:"+run+":*", rateAllowOf(rr, run, perHour))
