@@ -3,6 +3,7 @@ package redisstore_test
 import (
 	"context"
 	"fmt"
+	"os"
 	"strconv"
 	"testing"
 	"time"
@@ -26,9 +27,21 @@ import (
 // scripts keep each key a minute past its end (WithPaddedTTLs): the
 // harness's clock is not Redis's. Every path expires keys: a key with
 // nothing live, a denial of a new key's tally say, is gone with its TTL.
+//
+// With modeltest.EnvCover set, the scripts are their test build, which
+// tallies each branch (coverBuild), and the tally is written into that
+// directory for internal/coverreport.
 func TestModel(t *testing.T) {
 	client := testbackend.Redis(t)
-	s := redisstore.New(client, redisstore.WithPaddedTTLs(time.Minute))
+	opts := []redisstore.Option{redisstore.WithPaddedTTLs(time.Minute)}
+	if dir := os.Getenv(modeltest.EnvCover); dir != "" {
+		const key = "countlimit-cover:lua" // in the process's own database
+		client.Del(context.Background(), key)
+		opt, read := coverBuild(t, key)
+		opts = append(opts, opt)
+		t.Cleanup(func() { writeLuaTally(t, dir, read(context.Background(), client)) })
+	}
+	s := redisstore.New(client, opts...)
 	read := func(ctx context.Context, ut, id string) (driver.Key, error) {
 		return readKey(ctx, client, ut, id)
 	}
@@ -57,9 +70,13 @@ func TestModel(t *testing.T) {
 // key leaves a hash whose window ends at now, which Redis would drop a
 // millisecond later, before the case reads it on a loaded machine. Real
 // expiry is TestKeysExpire's.
-func TestContract(t *testing.T) {
-	client := testbackend.Redis(t)
-	storetest.RunContract(t, redisstore.New(client, redisstore.WithPaddedTTLs(time.Minute)), storetest.Inspector{
+func TestContract(t *testing.T) { runContract(t, testbackend.Redis(t)) }
+
+// runContract runs the contract cases on a Store of client and opts,
+// whose scripts pad their TTLs.
+func runContract(t *testing.T, client *redis.Client, opts ...redisstore.Option) {
+	s := redisstore.New(client, append(opts, redisstore.WithPaddedTTLs(time.Minute))...)
+	storetest.RunContract(t, s, storetest.Inspector{
 		Read: func(ctx context.Context, ut, id string) (driver.Key, error) { return readKey(ctx, client, ut, id) },
 		Seed: func(ctx context.Context, ut, id string, k driver.Key) error { return seedKey(ctx, client, ut, id, k) },
 	})

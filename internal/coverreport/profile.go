@@ -2,10 +2,11 @@
 // decision (docs/ARCHITECTURE.md, "The copies") the model harness
 // (internal/modeltest) reaches, and prints a report a reviewer reads: per
 // PL/pgSQL function, per statement of the fast path (by the cases it
-// decides) and per Go file, the share of branches reached and the
-// branches never reached. TestReport runs the model tests of memstore and
-// pgstore on a private PostgreSQL cluster with plpgsql_check's profiler,
-// prints the report, and fails on a branch never reached that
+// decides), per file of redisstore's Lua scripts (luacover) and per Go
+// file, the share of branches reached and the branches never reached.
+// TestReport runs the model tests of memstore, pgstore (on a private
+// PostgreSQL cluster with plpgsql_check's profiler) and redisstore (on
+// the test Redis, with the scripts' test build), prints the report, and fails on a branch never reached that
 // unreachable.txt does not list (or one it lists that is reached):
 //
 //	COUNTLIMIT_COVER_REPORT=1 go test -count=1 -v -run '^TestReport$' ./internal/coverreport
@@ -57,3 +58,10 @@ func ReadProfile(file string) ([]Function, error) {
 	}
 	return fns, nil
 }
+
+// LuaFile is the name of the file a test process writes its Lua scripts'
+// branch tallies to (redisstore's TestModel, with modeltest.EnvCover
+// set), in the directory modeltest.EnvCover names: a line
+// "file<TAB>branch<TAB>count" for every branch of every script file
+// (internal/coverreport/luacover), 0 for one never reached.
+func LuaFile(pid int) string { return fmt.Sprintf("lua-%d.tsv", pid) }

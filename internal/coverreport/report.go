@@ -17,11 +17,11 @@ import (
 
 // Copy is one copy of the decision, or a part of one, as the report
 // gives it: a PL/pgSQL function (its statements and branches), a SQL
-// function, a statement of the fast path (the cases it decides) or a Go
-// file (its blocks).
+// function, a statement of the fast path (the cases it decides), a Lua
+// script's file (its branches, luacover's) or a Go file (its blocks).
 type Copy struct {
 	// Name is "plpgsql <signature>", "sql <signature>",
-	// "cases <statement>" or "go <file>".
+	// "cases <statement>", "lua <file>" or "go <file>".
 	Name string
 	// What counts the branches: "branches", "cases" or "blocks".
 	What           string
@@ -184,7 +184,7 @@ func plpgsqlCopy(f *Function) Copy {
 }
 
 // Cases reads the tallies a model test wrote (modeltest.EnvCover: lines
-// "copy<TAB>case<TAB>count") from r and adds them to into, by copy and
+// "copy<TAB>case<TAB>count", or LuaFile's "file<TAB>branch<TAB>count") from r and adds them to into, by copy and
 // case, keeping each copy's cases in their first order.
 func Cases(r io.Reader, into *CaseTally) error {
 	sc := bufio.NewScanner(r)
@@ -224,10 +224,16 @@ func (t *CaseTally) Add(copy, c string, n int) {
 }
 
 // Copies returns a Copy per statement tallied, sorted by name.
-func (t *CaseTally) Copies() []Copy {
+func (t *CaseTally) Copies() []Copy { return t.copies("cases ", "cases") }
+
+// Lua returns a Copy per Lua file tallied (LuaFile's lines: file, branch,
+// count), "lua <file>", sorted by name.
+func (t *CaseTally) Lua() []Copy { return t.copies("lua ", "branches") }
+
+func (t *CaseTally) copies(prefix, what string) []Copy {
 	var out []Copy
 	for _, name := range t.order {
-		c := Copy{Name: "cases " + name, What: "cases"}
+		c := Copy{Name: prefix + name, What: what}
 		for _, k := range t.cases[name] {
 			c.Total++
 			if t.n[[2]string{name, k}] > 0 {

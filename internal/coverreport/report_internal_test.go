@@ -106,6 +106,14 @@ func TestCases(t *testing.T) {
 	if err := Cases(strings.NewReader("s\tx\n"), &tally); err == nil {
 		t.Error("a line without a count: no error")
 	}
+	var lua CaseTally
+	if err := Cases(strings.NewReader("fast.lua\tline 3: if x then (then)\t4\nfast.lua\tline 3: if x then (no condition holds, no else)\t0\n"), &lua); err != nil {
+		t.Fatal(err)
+	}
+	if got := lua.Lua(); len(got) != 1 || got[0].Name != "lua fast.lua" || got[0].What != "branches" || got[0].Reached != 1 || got[0].Total != 2 ||
+		!slices.Equal(got[0].Never, []string{"line 3: if x then (no condition holds, no else)"}) {
+		t.Errorf("Lua: got %+v", got)
+	}
 }
 
 func TestGoBlocks(t *testing.T) {

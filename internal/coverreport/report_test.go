@@ -26,12 +26,15 @@ import (
 // again, several minutes.
 const EnvReport = "COUNTLIMIT_COVER_REPORT"
 
-// TestReport runs the model tests of memstore and pgstore (TestModel,
-// COUNTLIMIT_MODEL_STEPS steps, default 2000, for each seed of
+// TestReport runs the model tests of memstore, pgstore and redisstore
+// (TestModel, COUNTLIMIT_MODEL_STEPS steps, default 2000, for each seed of
 // COUNTLIMIT_COVER_SEEDS, default "1 2", so that the report is the same
 // on every run) with Go's coverage of countlimit/driver and
-// countlimit/memstore, and pgstore's on a private PostgreSQL cluster that
-// loads plpgsql_check with its profiler on; it prints the report, and
+// countlimit/memstore, pgstore's on a private PostgreSQL cluster that
+// loads plpgsql_check with its profiler on, and redisstore's on the test
+// Redis (COUNTLIMIT_TEST_REDIS_URL) with the test build of its scripts
+// (luacover), which tallies their branches in the test process's own
+// database; it prints the report, and
 // fails on every branch never reached that unreachable.txt does not list,
 // and on every entry of the list that names a branch reached.
 //
@@ -89,7 +92,7 @@ func runModelTests(t *testing.T, root, dir string) {
 		start := time.Now()
 		cmd := exec.Command("go", "test", "-count=1", "-timeout=60m", "-run", "^TestModel$",
 			"-coverpkg=./countlimit/driver,./countlimit/memstore", "-coverprofile="+filepath.Join(dir, "go-"+seed+".out"),
-			"./countlimit/memstore", "./countlimit/pgstore")
+			"./countlimit/memstore", "./countlimit/pgstore", "./countlimit/redisstore")
 		cmd.Dir = root
 		cmd.Env = append(os.Environ(), "COUNTLIMIT_TEST_POSTGRES_URL="+url, "COUNTLIMIT_REQUIRE_BACKENDS=1",
 			"COUNTLIMIT_MODEL_SEED="+seed, "COUNTLIMIT_MODEL_STEPS="+steps, modeltest.EnvCover+"="+dir)
@@ -131,6 +134,21 @@ func report(t *testing.T, root, dir string) {
 		t.Fatal("no model test tallied its statements' cases")
 	}
 	copies = append(copies, cases...)
+	var lua coverreport.CaseTally
+	files, _ = filepath.Glob(filepath.Join(dir, "lua-*.tsv"))
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := coverreport.Cases(bytes.NewReader(b), &lua); err != nil {
+			t.Fatalf("%s: %v", f, err)
+		}
+	}
+	if len(lua.Lua()) == 0 {
+		t.Fatal("redisstore's TestModel tallied no branch of its scripts")
+	}
+	copies = append(copies, lua.Lua()...)
 	profiles, _ := filepath.Glob(filepath.Join(dir, "go-*.out"))
 	var readers []io.Reader
 	for _, p := range profiles {
