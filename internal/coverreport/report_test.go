@@ -118,33 +118,13 @@ func report(t *testing.T, root, dir string) {
 		t.Fatal("pgstore's TestModel wrote no profile")
 	}
 	copies = append(copies, coverreport.PLpgSQL(fns)...)
-	var tally coverreport.CaseTally
-	files, _ := filepath.Glob(filepath.Join(dir, "cases-*.tsv"))
-	for _, f := range files {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := coverreport.Cases(bytes.NewReader(b), &tally); err != nil {
-			t.Fatalf("%s: %v", f, err)
-		}
-	}
+	tally := readTallies(t, dir, "cases-*.tsv")
 	cases := tally.Copies()
 	if len(cases) == 0 {
 		t.Fatal("no model test tallied its statements' cases")
 	}
 	copies = append(copies, cases...)
-	var lua coverreport.CaseTally
-	files, _ = filepath.Glob(filepath.Join(dir, "lua-*.tsv"))
-	for _, f := range files {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := coverreport.Cases(bytes.NewReader(b), &lua); err != nil {
-			t.Fatalf("%s: %v", f, err)
-		}
-	}
+	lua := readTallies(t, dir, "lua-*.tsv")
 	if len(lua.Lua()) == 0 {
 		t.Fatal("redisstore's TestModel tallied no branch of its scripts")
 	}
@@ -182,6 +162,24 @@ func report(t *testing.T, root, dir string) {
 	for _, s := range stale {
 		t.Errorf("unreachable.txt %s", s)
 	}
+}
+
+// readTallies reads the tallies of every file in dir that matches
+// pattern (coverreport.Cases' lines).
+func readTallies(t *testing.T, dir, pattern string) *coverreport.CaseTally {
+	t.Helper()
+	var tally coverreport.CaseTally
+	files, _ := filepath.Glob(filepath.Join(dir, pattern))
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := coverreport.Cases(bytes.NewReader(b), &tally); err != nil {
+			t.Fatalf("%s: %v", f, err)
+		}
+	}
+	return &tally
 }
 
 // readProfiles reads every profile pgstore's TestModel wrote into dir.
