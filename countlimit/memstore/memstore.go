@@ -253,7 +253,7 @@ type entry struct {
 	// lifetime windows. A sliding log keeps there its length and bounds
 	// as last written. A Smooth check's entry keeps its TAT in end, its
 	// units not yet drained when last written in count, over the window
-	// [0, TAT) (driver.Key's form of a smooth key, which checks of other
+	// [0, TAT) (model.Key's form of a smooth key, which checks of other
 	// kinds carry over), and in begin, negative, the instant its janitor
 	// deadline was last set for (see smoothBegin).
 	begin   int64
@@ -472,7 +472,7 @@ type view struct {
 	blocked    bool
 	ahead      int64 // smooth: max(TAT, now) - now
 	// until is set for a sliding or smooth check that carries over the
-	// count of an entry of another kind (driver.Apply's look): the end of
+	// count of an entry of another kind (model.Apply's look): the end of
 	// the window that holds it. A sliding check's used events are then all
 	// at begin.
 	until int64
@@ -489,7 +489,7 @@ func smoothBegin(at int64) int64 { return -at }
 
 // carried is the count a check of another kind reads from e at now, and
 // the end of the window that holds it: its window's while the window is
-// current, else 0 and 0 (driver.Apply's carried). A smooth entry's window
+// current, else 0 and 0 (model.Apply's carried). A smooth entry's window
 // is [0, TAT).
 func (e *entry) carried(now int64) (count, until int64) {
 	if e.begin < e.end && now < e.end && e.count > 0 {
@@ -580,7 +580,7 @@ func (v *view) fits(c *driver.Check, n int64) bool {
 }
 
 // smoothFits reports whether n more units fit a Smooth check drained
-// ahead after now, the penalty aside (driver.Apply's rule): ahead + n*T
+// ahead after now, the penalty aside (model.Apply's rule): ahead + n*T
 // <= B*T, with n*T taken only once n <= B.
 func smoothFits(c *driver.Check, ahead, n int64) bool {
 	t := c.Interval.Microseconds()
@@ -619,11 +619,11 @@ const inlineShards = 8
 // once: the locks of the checks' shards are held for the lookups and the
 // counter updates, and the States are built after they are let go.
 //
-// It is a copy, kept for speed, of driver.Apply, the reference model of
+// It is a copy, kept for speed, of model.Apply, the reference model of
 // the driver.Store contract; docs/ARCHITECTURE.md ("The copies") lists
 // every copy, in each store, and why it stays. A rule changes in
-// driver.Apply first, then here and in each copy there. TestModel (internal/modeltest) holds
-// memstore and every other store's paths to driver.Apply, comparing
+// model.Apply first, then here and in each copy there. TestModel (internal/modeltest) holds
+// memstore and every other store's paths to model.Apply, comparing
 // Results and stored state after each of its seeded steps; it names the
 // copy that was forgotten.
 func (s *Store) apply(r *driver.Request) error {
@@ -933,7 +933,7 @@ func (s *Store) write(sh *shard, e *entry, c *driver.Check, v *view, allowed boo
 	}
 }
 
-// refund gives n back as driver.Apply's refund does, in the form e is kept
+// refund gives n back as model.Apply's refund does, in the form e is kept
 // in: a smooth entry's TAT, a sliding log, or a window's count.
 func (s *Store) refund(e *entry, c *driver.Check, v *view, n int64) {
 	if c.Interval > 0 {

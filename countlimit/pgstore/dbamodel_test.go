@@ -18,6 +18,7 @@ import (
 	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/countlimit/pgstore"
 	"github.com/countlimit/countlimit/internal/keystate"
+	"github.com/countlimit/countlimit/internal/model"
 	"github.com/countlimit/countlimit/internal/modeltest"
 )
 
@@ -115,7 +116,7 @@ func (m dbaModel) reset(keys []*drawnKey, id, ut string) dbaResult {
 		if !keystate.Empty(k) {
 			n++
 		}
-		*k = driver.Key{}
+		*k = model.Key{}
 		// The leases' holders keep their Leases, which no longer hold.
 		d.kind, d.limit, d.interval, d.burst, d.exists, d.taken = nil, 0, 0, 0, false, map[string]int64{}
 	}
@@ -217,13 +218,13 @@ func callDBA(ctx context.Context, tx pgx.Tx, notice func() string, sql string, a
 
 // keyText is a key exactly, but for a log or leases that are empty
 // rather than none.
-func keyText(k driver.Key) string {
+func keyText(k model.Key) string {
 	var leases []string
 	for _, t := range slices.Sorted(maps.Keys(k.Leases)) {
 		leases = append(leases, fmt.Sprintf("%.6s@%d", t, k.Leases[t]))
 	}
 	end := fmt.Sprint(k.End)
-	if k.End == driver.Forever {
+	if k.End == model.Forever {
 		end = "forever"
 	}
 	return fmt.Sprintf("{count %d [%d, %s) log %v tat %d denied %d blocked %d leases %v}", k.Count, k.Begin, end, k.Log, k.TAT, k.Denied, k.Blocked, leases)
@@ -259,7 +260,7 @@ func TestDBAFunctionsAreTheModel(t *testing.T) {
 	w := newWorld()
 	m := dbaModel{w: w, now: nowUS}
 	store := pgstore.New(tx)
-	read := func(d *drawnKey) driver.Key {
+	read := func(d *drawnKey) model.Key {
 		t.Helper()
 		k, err := readKey(ctx, tx, d.ut, d.id)
 		if err != nil {
@@ -348,7 +349,7 @@ groups:
 }
 
 // normal is k as the harness reads a row back: an empty log is none.
-func normal(k driver.Key) driver.Key {
+func normal(k model.Key) model.Key {
 	if len(k.Log) == 0 {
 		k.Log = nil
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/internal/keystate"
+	"github.com/countlimit/countlimit/internal/model"
 )
 
 // The view count_limit_status and the DBA functions that write state
@@ -29,27 +30,27 @@ import (
 
 // world is the model's state of the keys a test draws, behind a Limiter
 // whose clock the test sets: a call of the Limiter is carried out by
-// driver.Apply, and its request kept, so that the same request can be
+// model.Apply, and its request kept, so that the same request can be
 // sent to PostgreSQL.
 type world struct {
 	at   time.Time
 	l    *countlimit.Limiter
-	keys map[[2]string]*driver.Key
+	keys map[[2]string]*model.Key
 	// sent is the last request as the Limiter made it; got the same, with
 	// the model's States. Both nil when the Limiter sent none.
 	sent, got *driver.Request
 }
 
 func newWorld() *world {
-	w := &world{keys: map[[2]string]*driver.Key{}}
+	w := &world{keys: map[[2]string]*model.Key{}}
 	w.l = countlimit.New(w, countlimit.WithClock(func() time.Time { return w.at }))
 	return w
 }
 
-func (w *world) key(ut, id string) *driver.Key {
+func (w *world) key(ut, id string) *model.Key {
 	k := w.keys[[2]string{ut, id}]
 	if k == nil {
-		k = &driver.Key{}
+		k = &model.Key{}
 		w.keys[[2]string{ut, id}] = k
 	}
 	return k
@@ -57,11 +58,11 @@ func (w *world) key(ut, id string) *driver.Key {
 
 func (w *world) Do(_ context.Context, r *driver.Request) error {
 	w.sent = cloneRequest(r)
-	keys := make([]*driver.Key, len(r.Checks))
+	keys := make([]*model.Key, len(r.Checks))
 	for i := range r.Checks {
 		keys[i] = w.key(r.Checks[i].UseType, r.ID)
 	}
-	driver.Apply(r, keys)
+	model.Apply(r, keys)
 	w.got = cloneRequest(r)
 	return nil
 }
@@ -256,7 +257,7 @@ func (w *world) drawChecks(rng *rand.Rand, kind, ut, id string, now time.Time) *
 		}
 		ahead = min(ahead, b*t)
 		tat := now.UnixMicro() + ahead
-		*w.key(ut, id) = driver.Key{Count: min(b, max(0, ahead+t-1)/t), End: tat, TAT: tat,
+		*w.key(ut, id) = model.Key{Count: min(b, max(0, ahead+t-1)/t), End: tat, TAT: tat,
 			Denied: rng.Int64N(3), Blocked: pick(rng, 0, 0, now.UnixMicro()+pick(rng, int64(-1), 0, 1, 5e6))}
 		s := "smooth"
 		d.kind, d.limit, d.interval, d.burst, d.exists = &s, r.Limit, t, b, true
@@ -349,11 +350,11 @@ func (d *drawnKey) step(w *world, rng *rand.Rand, r countlimit.Rule, at time.Tim
 }
 
 // wrote records what request r (with the model's States, carried out on
-// k) wrote of the row's columns that driver.Key does not hold, as
+// k) wrote of the row's columns that model.Key does not hold, as
 // countlimit's statements write them: a row made by a check, or counted
 // in, takes its kind, a smooth check's interval and burst, and every
 // check that counts or is denied writes its limit.
-func (d *drawnKey) wrote(r *driver.Request, k *driver.Key) {
+func (d *drawnKey) wrote(r *driver.Request, k *model.Key) {
 	created := !d.exists && !keystate.Empty(k)
 	d.exists = !keystate.Empty(k)
 	if r == nil || (r.Op != driver.OpAllow && r.Op != driver.OpAcquire) {

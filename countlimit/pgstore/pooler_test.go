@@ -14,6 +14,7 @@ import (
 	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/countlimit/pgstore"
 	"github.com/countlimit/countlimit/countlimit/storetest"
+	"github.com/countlimit/countlimit/internal/model"
 	"github.com/countlimit/countlimit/internal/testbackend"
 	"github.com/countlimit/countlimit/internal/testenv/pgbouncer"
 )
@@ -89,8 +90,8 @@ func TestBehindPgBouncer(t *testing.T) {
 			})
 			t.Run("contract", func(t *testing.T) {
 				in := storetest.Inspector{
-					Read: func(ctx context.Context, ut, id string) (driver.Key, error) { return readKey(ctx, p.direct, ut, id) },
-					Seed: func(ctx context.Context, ut, id string, k driver.Key) error { return seedKey(ctx, p.direct, ut, id, k) },
+					Read: func(ctx context.Context, ut, id string) (model.Key, error) { return readKey(ctx, p.direct, ut, id) },
+					Seed: func(ctx context.Context, ut, id string, k model.Key) error { return seedKey(ctx, p.direct, ut, id, k) },
 				}
 				storetest.RunContract(t, pgstore.New(pool), in)
 			})

@@ -13,6 +13,7 @@ import (
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/internal/keystate"
+	"github.com/countlimit/countlimit/internal/model"
 	"github.com/countlimit/countlimit/internal/modeltest"
 	"github.com/countlimit/countlimit/internal/testbackend"
 )
@@ -64,7 +65,7 @@ func (w *world) expectRow(d *drawnKey, now time.Time) (viewRow, error) {
 		kind = "smooth"
 	case k.Log != nil:
 		kind = "sliding"
-	case k.End == driver.Forever:
+	case k.End == model.Forever:
 		kind = "lifetime"
 	case d.kind != nil:
 		kind = *d.kind

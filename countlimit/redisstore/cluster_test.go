@@ -16,6 +16,7 @@ import (
 	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/countlimit/redisstore"
 	"github.com/countlimit/countlimit/countlimit/storetest"
+	"github.com/countlimit/countlimit/internal/model"
 	"github.com/countlimit/countlimit/internal/modeltest"
 	"github.com/countlimit/countlimit/internal/testbackend"
 	"github.com/countlimit/countlimit/internal/testenv/rediscluster"
@@ -70,7 +71,7 @@ func TestCluster(t *testing.T) {
 	t.Run("model", func(t *testing.T) {
 		t.Cleanup(redisstore.PadTTLsForTest(time.Minute))
 		s := redisstore.New(clients[0])
-		read := func(ctx context.Context, ut, id string) (driver.Key, error) { return readKey(ctx, clients[0], ut, id) }
+		read := func(ctx context.Context, ut, id string) (model.Key, error) { return readKey(ctx, clients[0], ut, id) }
 		modeltest.Run(t, []modeltest.Path{
 			{Name: "lone", Do: modeltest.Each(s.Do), Read: read, Expires: true},
 			{Name: "pipeline", Do: s.PipelineForTest, Read: read, Expires: true},

@@ -16,7 +16,7 @@
 //
 // RunContract goes under the Results: with an Inspector that reads and
 // seeds a key's stored state, it calls the store directly from seeded
-// states and demands the state driver.Apply, the contract's reference
+// states and demands the state model.Apply, the contract's reference
 // model, leaves: the count and window, the sliding log, the denial tally,
 // the penalty and the leases.
 package storetest

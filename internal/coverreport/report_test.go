@@ -29,7 +29,7 @@ const EnvReport = "COUNTLIMIT_COVER_REPORT"
 // TestReport runs the model tests of memstore and pgstore (TestModel,
 // COUNTLIMIT_MODEL_STEPS steps, default 2000, for each seed of
 // COUNTLIMIT_COVER_SEEDS, default "1 2", so that the report is the same
-// on every run) with Go's coverage of countlimit/driver and
+// on every run) with Go's coverage of countlimit/driver, internal/model and
 // countlimit/memstore, and pgstore's on a private PostgreSQL cluster that
 // loads plpgsql_check with its profiler on; it prints the report, and
 // fails on every branch never reached that unreachable.txt does not list,
@@ -88,7 +88,7 @@ func runModelTests(t *testing.T, root, dir string) {
 	for _, seed := range seeds {
 		start := time.Now()
 		cmd := exec.Command("go", "test", "-count=1", "-timeout=60m", "-run", "^TestModel$",
-			"-coverpkg=./countlimit/driver,./countlimit/memstore", "-coverprofile="+filepath.Join(dir, "go-"+seed+".out"),
+			"-coverpkg=./countlimit/driver,./internal/model,./countlimit/memstore", "-coverprofile="+filepath.Join(dir, "go-"+seed+".out"),
 			"./countlimit/memstore", "./countlimit/pgstore")
 		cmd.Dir = root
 		cmd.Env = append(os.Environ(), "COUNTLIMIT_TEST_POSTGRES_URL="+url, "COUNTLIMIT_REQUIRE_BACKENDS=1",

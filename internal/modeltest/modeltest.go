@@ -1,5 +1,5 @@
 // Package modeltest is the seeded differential harness that holds every
-// store path to the reference model (driver.Apply): random steps over a
+// store path to the reference model (model.Apply): random steps over a
 // few ids and rules, on a stub clock that moves forward in small and large
 // steps (sometimes landing exactly on a window's end, a penalty's end or a
 // lease's expiry, sometimes reading a little late), are carried out by the
@@ -41,6 +41,7 @@ import (
 	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/internal/keystate"
 	"github.com/countlimit/countlimit/internal/leaseforge"
+	"github.com/countlimit/countlimit/internal/model"
 )
 
 // Path is one way a store carries out requests: PostgreSQL's one
@@ -53,7 +54,7 @@ type Path struct {
 	// together and any other one after another. It writes the states.
 	Do func(ctx context.Context, reqs []*driver.Request) error
 	// Read returns what the store keeps of (ut, id).
-	Read func(ctx context.Context, ut, id string) (driver.Key, error)
+	Read func(ctx context.Context, ut, id string) (model.Key, error)
 	// Skip, when not nil, reports the steps the path cannot take (a path
 	// of the fast statements takes no sliding check, say); the model and
 	// the path then carry out the step with Fallback.
@@ -74,7 +75,7 @@ type Path struct {
 	// requests as the path answered them and, for each request, its
 	// checks' keys in the model just before it. It names only cases of
 	// AllCases.
-	Cases func(reqs []*driver.Request, before [][]driver.Key) []string
+	Cases func(reqs []*driver.Request, before [][]model.Key) []string
 	// AllCases are every case Cases may name: a case a run never reaches
 	// is tallied 0.
 	AllCases []string
@@ -249,14 +250,14 @@ func (r *recorder) token(t string) string {
 }
 
 // world is the model's state of every key, by use type and id.
-type world map[string]*driver.Key
+type world map[string]*model.Key
 
 func keyName(ut, id string) string { return ut + "\x00" + id }
 
-func (w world) key(ut, id string) *driver.Key {
+func (w world) key(ut, id string) *model.Key {
 	k := w[keyName(ut, id)]
 	if k == nil {
-		k = &driver.Key{}
+		k = &model.Key{}
 		w[keyName(ut, id)] = k
 	}
 	return k
@@ -267,20 +268,20 @@ func (w world) apply(reqs []*driver.Request) { w.applyFrom(reqs, false) }
 
 // applyFrom carries out reqs on w, one after another; with before, it
 // returns each request's checks' keys as they were just before it.
-func (w world) applyFrom(reqs []*driver.Request, before bool) [][]driver.Key {
-	var out [][]driver.Key
+func (w world) applyFrom(reqs []*driver.Request, before bool) [][]model.Key {
+	var out [][]model.Key
 	if before {
-		out = make([][]driver.Key, len(reqs))
+		out = make([][]model.Key, len(reqs))
 	}
 	for j, r := range reqs {
-		keys := make([]*driver.Key, len(r.Checks))
+		keys := make([]*model.Key, len(r.Checks))
 		for i := range r.Checks {
 			keys[i] = w.key(r.Checks[i].UseType, r.ID)
 			if before {
 				out[j] = append(out[j], keystate.Clone(*keys[i]))
 			}
 		}
-		driver.Apply(r, keys)
+		model.Apply(r, keys)
 	}
 	return out
 }
@@ -300,7 +301,7 @@ func (w world) expiries() []instant {
 	var out []instant
 	for name, k := range w {
 		ut, id, _ := strings.Cut(name, "\x00")
-		if k.Begin < k.End && k.End != driver.Forever {
+		if k.Begin < k.End && k.End != model.Forever {
 			out = append(out, instant{at: k.End, ut: ut, id: id})
 		}
 		if k.Blocked > 0 {
@@ -807,7 +808,7 @@ func clones(reqs []*driver.Request) []*driver.Request { return clonesFor(reqs, "
 // a janitor) or kept, and counts as empty, but for its denial tally when
 // tally is set (a Path that does not expire keys); a log and the leases
 // count by what is live, for a sliding span of span µs (0 for none).
-func Canon(k driver.Key, span, now int64, tally bool) string {
+func Canon(k model.Key, span, now int64, tally bool) string {
 	k = keystate.Live(k, span, now)
 	log, leases := k.Log, k.Leases
 	window := k.Begin < k.End
@@ -820,7 +821,7 @@ func Canon(k driver.Key, span, now int64, tally bool) string {
 	var b strings.Builder
 	if window {
 		end := "forever"
-		if k.End != driver.Forever {
+		if k.End != model.Forever {
 			end = strconv.FormatInt(k.End, 10)
 		}
 		fmt.Fprintf(&b, "count %d [%d, %s) ", k.Count, k.Begin, end)
@@ -948,7 +949,7 @@ func compareKeys(ctx context.Context, p Path, w world, ks keyspace, prefix strin
 // from the model before the keys are written (as if they had drained;
 // the keys' tallies and penalties stay). The second half then uses smooth rules on the upgraded store, on keys of every
 // kind, a use type that changes kind included.
-func Upgrade(t *testing.T, p Path, seed func(ctx context.Context, ut, id string, k driver.Key) error, upgrade func(ctx context.Context) error) {
+func Upgrade(t *testing.T, p Path, seed func(ctx context.Context, ut, id string, k model.Key) error, upgrade func(ctx context.Context) error) {
 	t.Helper()
 	s, n, steps, ks := planRun()
 	ctx := context.Background()
