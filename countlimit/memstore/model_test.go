@@ -5,7 +5,6 @@ import (
 	"testing"
 
 	"github.com/countlimit/countlimit/countlimit/memstore"
-	"github.com/countlimit/countlimit/countlimit/storetest"
 	"github.com/countlimit/countlimit/internal/model"
 
 	"github.com/countlimit/countlimit/internal/modeltest"
@@ -29,7 +28,7 @@ func TestModel(t *testing.T) {
 func TestContract(t *testing.T) {
 	s := memstore.New(memstore.WithJanitorInterval(0))
 	t.Cleanup(func() { s.Close() }) // after the parallel cases
-	storetest.RunContract(t, s, storetest.Inspector{
+	modeltest.RunContract(t, s, modeltest.Inspector{
 		Read: func(_ context.Context, ut, id string) (model.Key, error) { return memstore.KeyForTest(s, ut, id), nil },
 		Seed: func(_ context.Context, ut, id string, k model.Key) error {
 			memstore.SeedForTest(s, ut, id, k)

@@ -15,7 +15,6 @@ import (
 
 	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/countlimit/pgstore"
-	"github.com/countlimit/countlimit/countlimit/storetest"
 	"github.com/countlimit/countlimit/internal/model"
 
 	"github.com/countlimit/countlimit/internal/keystate"
@@ -177,11 +176,11 @@ func readKey(ctx context.Context, db interface {
 // with model.Apply's state.
 func TestContract(t *testing.T) {
 	pool := testbackend.Postgres(t)
-	in := storetest.Inspector{
+	in := modeltest.Inspector{
 		Read: func(ctx context.Context, ut, id string) (model.Key, error) { return readKey(ctx, pool, ut, id) },
 		Seed: func(ctx context.Context, ut, id string, k model.Key) error { return seedKey(ctx, pool, ut, id, k) },
 	}
-	t.Run("pool", func(t *testing.T) { storetest.RunContract(t, pgstore.New(pool), in) })
+	t.Run("pool", func(t *testing.T) { modeltest.RunContract(t, pgstore.New(pool), in) })
 	t.Run("connection", func(t *testing.T) {
 		conn, err := pgx.ConnectConfig(context.Background(), testbackend.PoolConfig(t).ConnConfig.Copy())
 		if err != nil {
@@ -189,7 +188,7 @@ func TestContract(t *testing.T) {
 		}
 		t.Cleanup(func() { conn.Close(context.Background()) })
 		// One connection serves one call at a time.
-		storetest.RunContract(t, serial{mu: new(sync.Mutex), s: pgstore.New(conn)}, in)
+		modeltest.RunContract(t, serial{mu: new(sync.Mutex), s: pgstore.New(conn)}, in)
 	})
 }
 

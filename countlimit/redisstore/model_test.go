@@ -12,7 +12,6 @@ import (
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/countlimit/redisstore"
-	"github.com/countlimit/countlimit/countlimit/storetest"
 	"github.com/countlimit/countlimit/internal/keystate"
 	"github.com/countlimit/countlimit/internal/model"
 	"github.com/countlimit/countlimit/internal/modeltest"
@@ -62,7 +61,7 @@ func TestModel(t *testing.T) {
 func TestContract(t *testing.T) {
 	client := testbackend.Redis(t)
 	t.Cleanup(redisstore.PadTTLsForTest(time.Minute))
-	storetest.RunContract(t, redisstore.New(client), storetest.Inspector{
+	modeltest.RunContract(t, redisstore.New(client), modeltest.Inspector{
 		Read: func(ctx context.Context, ut, id string) (model.Key, error) { return readKey(ctx, client, ut, id) },
 		Seed: func(ctx context.Context, ut, id string, k model.Key) error { return seedKey(ctx, client, ut, id, k) },
 	})

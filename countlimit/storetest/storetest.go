@@ -13,12 +13,6 @@
 // in parallel; each uses its own UseTypes, so the store may hold other data.
 // The suite drives a stubbed clock through fixed instants, so the stores are
 // checked against exact ResetAt and RetryAfter values.
-//
-// RunContract goes under the Results: with an Inspector that reads and
-// seeds a key's stored state, it calls the store directly from seeded
-// states and demands the state model.Apply, the contract's reference
-// model, leaves: the count and window, the sliding log, the denial tally,
-// the penalty and the leases.
 package storetest
 
 import (

@@ -1,6 +1,6 @@
 // Package keystate works with model.Key, the stored state of a key, for
 // the harnesses that read it back from stores and compare it with the
-// model's (storetest.RunContract, internal/modeltest and the stores'
+// model's (internal/modeltest: RunContract and the harness, and the stores'
 // model tests).
 package keystate
 

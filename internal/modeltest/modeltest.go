@@ -9,7 +9,7 @@
 // key whose window, penalty, log and leases are all over counts as empty
 // on a path that expires keys (Path.Expires: Redis), so there the tally
 // of such a key (a denial of a new key without a Block leaves one) goes
-// unchecked: storetest.RunContract's ADenialOfANewKeyIsTallied holds it.
+// unchecked: modeltest.RunContract's ADenialOfANewKeyIsTallied holds it.
 // On the other paths that tally must still agree.
 //
 // A failure prints the seed, the step and the shortest list of steps that
@@ -834,7 +834,7 @@ func Canon(k model.Key, span, now int64, tally bool) string {
 	}
 	fmt.Fprintf(&b, "denied %d blocked %d", k.Denied, k.Blocked)
 	if len(leases) > 0 {
-		fmt.Fprintf(&b, " leases %v", leaseText(leases))
+		fmt.Fprintf(&b, " leases %v", leaseText(leases, 6))
 	}
 	return b.String()
 }
@@ -1091,15 +1091,4 @@ func shrink(ctx context.Context, p Path, failing []Step, ks keyspace, prefix str
 			return failing, true
 		}
 	}
-}
-
-// leaseText lists leases as "token@expiry", sorted, tokens cut to 6
-// characters.
-func leaseText(leases map[string]int64) []string {
-	var out []string
-	for t, e := range leases {
-		out = append(out, fmt.Sprintf("%.6s@%d", t, e))
-	}
-	slices.Sort(out)
-	return out
 }

@@ -1,4 +1,4 @@
-package storetest
+package modeltest
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/countlimit/countlimit/countlimit/driver"
+	"github.com/countlimit/countlimit/countlimit/storetest"
 	"github.com/countlimit/countlimit/internal/keystate"
 	"github.com/countlimit/countlimit/internal/model"
 )
@@ -37,7 +38,7 @@ func RunContract(t *testing.T, store driver.Store, in Inspector) {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
-			ut := string(UseType(t, "contract"))
+			ut := string(storetest.UseType(t, "contract"))
 			want := keystate.Clone(c.seed)
 			if err := in.Seed(ctx, ut, "id", keystate.Clone(c.seed)); err != nil {
 				t.Fatalf("seeding %+v: %v", c.seed, err)
@@ -71,7 +72,7 @@ type contractCase struct {
 }
 
 func contractCases() []contractCase {
-	now := t0
+	now := time.Date(2026, 5, 11, 9, 0, 0, 0, time.UTC)
 	us := func(d time.Duration) int64 { return now.Add(d).UnixMicro() }
 	fixed := func(op driver.Op, n, limit int64, block time.Duration) func(string) *driver.Request {
 		return func(ut string) *driver.Request {
