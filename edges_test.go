@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/countlimit/countlimit/internal/expose"
+
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/storetest"
 	"github.com/countlimit/countlimit/internal/leaseforge"
@@ -56,7 +58,7 @@ func TestTimesOutsideTheRangeAreInvalid(t *testing.T) {
 			}
 			// The edges of the range are good.
 			for _, begin := range []time.Time{time.Unix(0, 0), time.Date(2149, 12, 31, 23, 59, 59, 999999000, time.UTC)} {
-				if ok, err := l.CheckLimit(ctx, ut, "edge"+strconv.Itoa(begin.Year()), 10, countlimit.MaxDuration, begin); err != nil || !ok {
+				if ok, err := l.CheckLimit(ctx, ut, "edge"+strconv.Itoa(begin.Year()), 10, expose.MaxDuration, begin); err != nil || !ok {
 					t.Errorf("CheckLimit with beginTime %v and the longest duration = %v, %v; want allowed", begin, ok, err)
 				}
 			}

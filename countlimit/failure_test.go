@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/countlimit/countlimit/internal/expose"
+
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/countlimit/memstore"
@@ -374,7 +376,7 @@ func TestStoreClock(t *testing.T) {
 	if want := time.Date(2026, 11, 23, 10, 2, 0, 0, time.UTC); !res.ResetAt.Equal(want) {
 		t.Fatalf("ResetAt = %v, want %v (the store's clock)", res.ResetAt.UTC(), want)
 	}
-	if got := l.Now().Sub(local.now()); got != 90*time.Second {
+	if got := expose.Now(l).Sub(local.now()); got != 90*time.Second {
 		t.Errorf("Now() is %v off the local clock, want 1m30s", got)
 	}
 	// Within the resync period the store is not asked again.
@@ -395,7 +397,7 @@ func TestStoreClock(t *testing.T) {
 	if got := cs.reads.Load(); got != 2 {
 		t.Fatalf("the store's clock was read %d times, want 2", got)
 	}
-	if got := l.Now().Sub(local.now()); got != -30*time.Second {
+	if got := expose.Now(l).Sub(local.now()); got != -30*time.Second {
 		t.Errorf("Now() is %v off the local clock, want -30s", got)
 	}
 	// A failed refresh keeps the last offset and does not fail the call.
@@ -404,7 +406,7 @@ func TestStoreClock(t *testing.T) {
 	if _, err := l.Allow(ctx, perMinute, "u4"); err != nil {
 		t.Fatalf("Allow with a failed refresh = %v, want the old offset used", err)
 	}
-	if got := l.Now().Sub(local.now()); got != -30*time.Second {
+	if got := expose.Now(l).Sub(local.now()); got != -30*time.Second {
 		t.Errorf("after a failed refresh Now() is %v off, want -30s kept", got)
 	}
 }
@@ -509,7 +511,7 @@ func TestClockReadingsAreMicroseconds(t *testing.T) {
 				}
 				local.advance(1001 * time.Nanosecond)
 			}
-			ns.nows = append(ns.nows, l.Now())
+			ns.nows = append(ns.nows, expose.Now(l))
 			for _, got := range ns.nows {
 				if got != got.Truncate(time.Microsecond) || got != got.Round(0) {
 					t.Errorf("%s clock, store skew %v: a time of %v, want whole microseconds and no monotonic reading", name, skew, got)
@@ -595,7 +597,7 @@ func TestStoreClockOutOfRangeIsAStoreFailure(t *testing.T) {
 	if res, err := l.Allow(context.Background(), perMinute, "u2"); err != nil || !res.Allowed {
 		t.Fatalf("Allow after a refresh read 2226 = %+v, %v; want the old offset used", res, err)
 	}
-	if got := l.Now().Sub(local.now()); got != time.Second {
+	if got := expose.Now(l).Sub(local.now()); got != time.Second {
 		t.Errorf("after a refresh out of range Now() is %v off, want 1s kept", got)
 	}
 }

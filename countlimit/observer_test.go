@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/countlimit/countlimit/internal/expose"
+
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/countlimit/memstore"
@@ -333,9 +335,9 @@ func TestObserverAllocatesNothing(t *testing.T) {
 		limit int64
 		opts  []countlimit.Option
 	}{
-		{"allowed", countlimit.MaxLimit, nil},
+		{"allowed", expose.MaxLimit, nil},
 		{"denied", 0, nil},
-		{"breaker and fallback", countlimit.MaxLimit, []countlimit.Option{
+		{"breaker and fallback", expose.MaxLimit, []countlimit.Option{
 			countlimit.WithCircuitBreaker(countlimit.CircuitBreaker{}), countlimit.WithFallback(fallback)}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {

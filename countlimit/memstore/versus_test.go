@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/countlimit/countlimit/internal/expose"
+
 	"golang.org/x/time/rate"
 
 	"github.com/countlimit/countlimit/countlimit"
@@ -39,7 +41,7 @@ func BenchmarkVersusRate(b *testing.B) {
 			defer s.Close()
 			l := countlimit.New(s)
 			ctx := context.Background()
-			rule := countlimit.Rule{UseType: "api", Limit: countlimit.MaxLimit, Window: countlimit.Fixed(time.Hour)}
+			rule := countlimit.Rule{UseType: "api", Limit: expose.MaxLimit, Window: countlimit.Fixed(time.Hour)}
 			ids := make([]string, 0, g)
 			for i := 0; len(ids) < g; i++ {
 				id := fmt.Sprint("user-", i)
@@ -105,7 +107,7 @@ func BenchmarkDo(b *testing.B) {
 	ctx := context.Background()
 	now := time.Now().Truncate(time.Microsecond)
 	begin := now.Truncate(time.Hour).UTC()
-	c := driver.Check{UseType: "api", Limit: countlimit.MaxLimit, Begin: begin, End: begin.Add(time.Hour)}
+	c := driver.Check{UseType: "api", Limit: expose.MaxLimit, Begin: begin, End: begin.Add(time.Hour)}
 	req := &driver.Request{Op: driver.OpAllow, ID: "user-1", Now: now, N: 1, Checks: []driver.Check{c}}
 	b.ReportAllocs()
 	for b.Loop() {
@@ -125,7 +127,7 @@ func BenchmarkDoThroughModel(b *testing.B) {
 	keys := map[key]*model.Key{}
 	now := time.Now().Truncate(time.Microsecond)
 	begin := now.Truncate(time.Hour).UTC()
-	c := driver.Check{UseType: "api", Limit: countlimit.MaxLimit, Begin: begin, End: begin.Add(time.Hour)}
+	c := driver.Check{UseType: "api", Limit: expose.MaxLimit, Begin: begin, End: begin.Add(time.Hour)}
 	req := &driver.Request{Op: driver.OpAllow, ID: "user-1", Now: now, N: 1, Checks: []driver.Check{c}}
 	ks := make([]*model.Key, 1)
 	b.ReportAllocs()

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/countlimit/countlimit/internal/expose"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -167,18 +169,18 @@ func (d *drawnKey) next(w *world, rng *rand.Rand, at time.Time) (what string, r 
 	n := pick(rng, int64(1), 1, 2)
 	got, sent = w.call(at, func(l *countlimit.Limiter) {
 		switch p := rng.IntN(6); {
-		case r.Window.IsConcurrent() && p < 3:
+		case expose.WindowOf(r.Window).Concurrent && p < 3:
 			what = "Acquire"
 			if ls, res, err := l.Acquire(ctx, r, d.id); err == nil && res.Allowed {
 				d.leases = append(d.leases, ls)
 			}
-		case r.Window.IsConcurrent() && p == 4 && len(d.leases) > 0:
+		case expose.WindowOf(r.Window).Concurrent && p == 4 && len(d.leases) > 0:
 			what = "Release"
 			d.leases[rng.IntN(len(d.leases))].Release(ctx)
-		case r.Window.IsConcurrent() && p == 5 && len(d.leases) > 0:
+		case expose.WindowOf(r.Window).Concurrent && p == 5 && len(d.leases) > 0:
 			what = "Extend"
 			d.leases[rng.IntN(len(d.leases))].Extend(ctx)
-		case r.Window.IsConcurrent() || p < 2:
+		case expose.WindowOf(r.Window).Concurrent || p < 2:
 			what = "Peek"
 			l.Peek(ctx, r, d.id)
 		case p < 5:

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/countlimit/countlimit/internal/expose"
+
 	"github.com/jackc/pgx/v5"
 
 	"github.com/countlimit/countlimit/countlimit"
@@ -123,7 +125,7 @@ func windowKind(w countlimit.Window) string {
 // span is the key's sliding span in µs, 0 when no rule of it slides.
 func (d *drawnKey) span() int64 {
 	if r, ok := d.rule("sliding"); ok {
-		return r.Window.Duration().Microseconds()
+		return expose.WindowOf(r.Window).Duration.Microseconds()
 	}
 	return 0
 }
@@ -148,7 +150,7 @@ func smoothRule(ut string, t, burst, limit int64) countlimit.Rule {
 	}
 	r := countlimit.Rule{UseType: countlimit.UseType(ut), Limit: limit,
 		Window: countlimit.Smooth(time.Duration(period)*time.Microsecond, burst)}
-	if got := r.Window.Interval(limit).Microseconds(); got != t {
+	if got := expose.Interval(r.Window, limit).Microseconds(); got != t {
 		panic(fmt.Sprintf("smooth rule %v limit %d: interval %dµs, want %d", r.Window, limit, got, t))
 	}
 	return r
@@ -189,7 +191,7 @@ func drawRule(rng *rand.Rand, kind, ut string) countlimit.Rule {
 		if rng.IntN(4) == 0 {
 			tb = [2]int64{1 + 2*rng.Int64N(2500000), 1 + rng.Int64N(6)}
 		}
-		limit := min(r.Limit, countlimit.MaxDuration.Microseconds()/tb[0])
+		limit := min(r.Limit, expose.MaxDuration.Microseconds()/tb[0])
 		block := r.Block
 		r = smoothRule(ut, tb[0], tb[1], limit)
 		r.Block = block
@@ -208,9 +210,9 @@ func reach(r countlimit.Rule) time.Duration {
 	case "lifetime":
 		return time.Hour
 	case "smooth":
-		return min(time.Duration(r.Window.Burst())*r.Window.Interval(r.Limit), 20*365*24*time.Hour)
+		return min(time.Duration(expose.WindowOf(r.Window).Burst)*expose.Interval(r.Window, r.Limit), 20*365*24*time.Hour)
 	}
-	return r.Window.Duration()
+	return expose.WindowOf(r.Window).Duration
 }
 
 // otherKinds are the kinds a second rule on a key's use type may have,
@@ -249,7 +251,7 @@ func (w *world) drawChecks(rng *rand.Rand, kind, ut, id string, now time.Time) *
 	if kind == "smooth" && rng.IntN(2) == 0 {
 		r := drawRule(rng, "smooth", ut)
 		d.rules = []countlimit.Rule{r}
-		t, b := r.Window.Interval(r.Limit).Microseconds(), r.Window.Burst()
+		t, b := expose.Interval(r.Window, r.Limit).Microseconds(), expose.WindowOf(r.Window).Burst
 		k := pick(rng, 0, 1, 1, 2, b-1, b, rng.Int64N(b+1))
 		ahead := max(0, k)*t + pick(rng, int64(-1), 0, 1)
 		if rng.IntN(8) == 0 {
@@ -287,7 +289,7 @@ func (w *world) drawChecks(rng *rand.Rand, kind, ut, id string, now time.Time) *
 		// The other rule writes its limit (up to 6) in the row: a smooth
 		// rule of that limit and the row's interval must be one, which
 		// takes an interval of 1/6 of 100 years at the most.
-		if r, ok := d.rule("smooth"); ok && r.Window.Interval(r.Limit) > countlimit.MaxDuration/6 {
+		if r, ok := d.rule("smooth"); ok && expose.Interval(r.Window, r.Limit) > expose.MaxDuration/6 {
 			d.rules = d.rules[:1]
 		}
 	}
@@ -305,7 +307,7 @@ func (w *world) drawChecks(rng *rand.Rand, kind, ut, id string, now time.Time) *
 		if len(d.rules) > 1 && rng.IntN(3) == 0 {
 			r = d.rules[1]
 		}
-		if rng.IntN(6) == 0 && !r.Window.IsSmooth() {
+		if rng.IntN(6) == 0 && !expose.WindowOf(r.Window).Smooth {
 			r.Limit = max(0, r.Limit+int64(rng.IntN(3))-1)
 		}
 		n := pick(rng, int64(1), 1, 1, 2, 3)
@@ -313,7 +315,7 @@ func (w *world) drawChecks(rng *rand.Rand, kind, ut, id string, now time.Time) *
 	}
 	if r, ok := d.rule("smooth"); ok && rng.IntN(5) == 0 {
 		// The rule's limit moved to 0: a denial writes limit_value 0.
-		r = smoothRule(ut, r.Window.Interval(r.Limit).Microseconds(), r.Window.Burst(), 0)
+		r = smoothRule(ut, expose.Interval(r.Window, r.Limit).Microseconds(), expose.WindowOf(r.Window).Burst, 0)
 		d.step(w, rng, r, now.Add(-time.Duration(rng.Int64N(int64(time.Second)))), 1)
 	}
 	return d
@@ -325,16 +327,16 @@ func (d *drawnKey) step(w *world, rng *rand.Rand, r countlimit.Rule, at time.Tim
 	var what string
 	got, _ := w.call(at, func(l *countlimit.Limiter) {
 		switch p := rng.IntN(10); {
-		case r.Window.IsConcurrent() && (p < 6 || len(d.leases) == 0):
+		case expose.WindowOf(r.Window).Concurrent && (p < 6 || len(d.leases) == 0):
 			what = "Acquire"
 			if ls, res, err := l.Acquire(ctx, r, d.id); err == nil && res.Allowed {
 				d.leases = append(d.leases, ls)
 				d.taken[w.sent.Lease] = at.UnixMicro()
 			}
-		case r.Window.IsConcurrent() && p < 8:
+		case expose.WindowOf(r.Window).Concurrent && p < 8:
 			what = "Release"
 			d.leases[rng.IntN(len(d.leases))].Release(ctx)
-		case r.Window.IsConcurrent():
+		case expose.WindowOf(r.Window).Concurrent:
 			what = "Extend"
 			d.leases[rng.IntN(len(d.leases))].Extend(ctx)
 		case p < 8:

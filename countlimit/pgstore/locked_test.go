@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/countlimit/countlimit/internal/expose"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -86,10 +88,10 @@ type hostageCase struct {
 }
 
 var hostageCases = []hostageCase{
-	{"fixed window, a row locked", countlimit.Fixed(time.Hour), countlimit.MaxLimit, false},
-	{"fixed window, a new id inserted", countlimit.Fixed(time.Hour), countlimit.MaxLimit, true},
-	{"sliding window, a row locked", countlimit.Sliding(time.Hour), countlimit.MaxSlidingLimit, false},
-	{"sliding window, a new id inserted", countlimit.Sliding(time.Hour), countlimit.MaxSlidingLimit, true},
+	{"fixed window, a row locked", countlimit.Fixed(time.Hour), expose.MaxLimit, false},
+	{"fixed window, a new id inserted", countlimit.Fixed(time.Hour), expose.MaxLimit, true},
+	{"sliding window, a row locked", countlimit.Sliding(time.Hour), expose.MaxSlidingLimit, false},
+	{"sliding window, a new id inserted", countlimit.Sliding(time.Hour), expose.MaxSlidingLimit, true},
 	// A smooth check is a statement of its own (countlimit_apply), as a
 	// sliding one is; 10^6 a second with a burst of 10^9 is never full.
 	{"smooth window, a row locked", countlimit.Smooth(time.Second, 1_000_000_000), 1_000_000, false},

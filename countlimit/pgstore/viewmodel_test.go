@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/countlimit/countlimit/internal/expose"
+
 	"github.com/jackc/pgx/v5"
 
 	"github.com/countlimit/countlimit/countlimit"
@@ -45,7 +47,7 @@ func (w *world) expectRow(d *drawnKey, now time.Time) (viewRow, error) {
 	nowUS := now.UnixMicro()
 	peek := func(r countlimit.Rule) (countlimit.Result, driver.State, error) {
 		r.Limit = d.limit
-		if r.Window.IsSmooth() {
+		if expose.WindowOf(r.Window).Smooth {
 			r = smoothRule(d.ut, d.interval, d.burst, d.limit)
 		}
 		var res countlimit.Result
@@ -77,7 +79,7 @@ func (w *world) expectRow(d *drawnKey, now time.Time) (viewRow, error) {
 		// or CheckLimit's window): any window reads the row's count.
 		rule = countlimit.Rule{UseType: countlimit.UseType(d.ut), Window: countlimit.Rolling(time.Hour)}
 		for _, r := range d.rules {
-			if !r.Window.IsConcurrent() && !r.Window.IsSmooth() && windowKind(r.Window) != "sliding" {
+			if !expose.WindowOf(r.Window).Concurrent && !expose.WindowOf(r.Window).Smooth && windowKind(r.Window) != "sliding" {
 				rule = r
 			}
 		}

@@ -233,7 +233,7 @@
 // master under traffic.
 //
 // Redis scripts compute in double precision, exact up to 2^53, which is
-// where the Limiter bounds limits, costs and burst (countlimit.MaxLimit);
+// where the Limiter bounds limits, costs and burst (expose.MaxLimit);
 // a caller of Do of its own must keep to it too.
 package redisstore
 

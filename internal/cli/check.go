@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/countlimit/countlimit/internal/expose"
+
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/internal/rulefile"
@@ -214,7 +216,7 @@ func leaseCmd(ctx context.Context, verb string, args []string, stdout io.Writer)
 		return false, nil
 	}
 	if o == driver.OpExtend {
-		fmt.Fprintf(stdout, "extended: the lease of %s for %s is held for %v more\n", ls.UseType(), ls.ID(), ls.TTL())
+		fmt.Fprintf(stdout, "extended: the lease of %s for %s is held for %v more\n", ls.UseType(), ls.ID(), expose.LeaseTTL(ls))
 	} else {
 		fmt.Fprintf(stdout, "released: the lease of %s for %s\n", ls.UseType(), ls.ID())
 	}

@@ -37,6 +37,8 @@ import (
 	"time"
 	_ "time/tzdata" // the zones a run draws, on every machine
 
+	"github.com/countlimit/countlimit/internal/expose"
+
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/internal/keystate"
@@ -135,8 +137,8 @@ func rules(loc *time.Location, smooth bool) []countlimit.Rule {
 var smoothEvery = func() map[string][2]int64 {
 	out := map[string][2]int64{}
 	for _, r := range rules(time.UTC, true) {
-		if r.Window.IsSmooth() {
-			out[string(r.UseType)] = [2]int64{r.Window.Interval(r.Limit).Microseconds(), r.Window.Burst()}
+		if expose.WindowOf(r.Window).Smooth {
+			out[string(r.UseType)] = [2]int64{expose.Interval(r.Window, r.Limit).Microseconds(), expose.WindowOf(r.Window).Burst}
 		}
 	}
 	return out
@@ -160,7 +162,7 @@ var spans = map[string]int64{"sliding": 9e6, "slidingblock": 4e6, "slidingwide":
 // idPool is what a run's three ids are drawn from: short and long ids,
 // the characters the stores' keys escape or split on (':', '{', '}',
 // '%'), and other scripts.
-var idPool = []string{"a", "b", "c", "用户:42", "a{b}c", "}{", "x%3Ay", "x:y", strings.Repeat("長", countlimit.MaxIDLen/3)}
+var idPool = []string{"a", "b", "c", "用户:42", "a{b}c", "}{", "x%3Ay", "x:y", strings.Repeat("長", expose.MaxIDLen/3)}
 
 // zones are what a run's calendar windows are drawn from: daylight saving
 // time in both hemispheres, midnight skipped (Santiago) or twice (Amman,
@@ -469,7 +471,7 @@ func gen(seed uint64, n int, smooth bool) []Step {
 		slots := false
 		if again || slidNext == 2 {
 			r, id = *lastRule, lastID
-		} else if focus == nil && lastRule != nil && lastRule.Window.IsConcurrent() && rng.IntN(2) == 0 {
+		} else if focus == nil && lastRule != nil && expose.WindowOf(lastRule.Window).Concurrent && rng.IntN(2) == 0 {
 			// An Acquire on the slots the step before used: a key's
 			// slots fill up, and a denial starts its penalty.
 			r, id, slots = *lastRule, lastID, true
@@ -508,18 +510,18 @@ func gen(seed uint64, n int, smooth bool) []Step {
 			op = 5 // a batch of two calls on it
 		case focus == nil && hotRule != nil && rng.IntN(5) == 0:
 			op, hot = 5, true
-		case focus != nil && !r.Window.IsConcurrent() && rng.IntN(5) < 4:
+		case focus != nil && !expose.WindowOf(r.Window).Concurrent && rng.IntN(5) < 4:
 			op = []int{0, 5}[rng.IntN(2)] // an allow, or a batch, at the instant
-		case focus != nil && r.Window.IsConcurrent() && rng.IntN(5) < 4:
+		case focus != nil && expose.WindowOf(r.Window).Concurrent && rng.IntN(5) < 4:
 			op = []int{0, 6, 8}[rng.IntN(3)] // an acquire, release or extend
 		}
 		switch {
-		case r.Window.IsConcurrent() && op < 6:
+		case expose.WindowOf(r.Window).Concurrent && op < 6:
 			desc = fmt.Sprintf("Acquire(%s, %s)", r.UseType, id)
 			if ls, _, _ := l.Acquire(ctx, r, id); ls.String() != "" {
 				leases = append(leases, ls)
 			}
-		case r.Window.IsConcurrent() && op < 10 && len(leases) > 0:
+		case expose.WindowOf(r.Window).Concurrent && op < 10 && len(leases) > 0:
 			ls := leases[rng.IntN(len(leases))]
 			if focus != nil {
 				// The lease whose expiry the clock landed on.
@@ -539,13 +541,13 @@ func gen(seed uint64, n int, smooth bool) []Step {
 					rl.Extend(ctx)
 				}
 			}
-		case r.Window.IsConcurrent() && op < 12:
+		case expose.WindowOf(r.Window).Concurrent && op < 12:
 			desc = fmt.Sprintf("Peek(%s, %s)", r.UseType, id)
 			l.Peek(ctx, r, id)
-		case r.Window.IsConcurrent():
+		case expose.WindowOf(r.Window).Concurrent:
 			desc = fmt.Sprintf("Reset(%s, %s)", r.UseType, id)
 			l.Reset(ctx, r, id)
-		case op < 5 && r.Window.IsSmooth() && rng.IntN(4) == 0:
+		case op < 5 && expose.WindowOf(r.Window).Smooth && rng.IntN(4) == 0:
 			// A smooth key refunded before it drains: the clock rarely
 			// stops inside a key's drain between an allow and a refund
 			// step, and a refund's arithmetic then went untested for
@@ -599,7 +601,7 @@ func gen(seed uint64, n int, smooth bool) []Step {
 			var parts []string
 			for j := range k {
 				b := rs[rng.IntN(len(rs))]
-				for b.Window.IsConcurrent() || strings.HasPrefix(b.Window.String(), "sliding") {
+				for expose.WindowOf(b.Window).Concurrent || strings.HasPrefix(b.Window.String(), "sliding") {
 					b = rs[rng.IntN(len(rs))]
 				}
 				bid := ids[rng.IntN(len(ids))]
@@ -641,7 +643,7 @@ func gen(seed uint64, n int, smooth bool) []Step {
 			desc = fmt.Sprintf("Peek(%s %v, %s)", r.UseType, r.Window, id)
 			l.Peek(ctx, r, id)
 		case op < 9:
-			if slidNext == 2 || lastRule != nil && !lastRule.Window.IsConcurrent() && rng.IntN(2) == 0 {
+			if slidNext == 2 || lastRule != nil && !expose.WindowOf(lastRule.Window).Concurrent && rng.IntN(2) == 0 {
 				// One event back on the key the step before counted (the
 				// SMS failed): a sliding log keeps the others.
 				r, id, n = *lastRule, lastID, 1
@@ -662,7 +664,7 @@ func gen(seed uint64, n int, smooth bool) []Step {
 				if len(all) == k {
 					break
 				}
-				if o.Window.IsConcurrent() || slices.ContainsFunc(all, func(a countlimit.Rule) bool { return a.UseType == o.UseType }) {
+				if expose.WindowOf(o.Window).Concurrent || slices.ContainsFunc(all, func(a countlimit.Rule) bool { return a.UseType == o.UseType }) {
 					continue
 				}
 				if rng.IntN(6) == 0 {
@@ -747,14 +749,14 @@ func (w world) room(rs []countlimit.Rule, now int64, ut, id string) []keyRule {
 // isWindow reports whether r is a rule of a window: not sliding, smooth
 // or concurrent (the fast path's rules).
 func isWindow(r *countlimit.Rule) bool {
-	return !r.Window.IsConcurrent() && !r.Window.IsSmooth() && !strings.HasPrefix(r.Window.String(), "sliding")
+	return !expose.WindowOf(r.Window).Concurrent && !expose.WindowOf(r.Window).Smooth && !strings.HasPrefix(r.Window.String(), "sliding")
 }
 
 // windowRule returns last when it is a rule of a window (not sliding,
 // smooth or concurrent), else a rule of rs of a window on last's use
 // type, if any; nil when last is nil or concurrent.
 func windowRule(rs []countlimit.Rule, last *countlimit.Rule) *countlimit.Rule {
-	if last == nil || last.Window.IsConcurrent() {
+	if last == nil || expose.WindowOf(last.Window).Concurrent {
 		return nil
 	}
 	if isWindow(last) {

@@ -23,6 +23,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/countlimit/countlimit/internal/expose"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -498,7 +500,7 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request, o driver.Op) (Re
 	if req.Rule == "" {
 		return bad("rule", "rule is required")
 	}
-	if err := countlimit.ValidateID(req.ID); err != nil {
+	if err := expose.ValidateID(req.ID); err != nil {
 		return bad("id", "%v", err)
 	}
 	costSet := req.Cost != nil
