@@ -17,4 +17,5 @@ func init() {
 	expose.Now = func(l any) time.Time { return l.(*Limiter).reading() }
 	expose.ValidateID = validateID
 	expose.LeaseTTL = func(l any) time.Duration { return l.(Lease).ttl }
+	expose.LeaseUseType = func(l any) string { return string(l.(Lease).useType) }
 }

@@ -94,9 +94,6 @@ func (ls Lease) Extend(ctx context.Context) error {
 	return err
 }
 
-// UseType returns the UseType of the rule the lease is a slot of.
-func (ls Lease) UseType() UseType { return ls.useType }
-
 // ID returns the id the slot was taken for.
 func (ls Lease) ID() string { return ls.id }
 

@@ -189,7 +189,7 @@ func (l *Limiter) one(ctx context.Context, res *Result, op driver.Op, r Rule, id
 	}
 	setResult(res, ch, now, retry)
 	if l.obs != nil && tell {
-		l.decided(op, ch, n)
+		l.decided(op, ch)
 	}
 	return nil
 }
@@ -261,7 +261,7 @@ func (l *Limiter) AllowAll(ctx context.Context, id string, rules ...Rule) ([]Res
 	for i := range checks {
 		setResult(&out[i], &checks[i], now, retry)
 		if l.obs != nil {
-			l.decided(driver.OpAllow, &checks[i], 1)
+			l.decided(driver.OpAllow, &checks[i])
 		}
 	}
 	return out, nil
@@ -312,7 +312,7 @@ func (l *Limiter) CheckLimit(ctx context.Context, useType UseType, id string, li
 		return false, wrap(driver.OpAllow, useType, err)
 	}
 	if l.obs != nil {
-		l.decided(driver.OpAllow, ch, 1)
+		l.decided(driver.OpAllow, ch)
 	}
 	return ch.State.Allowed, nil
 }

@@ -19,8 +19,8 @@ const (
 	Year
 )
 
-// String returns "day", "week", "month" or "year".
-func (u Unit) String() string {
+// name is "day", "week", "month" or "year".
+func (u Unit) name() string {
 	switch u {
 	case Day:
 		return "day"
@@ -146,9 +146,9 @@ func (w Window) String() string {
 		return "lifetime"
 	case kindCalendar:
 		if w.loc == nil {
-			return "calendar " + w.unit.String()
+			return "calendar " + w.unit.name()
 		}
-		return "calendar " + w.unit.String() + " " + w.loc.String()
+		return "calendar " + w.unit.name() + " " + w.loc.String()
 	}
 	return "invalid window"
 }

@@ -59,10 +59,9 @@ var (
 	// ValidateID reports why id cannot be a Limiter's id
 	// (countlimit.ErrInvalid naming the field), nil when it can.
 	ValidateID func(id string) error
-	// ValidateRule reports why a countlimit.Rule cannot be used, as a call
-	// with it would (countlimit.ErrInvalid naming the field); nil when it
-	// can.
-	ValidateRule func(r any) error
 	// LeaseTTL is a countlimit.Lease's ttl: its rule's, which it lives by.
 	LeaseTTL func(l any) time.Duration
+	// LeaseUseType is the UseType of the rule a countlimit.Lease is a slot
+	// of.
+	LeaseUseType func(l any) string
 )

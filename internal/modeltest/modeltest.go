@@ -534,10 +534,10 @@ func gen(seed uint64, n int, smooth bool) []Step {
 			// Bound again to this step's Limiter, whose clock is now.
 			if rl, err := l.ParseLease(ls.String(), r); err == nil {
 				if op < 8 {
-					desc = fmt.Sprintf("Release(%s %s %.6s)", rl.UseType(), rl.ID(), rec.tokens[leaseforge.Token(rl.String())])
+					desc = fmt.Sprintf("Release(%s %s %.6s)", expose.LeaseUseType(rl), rl.ID(), rec.tokens[leaseforge.Token(rl.String())])
 					rl.Release(ctx)
 				} else {
-					desc = fmt.Sprintf("Extend(%s %s %.6s)", rl.UseType(), rl.ID(), rec.tokens[leaseforge.Token(rl.String())])
+					desc = fmt.Sprintf("Extend(%s %s %.6s)", expose.LeaseUseType(rl), rl.ID(), rec.tokens[leaseforge.Token(rl.String())])
 					rl.Extend(ctx)
 				}
 			}

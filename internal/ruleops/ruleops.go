@@ -220,7 +220,7 @@ func ParseLease(l *countlimit.Limiter, rf *rulefile.File, s, rule, id string) (c
 		ls, err := l.ParseLease(s, countlimit.Rule{UseType: r.UseType, Window: r.Window})
 		if err != nil {
 			if other, err2 := l.ParseLease(s, all...); err2 == nil {
-				return countlimit.Lease{}, fieldErr("rule", "the lease is a slot of %q, not of rule %s", other.UseType(), rule)
+				return countlimit.Lease{}, fieldErr("rule", "the lease is a slot of %q, not of rule %s", expose.LeaseUseType(other), rule)
 			}
 			return countlimit.Lease{}, leaseErr(err)
 		}
