@@ -85,7 +85,7 @@ func WithPurgeReport(report func(PurgePass)) PurgeOption {
 // A pass that fails (the database is down, the schema is missing) is
 // reported with its error and the next pass tries again: PurgeEvery never
 // returns for a failing database. Its errors do not go through a Limiter,
-// so they never count toward a circuit breaker or Limiter.Stats.
+// so they never count toward a circuit breaker or a Limiter's observer.
 //
 // Each wait between passes is interval with up to a tenth more or less at
 // random, so that processes started together drift apart. Any number of

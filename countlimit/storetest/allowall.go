@@ -45,7 +45,7 @@ func manyRules(t *testing.T, k int) []countlimit.Rule {
 // (expose.MaxRules), of every countable kind mixed, is all or
 // nothing: the lowest limit's events are counted under every rule, the
 // next call under none, and only the rule that denies sets its penalty;
-// one rule more than MaxRules is ErrInvalid naming the rules.
+// one rule more than 64 (the bound) is ErrInvalid naming the rules.
 func testAllowAllOfEverySize(t *testing.T, newStore func(*testing.T) driver.Store) {
 	for _, k := range []int{1, 2, 3, 4, 5, 6, 7, 8, expose.MaxRules} {
 		t.Run(fmt.Sprint(k), func(t *testing.T) {

@@ -743,7 +743,7 @@ func testKeysAreIsolated(t *testing.T, newStore func(*testing.T) driver.Store) {
 	e.run(a, "u1", []step{{at: at(0), want: no(1, 1, end, time.Hour)}})
 }
 
-// testLongestID: an id of MaxIDLen bytes, the longest there is, counts.
+// testLongestID: an id of 512 bytes, the longest there is, counts.
 func testLongestID(t *testing.T, newStore func(*testing.T) driver.Store) {
 	e := newEnv(t, newStore)
 	good := countlimit.Rule{UseType: UseType(t, "longest"), Limit: 5, Window: countlimit.Fixed(time.Hour)}
