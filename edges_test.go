@@ -8,6 +8,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/countlimit/countlimit/internal/tally"
+
+	"github.com/countlimit/countlimit/internal/expose"
+
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/storetest"
 	"github.com/countlimit/countlimit/internal/leaseforge"
@@ -25,8 +29,9 @@ func TestTimesOutsideTheRangeAreInvalid(t *testing.T) {
 			store := b.Open(t)
 			ctx := context.Background()
 			clock := storetest.NewClock(time.Date(2026, 11, 26, 12, 0, 0, 0, time.UTC))
-			l := countlimit.New(store, countlimit.WithClock(clock.Now),
-				countlimit.WithCircuitBreaker(countlimit.CircuitBreaker{Failures: 3, CoolDown: time.Hour}))
+			var tl, farTally tally.Tally
+			l := countlimit.New(store, countlimit.WithClock(clock.Now), countlimit.WithObserver(tl.Observer()),
+				countlimit.WithCircuitBreaker(countlimit.CircuitBreaker{Failures: 3, CoolDown: time.Hour, OnChange: tl.BreakerChanged}))
 			ut := storetest.UseType(t, "edge.begin")
 			for _, begin := range []time.Time{
 				time.Date(292278, 12, 1, 0, 0, 0, 0, time.UTC), // its microseconds overflow int64
@@ -56,23 +61,24 @@ func TestTimesOutsideTheRangeAreInvalid(t *testing.T) {
 			}
 			// The edges of the range are good.
 			for _, begin := range []time.Time{time.Unix(0, 0), time.Date(2149, 12, 31, 23, 59, 59, 999999000, time.UTC)} {
-				if ok, err := l.CheckLimit(ctx, ut, "edge"+strconv.Itoa(begin.Year()), 10, countlimit.MaxDuration, begin); err != nil || !ok {
+				if ok, err := l.CheckLimit(ctx, ut, "edge"+strconv.Itoa(begin.Year()), 10, expose.MaxDuration, begin); err != nil || !ok {
 					t.Errorf("CheckLimit with beginTime %v and the longest duration = %v, %v; want allowed", begin, ok, err)
 				}
 			}
 
 			// A clock that reads outside the range.
 			far := countlimit.New(store, countlimit.WithClock(func() time.Time { return time.Date(300000, 1, 1, 0, 0, 0, 0, time.UTC) }),
-				countlimit.WithCircuitBreaker(countlimit.CircuitBreaker{Failures: 1, CoolDown: time.Hour}))
+				countlimit.WithObserver(farTally.Observer()),
+				countlimit.WithCircuitBreaker(countlimit.CircuitBreaker{Failures: 1, CoolDown: time.Hour, OnChange: farTally.BreakerChanged}))
 			rule := countlimit.Rule{UseType: ut, Limit: 10, Window: countlimit.Fixed(time.Hour)}
 			if res, err := far.Allow(ctx, rule, "clock"); !errors.Is(err, countlimit.ErrInvalid) || !strings.Contains(err.Error(), "clock") {
 				t.Errorf("Allow on a clock in year 300000 = %+v, %v; want ErrInvalid naming the clock", res, err)
 			}
-			if st := far.Stats(); st.Failures != 0 || st.Breaker != countlimit.BreakerClosed {
+			if st := farTally.Counts(); st.Failures != 0 || st.BreakerOpenings != 0 {
 				t.Errorf("after a bad clock reading: %+v; want no store failure, breaker closed", st)
 			}
 
-			if st := l.Stats(); st.Failures != 0 || st.Breaker != countlimit.BreakerClosed {
+			if st := tl.Counts(); st.Failures != 0 || st.BreakerOpenings != 0 {
 				t.Errorf("after 60 bad beginTimes: %+v; want no store failure, breaker closed", st)
 			}
 			if res, err := l.Allow(ctx, rule, "another"); err != nil || !res.Allowed {

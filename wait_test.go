@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/countlimit/countlimit/internal/expose"
+
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/countlimit/storetest"
@@ -48,7 +50,7 @@ func runHerd(l *countlimit.Limiter, store *countingStore, r countlimit.Rule, wai
 		h        herd
 	)
 	calls := store.calls.Load()
-	h.start = l.Now()
+	h.start = expose.Now(l)
 	var wg sync.WaitGroup
 	for range waiters {
 		wg.Go(func() {
@@ -69,7 +71,7 @@ func runHerd(l *countlimit.Limiter, store *countingStore, r countlimit.Rule, wai
 		})
 	}
 	wg.Wait()
-	h.end = l.Now()
+	h.end = expose.Now(l)
 	h.admitted, h.calls = admitted.Load(), store.calls.Load()-calls
 	if h.err == nil && h.admitted < events {
 		h.err = fmt.Errorf("the run ended with %d of %d events admitted: %w", h.admitted, events, ctx.Err())

@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/countlimit/countlimit/internal/expose"
+
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/memstore"
 )
@@ -21,7 +23,7 @@ func TestHotPathAllocatesNothing(t *testing.T) {
 	// drop events as they would in service.
 	at := time.Date(2026, 3, 2, 9, 0, 0, 0, time.UTC)
 	clock := countlimit.WithClock(func() time.Time { at = at.Add(time.Second); return at })
-	many := int64(countlimit.MaxLimit)
+	many := int64(expose.MaxLimit)
 	fallback := memstore.New(memstore.WithJanitorInterval(0))
 	t.Cleanup(func() { fallback.Close() })
 	tests := []struct {

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/countlimit/countlimit/internal/expose"
+
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/driver"
 )
@@ -28,7 +30,7 @@ func (nopStore) Do(_ context.Context, r *driver.Request) error {
 func BenchmarkLimiterOverhead(b *testing.B) {
 	l := countlimit.New(nopStore{})
 	ctx := context.Background()
-	rule := countlimit.Rule{UseType: "api", Limit: countlimit.MaxLimit, Window: countlimit.Fixed(time.Hour)}
+	rule := countlimit.Rule{UseType: "api", Limit: expose.MaxLimit, Window: countlimit.Fixed(time.Hour)}
 	b.ReportAllocs()
 	for b.Loop() {
 		if _, err := l.Allow(ctx, rule, "user-1"); err != nil {
@@ -43,7 +45,7 @@ func BenchmarkLimiterOverhead(b *testing.B) {
 // ids of their own.
 func BenchmarkWaitWithRoom(b *testing.B) {
 	l := countlimit.New(nopStore{})
-	rule := countlimit.Rule{UseType: "api", Limit: countlimit.MaxLimit, Window: countlimit.Fixed(time.Hour)}
+	rule := countlimit.Rule{UseType: "api", Limit: expose.MaxLimit, Window: countlimit.Fixed(time.Hour)}
 	for _, side := range []struct {
 		name string
 		call func(context.Context, countlimit.Rule, string) (countlimit.Result, error)

@@ -42,4 +42,18 @@
 // from each call and never read their own while deciding. [WithStoreClock]
 // corrects the Limiter's clock by the store's, read now and then, so that
 // processes with skewed clocks agree. Times are kept to the microsecond.
+//
+// Bounds, so that every store computes exactly (Redis scripts count in
+// double precision) and no sum overflows; past one a call is [ErrInvalid],
+// naming the field: an id or UseType is 1 to 512 bytes of UTF-8 without
+// NUL; a Limit, and AllowN's n, at most 2^53; a [Sliding] or [Concurrent]
+// rule's Limit at most 10 000 (one timestamp or lease per event or slot);
+// a window, penalty or CheckLimit duration at most 100 years; an
+// [Limiter.AllowAll] at most 64 rules; a [WithLeaseKey] key at least 16
+// bytes.
+//
+// Observing: [WithObserver] tells each decision and each store call, with
+// what the failure options did about it; [CircuitBreaker].OnChange each
+// change of the breaker's state. Package promlimit turns both into
+// Prometheus metrics.
 package countlimit

@@ -28,8 +28,8 @@ var ErrCircuitOpen = fmt.Errorf("%w: circuit breaker open", ErrUnavailable)
 // the pool's connections behind the lock. It wraps
 // ErrUnavailable, so a fail-open or fail-closed policy applies as for any
 // call that could not be decided; but the store is not failing: it does
-// not count toward the circuit breaker (nor as a failure or timeout in
-// Stats), and the fallback store does not answer for it.
+// not count toward the circuit breaker (nor is it a failed or timed-out
+// [StoreCall]), and the fallback store does not answer for it.
 var ErrLocked = errs.ErrLocked
 
 // WithStoreTimeout bounds every store call the Limiter makes to d, on top of
@@ -64,9 +64,12 @@ type CircuitBreaker struct {
 	// through to probe the store (default 1s).
 	CoolDown time.Duration
 	// OnChange, when not nil, is called after every change of state, with
-	// the states before and after, once per change (not once per call):
-	// the place to log an outage and its end. It runs on the goroutine of
-	// the call that caused the change and must not block.
+	// the states before and after, once per change (not once per call)
+	// and one change at a time, in the order they happened: the place to
+	// log an outage and its end, and to export the state
+	// (promlimit's Metrics.BreakerChanged). It runs on the goroutine of
+	// the call that caused the change and must not block nor call the
+	// Limiter.
 	OnChange func(from, to BreakerState)
 }
 
@@ -106,7 +109,8 @@ func (s BreakerState) String() string {
 // at once (or asks the fallback store, see [WithFallback]) for cb.CoolDown,
 // then lets one call probe the store, and closes again when the probe
 // succeeds. Callers stop waiting on a store that is down, and the store gets
-// room to come back. [Limiter.Stats] reports its state and counts.
+// room to come back. CircuitBreaker.OnChange tells each change of its
+// state, and [Observer].StoreCalled each call it refused.
 func WithCircuitBreaker(cb CircuitBreaker) Option {
 	return func(l *Limiter) {
 		if cb.Failures <= 0 {
@@ -134,62 +138,14 @@ func WithCircuitBreaker(cb CircuitBreaker) Option {
 // do Acquire, a Lease's Release and Extend, and Peek of a Concurrent rule,
 // whose slots are the store's alone.
 // Without this option the Limiter fails closed: the call returns
-// ErrUnavailable. [Limiter.Stats] counts the calls the fallback answered.
+// ErrUnavailable. [Observer].StoreCalled tells each call the fallback
+// answered.
 func WithFallback(fallback driver.Store) Option {
 	return func(l *Limiter) {
 		if fallback != nil {
 			l.guard().fallback = fallback
 		}
 	}
-}
-
-// Stats are a Limiter's counts of store failures and of what its failure
-// options did about them, for metrics. All counts are since New.
-// [WithObserver] tells each event as it happens instead; package promlimit
-// exports these counts to Prometheus, read at each scrape (its Metrics.Watch).
-type Stats struct {
-	// Failures is how many store calls failed (errors other than the
-	// caller's own context ending), timeouts included.
-	Failures uint64
-	// Timeouts is how many store calls ran out of the WithStoreTimeout
-	// bound.
-	Timeouts uint64
-	// Rejected is how many calls the open circuit breaker answered without
-	// calling the store.
-	Rejected uint64
-	// Fallbacks is how many calls the fallback store answered.
-	Fallbacks uint64
-	// Locked is how many calls ended waiting for a lock another
-	// transaction held on their id's state (ErrLocked).
-	Locked uint64
-	// Breaker is the circuit breaker's state now, and BreakerOpenings how
-	// many times it has opened.
-	Breaker         BreakerState
-	BreakerOpenings uint64
-}
-
-// Stats returns the Limiter's failure counts. It is safe to call
-// concurrently with checks. A Limiter made with none of WithObserver,
-// WithStoreTimeout, WithCircuitBreaker and WithFallback counts nothing (its
-// calls go straight to the store): its Stats are all zero.
-func (l *Limiter) Stats() Stats {
-	g := l.guarded
-	if g == nil {
-		return Stats{}
-	}
-	s := Stats{
-		Failures:  g.failures.Load(),
-		Timeouts:  g.timeouts.Load(),
-		Rejected:  g.rejected.Load(),
-		Fallbacks: g.fallbacks.Load(),
-		Locked:    g.locked.Load(),
-	}
-	if b := g.breaker; b != nil {
-		b.mu.Lock()
-		s.Breaker, s.BreakerOpenings = b.state, b.openings
-		b.mu.Unlock()
-	}
-	return s
 }
 
 // guarded holds the failure options; a Limiter without any has none, and
@@ -199,8 +155,6 @@ type guarded struct {
 	breaker  *breaker
 	fallback driver.Store
 	obs      *Observer // nil without WithObserver
-
-	failures, timeouts, rejected, fallbacks, locked atomic.Uint64
 }
 
 func (l *Limiter) guard() *guarded {
@@ -232,24 +186,20 @@ func (l *Limiter) do(ctx context.Context, op driver.Op, r *driver.Request) error
 		var timedOut bool
 		timedOut, err = g.call(ctx, l.store, r)
 		locked := err != nil && errors.Is(err, ErrLocked)
-		if locked {
-			g.locked.Add(1)
-		}
 		// A lock that another transaction holds is not the store failing,
 		// nor is a request the store refused as invalid (a kind of window
 		// it does not support): that store answered.
 		refused := errors.Is(err, ErrInvalid)
 		failed := err != nil && ctx.Err() == nil && !locked && !refused
-		if failed {
-			g.failures.Add(1)
-		}
 		if timed {
 			g.obs.StoreCalled(StoreCall{Op: op, Took: monotonic() - start, Err: err, Failed: failed, TimedOut: timedOut})
 		}
 		g.breaker.record(now, probe, err == nil || refused, failed)
 	} else {
-		g.rejected.Add(1)
 		err = fmt.Errorf("%w (%d failures in a row; next probe in %v)", ErrCircuitOpen, g.breaker.cfg.Failures, g.breaker.wait(now).Round(time.Millisecond))
+		if g.obs != nil && g.obs.StoreCalled != nil {
+			g.obs.StoreCalled(StoreCall{Op: op, Err: err})
+		}
 	}
 	// Only counting calls fall back: not Refund or Reset, nor anything of a
 	// Concurrent rule, whose slots are the store's alone; and only when the
@@ -259,10 +209,18 @@ func (l *Limiter) do(ctx context.Context, op driver.Op, r *driver.Request) error
 		errors.Is(err, ErrLocked) || errors.Is(err, ErrInvalid) {
 		return err
 	}
-	if _, ferr := g.call(ctx, g.fallback, r); ferr != nil {
+	timed := g.obs != nil && g.obs.StoreCalled != nil
+	var start time.Duration
+	if timed {
+		start = monotonic()
+	}
+	timedOut, ferr := g.call(ctx, g.fallback, r)
+	if timed {
+		g.obs.StoreCalled(StoreCall{Op: op, Took: monotonic() - start, Err: ferr, Failed: ferr != nil && ctx.Err() == nil, TimedOut: timedOut, Fallback: true})
+	}
+	if ferr != nil {
 		return fmt.Errorf("%w; the fallback store failed too: %w", err, ferr)
 	}
-	g.fallbacks.Add(1)
 	return nil
 }
 
@@ -277,9 +235,8 @@ func (g *guarded) call(ctx context.Context, s driver.Store, r *driver.Request) (
 	if err != nil && ctx.Err() == nil && errors.Is(tctx.Err(), context.DeadlineExceeded) {
 		what := "no answer"
 		if errors.Is(err, ErrLocked) {
-			what = "the lock not released" // not the store's timeout: Stats.Locked counts it
+			what = "the lock not released" // not the store's timeout
 		} else {
-			g.timeouts.Add(1)
 			timedOut = true
 		}
 		err = fmt.Errorf("%s within the store timeout of %v: %w", what, g.timeout, err)
@@ -298,10 +255,13 @@ type breaker struct {
 
 	mu sync.Mutex
 	// Under mu:
-	state    BreakerState
-	until    time.Time // while open: the end of the cool-down
-	probing  bool      // while half-open: a probe is out
-	openings uint64
+	state   BreakerState
+	until   time.Time // while open: the end of the cool-down
+	probing bool      // while half-open: a probe is out
+
+	// told is held while OnChange is told of a change: taken under mu, so
+	// that changes are told one at a time, in the order they were made.
+	told sync.Mutex
 }
 
 // admit reports whether a call may go to the store now, and whether it is
@@ -324,10 +284,7 @@ func (b *breaker) admit(now time.Time) (probe, ok bool) {
 		b.probing = true
 		probe, ok = true, true
 	}
-	b.mu.Unlock()
-	if changed {
-		b.changed(from, BreakerHalfOpen)
-	}
+	b.unlock(from, BreakerHalfOpen, changed)
 	return probe, ok
 }
 
@@ -356,16 +313,12 @@ func (b *breaker) record(now time.Time, probe, ok, failed bool) {
 		b.fails.Store(0)
 	case failed:
 		b.state, b.until, b.probing = BreakerOpen, now.Add(b.cfg.CoolDown), false
-		b.openings++
 	default:
 		b.probing = false // the caller gave up: the next call probes
 	}
 	to := b.state
 	b.open.Store(to != BreakerClosed)
-	b.mu.Unlock()
-	if from != to {
-		b.changed(from, to)
-	}
+	b.unlock(from, to, from != to)
 }
 
 // trip opens a closed breaker.
@@ -377,10 +330,8 @@ func (b *breaker) trip(now time.Time) {
 	}
 	b.state, b.until = BreakerOpen, now.Add(b.cfg.CoolDown)
 	b.fails.Store(0)
-	b.openings++
 	b.open.Store(true)
-	b.mu.Unlock()
-	b.changed(BreakerClosed, BreakerOpen)
+	b.unlock(BreakerClosed, BreakerOpen, true)
 }
 
 // wait is how long until the next probe may go.
@@ -390,8 +341,15 @@ func (b *breaker) wait(now time.Time) time.Duration {
 	return max(0, b.until.Sub(now))
 }
 
-func (b *breaker) changed(from, to BreakerState) {
-	if b.cfg.OnChange != nil {
-		b.cfg.OnChange(from, to)
+// unlock releases mu, which the caller holds, and tells OnChange of the
+// change from to to that the caller made under it, if changed.
+func (b *breaker) unlock(from, to BreakerState, changed bool) {
+	if !changed || b.cfg.OnChange == nil {
+		b.mu.Unlock()
+		return
 	}
+	b.told.Lock()
+	b.mu.Unlock()
+	defer b.told.Unlock()
+	b.cfg.OnChange(from, to)
 }

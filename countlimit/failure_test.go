@@ -11,6 +11,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/countlimit/countlimit/internal/tally"
+
+	"github.com/countlimit/countlimit/internal/expose"
+
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/countlimit/memstore"
@@ -82,7 +86,8 @@ func TestStoreTimeoutEndsAStall(t *testing.T) {
 	t.Parallel()
 	f := newFlaky(t)
 	f.stall.Store(true)
-	l := countlimit.New(f, countlimit.WithStoreTimeout(20*time.Millisecond))
+	var tl tally.Tally
+	l := countlimit.New(f, countlimit.WithStoreTimeout(20*time.Millisecond), countlimit.WithObserver(tl.Observer()))
 	// The caller's own context would wait for a minute: the timeout is what
 	// ends the call.
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -97,8 +102,8 @@ func TestStoreTimeoutEndsAStall(t *testing.T) {
 	if ctx.Err() != nil {
 		t.Fatal("the caller's context ended: the test proves nothing")
 	}
-	if s := l.Stats(); s.Timeouts != 1 || s.Failures != 1 {
-		t.Errorf("Stats = %+v, want 1 timeout, 1 failure", s)
+	if s := tl.Counts(); s.Timeouts != 1 || s.Failures != 1 {
+		t.Errorf("counts = %+v, want 1 timeout, 1 failure", s)
 	}
 	f.stall.Store(false)
 	if res, err := l.Allow(ctx, perMinute, "u1"); err != nil || !res.Allowed {
@@ -110,14 +115,16 @@ func TestStoreTimeoutLeavesCallerCancellationAlone(t *testing.T) {
 	t.Parallel()
 	f := newFlaky(t)
 	f.stall.Store(true)
-	l := countlimit.New(f, countlimit.WithStoreTimeout(time.Minute), countlimit.WithCircuitBreaker(countlimit.CircuitBreaker{Failures: 1}))
+	var tl tally.Tally
+	l := countlimit.New(f, countlimit.WithStoreTimeout(time.Minute), countlimit.WithObserver(tl.Observer()),
+		countlimit.WithCircuitBreaker(countlimit.CircuitBreaker{Failures: 1, OnChange: tl.BreakerChanged}))
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	if _, err := l.Allow(ctx, perMinute, "u1"); !errors.Is(err, countlimit.ErrUnavailable) || !errors.Is(err, context.Canceled) {
 		t.Fatalf("Allow with a cancelled context = %v, want ErrUnavailable wrapping Canceled", err)
 	}
-	if s := l.Stats(); s.Timeouts != 0 || s.Failures != 0 || s.Breaker != countlimit.BreakerClosed {
-		t.Errorf("Stats = %+v: a caller giving up is not a store failure", s)
+	if s := tl.Counts(); s.Timeouts != 0 || s.Failures != 0 || s.Breaker != countlimit.BreakerClosed {
+		t.Errorf("counts = %+v: a caller giving up is not a store failure", s)
 	}
 }
 
@@ -127,13 +134,15 @@ func TestCircuitBreaker(t *testing.T) {
 	clock := newStubClock()
 	var mu sync.Mutex
 	var changes []string
-	l := countlimit.New(f, countlimit.WithClock(clock.now), countlimit.WithCircuitBreaker(countlimit.CircuitBreaker{
+	var tl tally.Tally
+	l := countlimit.New(f, countlimit.WithClock(clock.now), countlimit.WithObserver(tl.Observer()), countlimit.WithCircuitBreaker(countlimit.CircuitBreaker{
 		Failures: 3,
 		CoolDown: 2 * time.Second,
 		OnChange: func(from, to countlimit.BreakerState) {
 			mu.Lock()
 			changes = append(changes, from.String()+"→"+to.String())
 			mu.Unlock()
+			tl.BreakerChanged(from, to)
 		},
 	}))
 	ctx := context.Background()
@@ -153,7 +162,7 @@ func TestCircuitBreaker(t *testing.T) {
 	f.down.Store(true)
 	allow("failure 1", errDown, 1)
 	allow("failure 2", errDown, 1)
-	if s := l.Stats(); s.Breaker != countlimit.BreakerClosed {
+	if s := tl.Counts(); s.Breaker != countlimit.BreakerClosed {
 		t.Fatalf("after 2 failures the breaker is %v, want closed", s.Breaker)
 	}
 	allow("failure 3 opens", errDown, 1)
@@ -181,9 +190,9 @@ func TestCircuitBreaker(t *testing.T) {
 	allow("still closed", errDown, 1)
 	allow("opened by the third in a row", countlimit.ErrCircuitOpen, 0)
 
-	s := l.Stats()
+	s := tl.Counts()
 	if s.Breaker != countlimit.BreakerOpen || s.BreakerOpenings != 3 || s.Rejected != 5 || s.Failures != 9 {
-		t.Errorf("Stats = %+v, want open, 3 openings, 5 rejected, 9 failures", s)
+		t.Errorf("counts = %+v, want open, 3 openings, 5 rejected, 9 failures", s)
 	}
 	want := []string{
 		"closed→open", "open→half-open", "half-open→open", "open→half-open", "half-open→closed", "closed→open",
@@ -272,8 +281,9 @@ func TestFallback(t *testing.T) {
 	local := memstore.New(memstore.WithJanitorInterval(0))
 	defer local.Close()
 	clock := newStubClock()
-	l := countlimit.New(f, countlimit.WithClock(clock.now), countlimit.WithFallback(local),
-		countlimit.WithCircuitBreaker(countlimit.CircuitBreaker{Failures: 2, CoolDown: time.Second}))
+	var tl tally.Tally
+	l := countlimit.New(f, countlimit.WithClock(clock.now), countlimit.WithFallback(local), countlimit.WithObserver(tl.Observer()),
+		countlimit.WithCircuitBreaker(countlimit.CircuitBreaker{Failures: 2, CoolDown: time.Second, OnChange: tl.BreakerChanged}))
 	ctx := context.Background()
 
 	if res, err := l.Allow(ctx, perMinute, "u1"); err != nil || res.Used != 1 {
@@ -310,9 +320,9 @@ func TestFallback(t *testing.T) {
 	if _, err := l.Allow(ctx, countlimit.Rule{UseType: "x", Limit: -1, Window: countlimit.Fixed(time.Minute)}, "u1"); !errors.Is(err, countlimit.ErrInvalid) {
 		t.Errorf("Allow with Limit -1 while down = %v, want ErrInvalid", err)
 	}
-	s := l.Stats()
+	s := tl.Counts()
 	if s.Fallbacks != 7 || s.Breaker != countlimit.BreakerOpen {
-		t.Errorf("Stats = %+v, want 7 fallbacks and the breaker open", s)
+		t.Errorf("counts = %+v, want 7 fallbacks and the breaker open", s)
 	}
 
 	// Back up: after the cool-down the store decides again, with its own
@@ -322,7 +332,7 @@ func TestFallback(t *testing.T) {
 	if res, err := l.Allow(ctx, perMinute, "u1"); err != nil || !res.Allowed || res.Used != 2 {
 		t.Fatalf("Allow after recovery = %+v, %v; want used 2 in the store", res, err)
 	}
-	if got := l.Stats().Fallbacks; got != 7 {
+	if got := tl.Counts().Fallbacks; got != 7 {
 		t.Errorf("Fallbacks = %d after recovery, want still 7", got)
 	}
 }
@@ -374,7 +384,7 @@ func TestStoreClock(t *testing.T) {
 	if want := time.Date(2026, 11, 23, 10, 2, 0, 0, time.UTC); !res.ResetAt.Equal(want) {
 		t.Fatalf("ResetAt = %v, want %v (the store's clock)", res.ResetAt.UTC(), want)
 	}
-	if got := l.Now().Sub(local.now()); got != 90*time.Second {
+	if got := expose.Now(l).Sub(local.now()); got != 90*time.Second {
 		t.Errorf("Now() is %v off the local clock, want 1m30s", got)
 	}
 	// Within the resync period the store is not asked again.
@@ -395,7 +405,7 @@ func TestStoreClock(t *testing.T) {
 	if got := cs.reads.Load(); got != 2 {
 		t.Fatalf("the store's clock was read %d times, want 2", got)
 	}
-	if got := l.Now().Sub(local.now()); got != -30*time.Second {
+	if got := expose.Now(l).Sub(local.now()); got != -30*time.Second {
 		t.Errorf("Now() is %v off the local clock, want -30s", got)
 	}
 	// A failed refresh keeps the last offset and does not fail the call.
@@ -404,7 +414,7 @@ func TestStoreClock(t *testing.T) {
 	if _, err := l.Allow(ctx, perMinute, "u4"); err != nil {
 		t.Fatalf("Allow with a failed refresh = %v, want the old offset used", err)
 	}
-	if got := l.Now().Sub(local.now()); got != -30*time.Second {
+	if got := expose.Now(l).Sub(local.now()); got != -30*time.Second {
 		t.Errorf("after a failed refresh Now() is %v off, want -30s kept", got)
 	}
 }
@@ -455,21 +465,6 @@ func TestStoreClockNeedsAClock(t *testing.T) {
 	countlimit.New(newFlaky(t), countlimit.WithStoreClock(0))
 }
 
-func TestNoFailureOptionsNoStats(t *testing.T) {
-	t.Parallel()
-	f := newFlaky(t)
-	f.down.Store(true)
-	l := countlimit.New(f)
-	for range 10 {
-		if _, err := l.Allow(context.Background(), perMinute, "u1"); !errors.Is(err, countlimit.ErrUnavailable) {
-			t.Fatalf("Allow on a failing store = %v, want ErrUnavailable (fail closed)", err)
-		}
-	}
-	if s := l.Stats(); s != (countlimit.Stats{}) {
-		t.Errorf("Stats without failure options = %+v, want zero", s)
-	}
-}
-
 // nowStore records the Now of every request it is given.
 type nowStore struct {
 	*clockStore
@@ -509,7 +504,7 @@ func TestClockReadingsAreMicroseconds(t *testing.T) {
 				}
 				local.advance(1001 * time.Nanosecond)
 			}
-			ns.nows = append(ns.nows, l.Now())
+			ns.nows = append(ns.nows, expose.Now(l))
 			for _, got := range ns.nows {
 				if got != got.Truncate(time.Microsecond) || got != got.Round(0) {
 					t.Errorf("%s clock, store skew %v: a time of %v, want whole microseconds and no monotonic reading", name, skew, got)
@@ -538,16 +533,17 @@ func TestLockedIsNoStoreFailure(t *testing.T) {
 	t.Parallel()
 	fallback := memstore.New(memstore.WithJanitorInterval(0))
 	defer fallback.Close()
-	l := countlimit.New(lockedStore{}, countlimit.WithStoreTimeout(time.Millisecond),
-		countlimit.WithCircuitBreaker(countlimit.CircuitBreaker{Failures: 2}), countlimit.WithFallback(fallback))
+	var tl tally.Tally
+	l := countlimit.New(lockedStore{}, countlimit.WithStoreTimeout(time.Millisecond), countlimit.WithObserver(tl.Observer()),
+		countlimit.WithCircuitBreaker(countlimit.CircuitBreaker{Failures: 2, OnChange: tl.BreakerChanged}), countlimit.WithFallback(fallback))
 	for i := range 5 {
 		res, err := l.Allow(context.Background(), perMinute, "u1")
 		if !errors.Is(err, countlimit.ErrLocked) || !errors.Is(err, countlimit.ErrUnavailable) || !errors.Is(err, context.DeadlineExceeded) || res.Allowed {
 			t.Fatalf("call %d: %+v, %v; want ErrLocked within the store timeout", i+1, res, err)
 		}
 	}
-	if s := l.Stats(); s.Breaker != countlimit.BreakerClosed || s.Failures != 0 || s.Timeouts != 0 || s.Fallbacks != 0 || s.Locked != 5 {
-		t.Errorf("Stats = %+v; want the breaker closed, no failure, timeout or fallback, 5 locked", s)
+	if s := tl.Counts(); s.Breaker != countlimit.BreakerClosed || s.BreakerOpenings != 0 || s.Failures != 0 || s.Timeouts != 0 || s.Fallbacks != 0 || s.Locked != 5 {
+		t.Errorf("counts = %+v; want the breaker closed, no failure, timeout or fallback, 5 locked", s)
 	}
 	if fallback.Len() != 0 {
 		t.Errorf("the fallback store holds %d counters, want none", fallback.Len())
@@ -595,7 +591,7 @@ func TestStoreClockOutOfRangeIsAStoreFailure(t *testing.T) {
 	if res, err := l.Allow(context.Background(), perMinute, "u2"); err != nil || !res.Allowed {
 		t.Fatalf("Allow after a refresh read 2226 = %+v, %v; want the old offset used", res, err)
 	}
-	if got := l.Now().Sub(local.now()); got != time.Second {
+	if got := expose.Now(l).Sub(local.now()); got != time.Second {
 		t.Errorf("after a refresh out of range Now() is %v off, want 1s kept", got)
 	}
 }
@@ -617,9 +613,14 @@ func TestRefusalIsNoStoreFailure(t *testing.T) {
 	fallback := memstore.New(memstore.WithJanitorInterval(0))
 	defer fallback.Close()
 	smooth := countlimit.Rule{UseType: "api.smooth", Limit: 10, Window: countlimit.Smooth(time.Second, 5)}
-	for _, l := range []*countlimit.Limiter{
-		countlimit.New(refusingStore{}),
-		countlimit.New(refusingStore{}, countlimit.WithCircuitBreaker(countlimit.CircuitBreaker{Failures: 2}), countlimit.WithFallback(fallback)),
+	var plain, guarded tally.Tally
+	for _, l := range []struct {
+		*countlimit.Limiter
+		tl *tally.Tally
+	}{
+		{countlimit.New(refusingStore{}, countlimit.WithObserver(plain.Observer())), &plain},
+		{countlimit.New(refusingStore{}, countlimit.WithObserver(guarded.Observer()),
+			countlimit.WithCircuitBreaker(countlimit.CircuitBreaker{Failures: 2, OnChange: guarded.BreakerChanged}), countlimit.WithFallback(fallback)), &guarded},
 	} {
 		for i := range 4 {
 			res, err := l.Allow(context.Background(), smooth, "u1")
@@ -627,8 +628,8 @@ func TestRefusalIsNoStoreFailure(t *testing.T) {
 				t.Fatalf("call %d: %+v, %v; want ErrInvalid alone", i+1, res, err)
 			}
 		}
-		if s := l.Stats(); s.Breaker != countlimit.BreakerClosed || s.Failures != 0 || s.Fallbacks != 0 {
-			t.Errorf("Stats = %+v; want the breaker closed, no failure or fallback", s)
+		if s := l.tl.Counts(); s.Breaker != countlimit.BreakerClosed || s.BreakerOpenings != 0 || s.Failures != 0 || s.Fallbacks != 0 {
+			t.Errorf("counts = %+v; want the breaker closed, no failure or fallback", s)
 		}
 	}
 	if fallback.Len() != 0 {

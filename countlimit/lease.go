@@ -13,6 +13,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/countlimit/countlimit/internal/expose"
+
 	"github.com/countlimit/countlimit/countlimit/driver"
 )
 
@@ -92,14 +94,8 @@ func (ls Lease) Extend(ctx context.Context) error {
 	return err
 }
 
-// UseType returns the UseType of the rule the lease is a slot of.
-func (ls Lease) UseType() UseType { return ls.useType }
-
 // ID returns the id the slot was taken for.
 func (ls Lease) ID() string { return ls.id }
-
-// TTL returns how long the lease lives after it was taken or last extended.
-func (ls Lease) TTL() time.Duration { return ls.ttl }
 
 // Lease string versions: leaseVersion carries a checksum, signedVersion
 // an HMAC under the Limiter's lease key (WithLeaseKey).
@@ -107,9 +103,6 @@ const (
 	leaseVersion  = "cl1"
 	signedVersion = "cl2"
 )
-
-// MinLeaseKeyLen is the shortest key [WithLeaseKey] takes.
-const MinLeaseKeyLen = 16
 
 // WithLeaseKey signs the Limiter's lease strings ([Lease.String]) with
 // HMAC-SHA256 under key, and makes [Limiter.ParseLease] take only strings
@@ -125,10 +118,10 @@ const MinLeaseKeyLen = 16
 // session-signing key. Setting, changing or removing the key makes the
 // lease strings already handed out unreadable: their slots free themselves
 // ttl after they were taken or last extended. key must be at least
-// [MinLeaseKeyLen] bytes: WithLeaseKey panics otherwise. The key is copied.
+// 16 bytes: WithLeaseKey panics otherwise. The key is copied.
 func WithLeaseKey(key []byte) Option {
-	if len(key) < MinLeaseKeyLen {
-		panic(fmt.Sprintf("countlimit: WithLeaseKey: the key is %d bytes, want at least %d", len(key), MinLeaseKeyLen))
+	if len(key) < expose.MinLeaseKeyLen {
+		panic(fmt.Sprintf("countlimit: WithLeaseKey: the key is %d bytes, want at least %d", len(key), expose.MinLeaseKeyLen))
 	}
 	key = append([]byte(nil), key...)
 	return func(l *Limiter) { l.leaseKey = key }
@@ -181,7 +174,7 @@ func (l *Limiter) ParseLease(s string, rules ...Rule) (Lease, error) {
 	if len(rules) == 0 {
 		return Lease{}, fmt.Errorf("countlimit: parse lease: %w", invalidf("rules", "none given: pass the rule the lease was taken under, whose ttl the lease lives by"))
 	}
-	if len(s) > 4*MaxIDLen {
+	if len(s) > 4*expose.MaxIDLen {
 		return bad("is %d bytes, longer than any lease", len(s))
 	}
 	parts := strings.Split(s, ".")
@@ -207,8 +200,8 @@ func (l *Limiter) ParseLease(s string, rules ...Rule) (Lease, error) {
 		return Lease{}, fmt.Errorf("countlimit: parse lease: %w", err)
 	}
 	us, err := strconv.ParseInt(parts[3], 10, 64)
-	if err != nil || us < 1 || us > MaxDuration.Microseconds() || strconv.FormatInt(us, 10) != parts[3] {
-		return bad("ttl %q is not 1 to %d microseconds", parts[3], MaxDuration.Microseconds())
+	if err != nil || us < 1 || us > expose.MaxDuration.Microseconds() || strconv.FormatInt(us, 10) != parts[3] {
+		return bad("ttl %q is not 1 to %d microseconds", parts[3], expose.MaxDuration.Microseconds())
 	}
 	if !validToken(parts[4]) {
 		return bad("token is not 22 base64url characters")

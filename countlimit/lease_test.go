@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/countlimit/countlimit/internal/expose"
+
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/countlimit/memstore"
@@ -37,7 +39,7 @@ func TestConcurrentRulesTakeSlotsOnly(t *testing.T) {
 		t.Errorf("Acquire of a Fixed rule = %v, want ErrInvalid naming Rule.Window", err)
 	}
 	big := slots
-	big.Limit = countlimit.MaxConcurrentLimit + 1
+	big.Limit = expose.MaxConcurrentLimit + 1
 	if _, _, err := l.Acquire(ctx, big, "u"); !errors.Is(err, countlimit.ErrInvalid) || !strings.Contains(err.Error(), "Rule.Limit") {
 		t.Errorf("Acquire with Limit %d = %v, want ErrInvalid naming Rule.Limit", big.Limit, err)
 	}
@@ -51,8 +53,8 @@ func TestConcurrentRulesTakeSlotsOnly(t *testing.T) {
 		t.Errorf("Peek of a Concurrent rule = %+v, %v; want allowed, none held", r, err)
 	}
 	w := countlimit.Concurrent(10 * time.Minute)
-	if w.String() != "concurrent 10m0s" || w.Duration() != 10*time.Minute || !w.IsConcurrent() || countlimit.Sliding(time.Minute).IsConcurrent() {
-		t.Errorf("Concurrent(10m): String %q, Duration %v, IsConcurrent %v", w, w.Duration(), w.IsConcurrent())
+	if w.String() != "concurrent 10m0s" || expose.WindowOf(w).Duration != 10*time.Minute || !expose.WindowOf(w).Concurrent || expose.WindowOf(countlimit.Sliding(time.Minute)).Concurrent {
+		t.Errorf("Concurrent(10m): String %q, Duration %v, IsConcurrent %v", w, expose.WindowOf(w).Duration, expose.WindowOf(w).Concurrent)
 	}
 }
 
@@ -173,7 +175,7 @@ func TestSignedLeases(t *testing.T) {
 				t.Error("WithLeaseKey of a 15-byte key did not panic")
 			}
 		}()
-		countlimit.WithLeaseKey(make([]byte, countlimit.MinLeaseKeyLen-1))
+		countlimit.WithLeaseKey(make([]byte, expose.MinLeaseKeyLen-1))
 	}()
 }
 
@@ -221,7 +223,7 @@ func TestParseLeaseRefusesEdits(t *testing.T) {
 	if _, err := l.ParseLease(s); !errors.Is(err, countlimit.ErrInvalid) || !strings.Contains(err.Error(), "rules") {
 		t.Errorf("ParseLease with no rule = %v; want ErrInvalid naming rules", err)
 	}
-	if ls, err := l.ParseLease(s, rule); err != nil || ls.String() != alice.String() || ls.TTL() != time.Minute {
+	if ls, err := l.ParseLease(s, rule); err != nil || ls.String() != alice.String() || expose.LeaseTTL(ls) != time.Minute {
 		t.Errorf("ParseLease of the lease's own string = %v, %v", ls, err)
 	}
 }

@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/countlimit/countlimit/internal/expose"
+
 	"github.com/countlimit/countlimit/countlimit/driver"
 )
 
@@ -187,7 +189,7 @@ func (l *Limiter) one(ctx context.Context, res *Result, op driver.Op, r Rule, id
 	}
 	setResult(res, ch, now, retry)
 	if l.obs != nil && tell {
-		l.decided(op, ch, n)
+		l.decided(op, ch)
 	}
 	return nil
 }
@@ -211,14 +213,14 @@ func checkOne(op driver.Op, r *Rule, id string, n int64) error {
 // for every rule, or, if any rule denies, for none. It returns one Result per
 // rule, in order; each Allowed is the overall verdict and each RetryAfter the
 // wait until the whole call can succeed. Only the rules that deny count a
-// denial and set their penalty. No rules, more than [MaxRules], or two with
+// denial and set their penalty. No rules, more than 64, or two with
 // the same UseType, is ErrInvalid.
 func (l *Limiter) AllowAll(ctx context.Context, id string, rules ...Rule) ([]Result, error) {
 	switch {
 	case len(rules) == 0:
 		return nil, wrap(driver.OpAllow, "", invalidf("rules", "none given"))
-	case len(rules) > MaxRules:
-		return nil, wrap(driver.OpAllow, "", invalidf("rules", "%d given, at most %d (MaxRules)", len(rules), MaxRules))
+	case len(rules) > expose.MaxRules:
+		return nil, wrap(driver.OpAllow, "", invalidf("rules", "%d given, at most %d (expose.MaxRules)", len(rules), expose.MaxRules))
 	}
 	for i, r := range rules {
 		if err := validate(&r, id, 1); err != nil {
@@ -259,7 +261,7 @@ func (l *Limiter) AllowAll(ctx context.Context, id string, rules ...Rule) ([]Res
 	for i := range checks {
 		setResult(&out[i], &checks[i], now, retry)
 		if l.obs != nil {
-			l.decided(driver.OpAllow, &checks[i], 1)
+			l.decided(driver.OpAllow, &checks[i])
 		}
 	}
 	return out, nil
@@ -283,10 +285,10 @@ func (l *Limiter) CheckLimit(ctx context.Context, useType UseType, id string, li
 	if err := validateKey(useType, id); err != nil {
 		return false, wrap(driver.OpAllow, useType, err)
 	}
-	if limit < 0 || limit > MaxLimit {
+	if limit < 0 || limit > expose.MaxLimit {
 		return false, wrap(driver.OpAllow, useType, invalidf("limit", "must be 0 to 2^53, got %d", limit))
 	}
-	if duration < time.Microsecond || duration > MaxDuration {
+	if duration < time.Microsecond || duration > expose.MaxDuration {
 		return false, wrap(driver.OpAllow, useType, invalidf("duration", "must be 1µs to 100 years, got %v", duration))
 	}
 	if !beginTime.IsZero() {
@@ -310,15 +312,15 @@ func (l *Limiter) CheckLimit(ctx context.Context, useType UseType, id string, li
 		return false, wrap(driver.OpAllow, useType, err)
 	}
 	if l.obs != nil {
-		l.decided(driver.OpAllow, ch, 1)
+		l.decided(driver.OpAllow, ch)
 	}
 	return ch.State.Allowed, nil
 }
 
-// Now reads the Limiter's clock (corrected to the store's with
+// reading reads the Limiter's clock (corrected to the store's with
 // WithStoreClock), to the microsecond as the stores keep time: what a
 // Result's ResetAt and BlockedUntil are relative to.
-func (l *Limiter) Now() time.Time { return l.clock() }
+func (l *Limiter) reading() time.Time { return l.clock() }
 
 // setCheck turns a validated rule into the explicit form a Store needs, in
 // place (see call.set).

@@ -8,6 +8,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/countlimit/countlimit/internal/expose"
+
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/countlimit/memstore"
@@ -25,21 +27,21 @@ func FuzzValidation(f *testing.F) {
 	f.Add("ut", "id", int64(1), int64(0), int64(time.Second))
 	f.Add("ut", "id", int64(1), int64(1), int64(0))
 	f.Add("ut", "id", int64(1)<<60, int64(1), int64(time.Second))
-	f.Add("ut", "id", int64(countlimit.MaxLimit), int64(countlimit.MaxLimit)+1, int64(time.Second))
-	f.Add("ut", "id", int64(1), int64(1), int64(countlimit.MaxDuration)+1)
+	f.Add("ut", "id", int64(expose.MaxLimit), int64(expose.MaxLimit)+1, int64(time.Second))
+	f.Add("ut", "id", int64(1), int64(1), int64(expose.MaxDuration)+1)
 	f.Fuzz(func(t *testing.T, ut, id string, limit, n, d int64) {
 		s := memstore.New(memstore.WithJanitorInterval(0))
 		l := countlimit.New(s, countlimit.WithClock(func() time.Time { return time.Unix(1700000000, 0) }))
 		rule := countlimit.Rule{UseType: countlimit.UseType(ut), Limit: limit, Window: countlimit.Rolling(time.Duration(d))}
 		res, err := l.AllowN(context.Background(), rule, id, n)
 		valid := func(s string) bool {
-			return s != "" && len(s) <= countlimit.MaxIDLen && utf8.ValidString(s) && !strings.ContainsRune(s, 0)
+			return s != "" && len(s) <= expose.MaxIDLen && utf8.ValidString(s) && !strings.ContainsRune(s, 0)
 		}
 		// The bounds, from the exported constants, not from the code under test.
 		wantOK := valid(ut) && valid(id) &&
-			limit >= 0 && limit <= countlimit.MaxLimit &&
-			n >= 1 && n <= countlimit.MaxLimit &&
-			d >= int64(time.Microsecond) && d <= int64(countlimit.MaxDuration)
+			limit >= 0 && limit <= expose.MaxLimit &&
+			n >= 1 && n <= expose.MaxLimit &&
+			d >= int64(time.Microsecond) && d <= int64(expose.MaxDuration)
 		switch {
 		case wantOK && err != nil:
 			t.Fatalf("AllowN(%q, %q, limit %d, n %d, d %d) = %v, want no error", ut, id, limit, n, d, err)

@@ -7,13 +7,12 @@ import (
 )
 
 // Observer is told what a Limiter sees as it happens, for metrics: what it
-// decided and how its store answered each call. Set it with
-// [WithObserver]; package promlimit turns it into Prometheus metrics, and
-// an adapter to another system is a few funcs. What the failure options
-// did is counted by the Limiter instead ([Limiter.Stats]: failures,
-// timeouts, the breaker's state and openings, its rejections, the
-// fallback's answers), for an adapter to read when it is scraped, and
-// [CircuitBreaker.OnChange] tells each change of the breaker's state.
+// decided, and how its store answered each call and what the failure
+// options did about it (timeouts, calls the circuit breaker refused, calls
+// the fallback store answered). Set it with [WithObserver]; package
+// promlimit turns it into Prometheus metrics, and an adapter to another
+// system (an OpenTelemetry meter) is a few funcs. The breaker's changes of
+// state are told by [CircuitBreaker].OnChange.
 //
 // Every field is optional; a nil one is never called and costs nothing.
 // The funcs run synchronously on the goroutine of the call that caused
@@ -35,20 +34,15 @@ type Observer struct {
 	// fallback store made is told like any other.
 	Decided func(Decision)
 	// StoreCalled is called after each call the Limiter made to its store
-	// (not to the fallback store, and not for calls the open breaker
-	// refused), with its operation, how long it took and how it failed.
+	// or to its fallback store ([StoreCall].Fallback), with its operation,
+	// how long it took and how it failed, and for each call the open
+	// circuit breaker refused (Err is then ErrCircuitOpen's, and Took 0).
 	StoreCalled func(StoreCall)
 }
 
 // Decision is what [Observer.Decided] is told.
 type Decision struct {
-	// Op is driver.OpAllow (Allow, AllowN, AllowAll, CheckLimit, Wait,
-	// WaitN) or driver.OpAcquire (Acquire, WaitAcquire).
-	Op      driver.Op
 	UseType UseType
-	// N is the event's weight (AllowN's and WaitN's n); 1 for the other
-	// calls.
-	N       int64
 	Allowed bool
 	// Waited reports that the decision ends a Wait, WaitN or WaitAcquire
 	// that slept, or waited in line behind another, before it: allowed in
@@ -65,15 +59,22 @@ type StoreCall struct {
 	// monotonic clock (never the Limiter's clock, which may be stubbed).
 	Took time.Duration
 	// Err is nil when the store answered; otherwise an ErrUnavailable,
-	// which may be ErrLocked or the caller's own context ending.
+	// which may be ErrLocked (another transaction held the id's state
+	// locked), ErrCircuitOpen (the open breaker refused the call) or the
+	// caller's own context ending.
 	Err error
 	// Failed reports that the store failed the call: Err is not nil, the
-	// caller's context was still live, and it is not ErrLocked. It is what
-	// [Stats].Failures counts and what opens the circuit breaker.
+	// caller's context was still live, and it is neither ErrLocked nor
+	// ErrCircuitOpen. A failed call to the store counts toward opening the
+	// circuit breaker, and is what the fallback store answers for.
 	Failed bool
-	// TimedOut reports that the call ran out of [WithStoreTimeout]'s bound
-	// ([Stats].Timeouts); Failed is then true too.
+	// TimedOut reports that the call ran out of [WithStoreTimeout]'s bound;
+	// Failed is then true too.
 	TimedOut bool
+	// Fallback reports a call to the fallback store ([WithFallback]), made
+	// after the store failed or the breaker refused the same call (told
+	// first): Err nil means the fallback answered it.
+	Fallback bool
 }
 
 // WithObserver makes the Limiter tell o what it sees (see [Observer]). A
@@ -105,8 +106,8 @@ var monoBase = time.Now()
 func monotonic() time.Duration { return time.Since(monoBase) }
 
 // decided tells the observer, if any, the verdict of check c.
-func (l *Limiter) decided(op driver.Op, c *driver.Check, n int64) {
+func (l *Limiter) decided(op driver.Op, c *driver.Check) {
 	if o := l.obs; o != nil && o.Decided != nil && (op == driver.OpAllow || op == driver.OpAcquire) {
-		o.Decided(Decision{Op: op, UseType: UseType(c.UseType), N: n, Allowed: c.State.Allowed})
+		o.Decided(Decision{UseType: UseType(c.UseType), Allowed: c.State.Allowed})
 	}
 }

@@ -6,33 +6,13 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/countlimit/countlimit/internal/expose"
 )
 
 // UseType names what is limited, e.g. "password.change" or "sms.code". One
 // UseType is one counter per id.
 type UseType string
-
-// MaxIDLen is the longest id, and the longest UseType, in bytes.
-const MaxIDLen = 512
-
-// Bounds on numbers, so every store computes exactly (Redis scripts count in
-// double precision) and no sum overflows.
-const (
-	// MaxLimit is the largest Limit, and the largest weight n.
-	MaxLimit = 1 << 53
-	// MaxSlidingLimit is the largest Limit of a Sliding window, which keeps
-	// one timestamp per counted event. Use Fixed or Rolling for more.
-	MaxSlidingLimit = 10000
-	// MaxConcurrentLimit is the largest Limit of a Concurrent window, which
-	// keeps one lease per held slot.
-	MaxConcurrentLimit = 10000
-	// MaxDuration is the longest window, penalty or CheckLimit duration.
-	MaxDuration = 100 * 365 * 24 * time.Hour
-	// MaxRules is the most rules one AllowAll call takes: every store
-	// decides them in one atomic step (one statement, one script), and
-	// every one of them is tested at this size.
-	MaxRules = 64
-)
 
 // Rule is a limit: at most Limit events of UseType per Window for each id.
 // Rules are plain values; the Limiter and its store keep no configuration, so
@@ -87,31 +67,31 @@ func validate(r *Rule, id string, n int64) error {
 	if err := validateLimits(r); err != nil {
 		return err
 	}
-	if n < 1 || n > MaxLimit {
+	if n < 1 || n > expose.MaxLimit {
 		return invalidf("n", "must be 1 to 2^53, got %d", n)
 	}
 	return nil
 }
 
 func validateLimits(r *Rule) error {
-	if r.Limit < 0 || r.Limit > MaxLimit {
+	if r.Limit < 0 || r.Limit > expose.MaxLimit {
 		return invalidf("Rule.Limit", "must be 0 to 2^53, got %d", r.Limit)
 	}
 	if err := r.Window.validate(); err != nil {
 		return err
 	}
-	if r.Window.kind == kindSliding && r.Limit > MaxSlidingLimit {
-		return invalidf("Rule.Limit", "a Sliding window logs every event: at most %d, got %d (use Fixed or Rolling for more)", MaxSlidingLimit, r.Limit)
+	if r.Window.kind == kindSliding && r.Limit > expose.MaxSlidingLimit {
+		return invalidf("Rule.Limit", "a Sliding window logs every event: at most %d, got %d (use Fixed or Rolling for more)", expose.MaxSlidingLimit, r.Limit)
 	}
 	if r.Window.kind == kindSmooth {
 		if err := validateSmooth(r); err != nil {
 			return err
 		}
 	}
-	if r.Window.kind == kindConcurrent && r.Limit > MaxConcurrentLimit {
-		return invalidf("Rule.Limit", "a Concurrent window keeps a lease per slot: at most %d, got %d", MaxConcurrentLimit, r.Limit)
+	if r.Window.kind == kindConcurrent && r.Limit > expose.MaxConcurrentLimit {
+		return invalidf("Rule.Limit", "a Concurrent window keeps a lease per slot: at most %d, got %d", expose.MaxConcurrentLimit, r.Limit)
 	}
-	if r.Block < 0 || r.Block > MaxDuration {
+	if r.Block < 0 || r.Block > expose.MaxDuration {
 		return invalidf("Rule.Block", "must be 0 to 100 years, got %v", r.Block)
 	}
 	return nil
@@ -120,7 +100,7 @@ func validateLimits(r *Rule) error {
 // validateSmooth holds a Smooth rule to what every store computes
 // exactly: at most one event per microsecond (the interval is rounded up
 // to it, and a faster rate would be silently slowed), and a whole burst
-// drained within MaxDuration, so that every time a store compares stays
+// drained within 100 years, so that every time a store compares stays
 // under 2^53 microseconds.
 func validateSmooth(r *Rule) error {
 	w := r.Window
@@ -130,17 +110,18 @@ func validateSmooth(r *Rule) error {
 		return invalidf("Rule.Limit", "a Smooth window admits at most one event per microsecond: %d per %v is more", r.Limit, w.d)
 	}
 	t := interval(w.d, r.Limit)
-	if hi, lo := bits.Mul64(uint64(w.burst), uint64(t/time.Microsecond)); hi != 0 || lo > uint64(MaxDuration/time.Microsecond) {
+	if hi, lo := bits.Mul64(uint64(w.burst), uint64(t/time.Microsecond)); hi != 0 || lo > uint64(expose.MaxDuration/time.Microsecond) {
 		return invalidf("Rule.Window", "smooth burst %d takes %d intervals of %v to drain, more than 100 years", w.burst, w.burst, t)
 	}
 	r.Window.iv = t
 	return nil
 }
 
-// ValidateID reports whether id is usable as an id: non-empty, at most
-// MaxIDLen bytes, valid UTF-8, no NUL byte. The error wraps ErrInvalid and
-// names the field "id". Handlers use it to answer 400 before any check.
-func ValidateID(id string) error {
+// validateID reports whether id is usable as an id: non-empty, at most
+// 512 bytes, valid UTF-8, no NUL byte. The error wraps ErrInvalid and
+// names the field "id". The service uses it (internal/expose) to answer
+// 400 before any check.
+func validateID(id string) error {
 	if err := validateName(id); err != "" {
 		return invalidf("id", "%s", err)
 	}
@@ -151,14 +132,14 @@ func validateKey(ut UseType, id string) error {
 	if err := validateName(string(ut)); err != "" {
 		return invalidf("UseType", "%s", err)
 	}
-	return ValidateID(id)
+	return validateID(id)
 }
 
-// plain reports whether s is surely a good id or UseType: 1 to MaxIDLen
+// plain reports whether s is surely a good id or UseType: 1 to 512
 // bytes of ASCII without NUL, as nearly every id is, settled in one pass.
 // validateName takes a closer look at the rest.
 func plain(s string) bool {
-	if len(s) == 0 || len(s) > MaxIDLen {
+	if len(s) == 0 || len(s) > expose.MaxIDLen {
 		return false
 	}
 	for i := 0; i < len(s); i++ {
@@ -175,8 +156,8 @@ func validateName(s string) string {
 		return ""
 	case s == "":
 		return "is empty"
-	case len(s) > MaxIDLen:
-		return fmt.Sprintf("is %d bytes, more than %d", len(s), MaxIDLen)
+	case len(s) > expose.MaxIDLen:
+		return fmt.Sprintf("is %d bytes, more than %d", len(s), expose.MaxIDLen)
 	case !utf8.ValidString(s):
 		return "is not valid UTF-8"
 	case strings.IndexByte(s, 0) >= 0:

@@ -9,7 +9,7 @@ import (
 // The instants a Limiter works with lie from the Unix epoch until
 // 2150-01-01 UTC (driver.InRange): clock readings, CheckLimit's beginTime.
 // Every instant a store then keeps (a window's end, a penalty's end, a
-// lease's expiry: at most MaxDuration, 100 years, later, and a calendar
+// lease's expiry: at most 100 years later, and a calendar
 // year's end) lies before 2255, within 2^53 microseconds of the epoch, so
 // every store keeps it exactly: in int64 microseconds, in PostgreSQL's
 // timestamptz, and in a Redis script's double-precision numbers. Outside

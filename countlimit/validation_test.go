@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/countlimit/countlimit/internal/expose"
+
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/driver"
 )
@@ -39,7 +41,7 @@ func TestInvalidInput(t *testing.T) {
 		{"empty UseType", allowWith(with(func(r *countlimit.Rule) { r.UseType = "" }), "id", 1), "UseType"},
 		{"NUL in UseType", allowWith(with(func(r *countlimit.Rule) { r.UseType += "\x00" }), "id", 1), "UseType"},
 		{"empty id", allowWith(good, "", 1), "id"},
-		{"id over 512 bytes", allowWith(good, strings.Repeat("x", countlimit.MaxIDLen+1), 1), "id"},
+		{"id over 512 bytes", allowWith(good, strings.Repeat("x", expose.MaxIDLen+1), 1), "id"},
 		{"id not UTF-8", allowWith(good, "user\xff", 1), "id"},
 		{"NUL in id", allowWith(good, "a\x00b", 1), "id"},
 		{"negative Limit", allowWith(with(func(r *countlimit.Rule) { r.Limit = -1 }), "id", 1), "Limit"},
@@ -50,16 +52,16 @@ func TestInvalidInput(t *testing.T) {
 		{"Calendar nil location", allowWith(with(func(r *countlimit.Rule) { r.Window = countlimit.Calendar(countlimit.Day, nil) }), "id", 1), "Window"},
 		{"Calendar bad unit", allowWith(with(func(r *countlimit.Rule) { r.Window = countlimit.Calendar(countlimit.Unit(9), time.UTC) }), "id", 1), "Window"},
 		{"negative Block", allowWith(with(func(r *countlimit.Rule) { r.Block = -time.Second }), "id", 1), "Block"},
-		{"Block over 100 years", allowWith(with(func(r *countlimit.Rule) { r.Block = countlimit.MaxDuration + 1 }), "id", 1), "Block"},
-		{"Rolling over 100 years", allowWith(with(func(r *countlimit.Rule) { r.Window = countlimit.Rolling(countlimit.MaxDuration + 1) }), "id", 1), "Window"},
-		{"Limit over 2^53", allowWith(with(func(r *countlimit.Rule) { r.Limit = countlimit.MaxLimit + 1 }), "id", 1), "Limit"},
+		{"Block over 100 years", allowWith(with(func(r *countlimit.Rule) { r.Block = expose.MaxDuration + 1 }), "id", 1), "Block"},
+		{"Rolling over 100 years", allowWith(with(func(r *countlimit.Rule) { r.Window = countlimit.Rolling(expose.MaxDuration + 1) }), "id", 1), "Window"},
+		{"Limit over 2^53", allowWith(with(func(r *countlimit.Rule) { r.Limit = expose.MaxLimit + 1 }), "id", 1), "Limit"},
 		{"Sliding Limit over 10000", allowWith(with(func(r *countlimit.Rule) {
-			r.Window, r.Limit = countlimit.Sliding(time.Minute), countlimit.MaxSlidingLimit+1
+			r.Window, r.Limit = countlimit.Sliding(time.Minute), expose.MaxSlidingLimit+1
 		}), "id", 1), "Limit"},
 		{"Smooth period 0", allowWith(with(func(r *countlimit.Rule) { r.Window = countlimit.Smooth(0, 5) }), "id", 1), "Window"},
-		{"Smooth period over 100 years", allowWith(with(func(r *countlimit.Rule) { r.Window = countlimit.Smooth(countlimit.MaxDuration+1, 5) }), "id", 1), "Window"},
+		{"Smooth period over 100 years", allowWith(with(func(r *countlimit.Rule) { r.Window = countlimit.Smooth(expose.MaxDuration+1, 5) }), "id", 1), "Window"},
 		{"Smooth burst 0", allowWith(with(func(r *countlimit.Rule) { r.Window = countlimit.Smooth(time.Second, 0) }), "id", 1), "Window"},
-		{"Smooth burst over 2^53", allowWith(with(func(r *countlimit.Rule) { r.Window = countlimit.Smooth(time.Second, countlimit.MaxLimit+1) }), "id", 1), "Window"},
+		{"Smooth burst over 2^53", allowWith(with(func(r *countlimit.Rule) { r.Window = countlimit.Smooth(time.Second, expose.MaxLimit+1) }), "id", 1), "Window"},
 		{"Smooth faster than one a microsecond", allowWith(with(func(r *countlimit.Rule) {
 			r.Window, r.Limit = countlimit.Smooth(time.Second, 5), 1_000_001
 		}), "id", 1), "Limit"},
@@ -70,7 +72,7 @@ func TestInvalidInput(t *testing.T) {
 			_, err := l.AllowAll(ctx, "id", good, with(func(r *countlimit.Rule) { r.UseType += ".2"; r.Window = countlimit.Smooth(time.Second, -1) }))
 			return err
 		}, "Window"},
-		{"AllowN n over 2^53", allowWith(good, "id", countlimit.MaxLimit+1), "n"},
+		{"AllowN n over 2^53", allowWith(good, "id", expose.MaxLimit+1), "n"},
 		{"AllowN n=0", allowWith(good, "id", 0), "n"},
 		{"AllowN n=-3", allowWith(good, "id", -3), "n"},
 		{"Refund n=0", func() error { _, err := l.Refund(ctx, good, "id", 0); return err }, "n"},
@@ -84,7 +86,7 @@ func TestInvalidInput(t *testing.T) {
 		}, "Limit"},
 		{"CheckLimit duration 0", func() error { _, err := l.CheckLimit(ctx, ut, "id", 1, 0, time.Time{}); return err }, "duration"},
 		{"CheckLimit duration over 100 years", func() error {
-			_, err := l.CheckLimit(ctx, ut, "id", 1, countlimit.MaxDuration+1, time.Time{})
+			_, err := l.CheckLimit(ctx, ut, "id", 1, expose.MaxDuration+1, time.Time{})
 			return err
 		}, "duration"},
 		{"CheckLimit negative limit", func() error { _, err := l.CheckLimit(ctx, ut, "id", -1, time.Hour, time.Time{}); return err }, "limit"},

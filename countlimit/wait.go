@@ -105,7 +105,7 @@ func (l *Limiter) wait(ctx context.Context, res *Result, op driver.Op, r Rule, i
 	w, ahead := l.waitQueues().join(waitKey{r, id}, deadline)
 	if w == nil {
 		*res = ahead.denial
-		l.tellWait(op, r.UseType, n, false, false)
+		l.tellWait(r.UseType, false, false)
 		return Lease{}, pastDeadline(method, n, r, time.Until(ahead.wake), true)
 	}
 	waited := w.turn != nil
@@ -118,7 +118,7 @@ func (l *Limiter) wait(ctx context.Context, res *Result, op driver.Op, r Rule, i
 		default:
 			err = ctx.Err()
 		}
-		l.tellWait(op, r.UseType, n, false, true)
+		l.tellWait(r.UseType, false, true)
 		return Lease{}, err
 	}
 	var failed error // the store failed w's try: the waits behind it end too
@@ -136,18 +136,18 @@ func (l *Limiter) wait(ctx context.Context, res *Result, op driver.Op, r Rule, i
 			return Lease{}, err
 		}
 		if res.Allowed {
-			l.tellWait(op, r.UseType, n, true, waited)
+			l.tellWait(r.UseType, true, waited)
 			return ls, nil
 		}
 		d, err := l.retryIn(ctx, *res, method, r, n)
 		if err != nil {
-			l.tellWait(op, r.UseType, n, false, waited)
+			l.tellWait(r.UseType, false, waited)
 			return Lease{}, err
 		}
 		w.sleeping(time.Now().Add(d), *res)
 		waited = true
 		if err := l.sleep(ctx, d); err != nil {
-			l.tellWait(op, r.UseType, n, false, true)
+			l.tellWait(r.UseType, false, true)
 			return Lease{}, err
 		}
 		w.awake()
@@ -190,9 +190,9 @@ func pastDeadline(method string, n int64, r Rule, d time.Duration, behind bool) 
 }
 
 // tellWait tells the observer, if any, the one decision of a wait.
-func (l *Limiter) tellWait(op driver.Op, ut UseType, n int64, allowed, waited bool) {
+func (l *Limiter) tellWait(ut UseType, allowed, waited bool) {
 	if o := l.obs; o != nil && o.Decided != nil {
-		o.Decided(Decision{Op: op, UseType: ut, N: n, Allowed: allowed, Waited: waited})
+		o.Decided(Decision{UseType: ut, Allowed: allowed, Waited: waited})
 	}
 }
 

@@ -334,10 +334,10 @@ func TestAWaitIsOneDecision(t *testing.T) {
 	})
 	countlimit.SetJitter(l, nil)
 	allowed := func(waited bool) countlimit.Decision {
-		return countlimit.Decision{Op: driver.OpAllow, UseType: r.UseType, N: 1, Allowed: true, Waited: waited}
+		return countlimit.Decision{UseType: r.UseType, Allowed: true, Waited: waited}
 	}
 	denied := func(waited bool) countlimit.Decision {
-		return countlimit.Decision{Op: driver.OpAllow, UseType: r.UseType, N: 1, Waited: waited}
+		return countlimit.Decision{UseType: r.UseType, Waited: waited}
 	}
 	for _, step := range []struct {
 		what  string

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"strconv"
 	"time"
+
+	"github.com/countlimit/countlimit/internal/expose"
 )
 
 // Unit is a calendar unit for [Calendar] windows.
@@ -17,8 +19,8 @@ const (
 	Year
 )
 
-// String returns "day", "week", "month" or "year".
-func (u Unit) String() string {
+// name is "day", "week", "month" or "year".
+func (u Unit) name() string {
 	switch u {
 	case Day:
 		return "day"
@@ -144,17 +146,17 @@ func (w Window) String() string {
 		return "lifetime"
 	case kindCalendar:
 		if w.loc == nil {
-			return "calendar " + w.unit.String()
+			return "calendar " + w.unit.name()
 		}
-		return "calendar " + w.unit.String() + " " + w.loc.String()
+		return "calendar " + w.unit.name() + " " + w.loc.String()
 	}
 	return "invalid window"
 }
 
-// Duration returns the length of a Rolling, Fixed or Sliding window, the
-// lease ttl of a Concurrent one, the period of a Smooth one, and 0 for
-// Calendar windows (a day or a month has no single length) and Lifetime.
-func (w Window) Duration() time.Duration {
+// duration is the length of a Rolling, Fixed or Sliding window, the lease
+// ttl of a Concurrent one, the period of a Smooth one, and 0 for Calendar
+// windows (a day or a month has no single length) and Lifetime.
+func (w Window) duration() time.Duration {
 	switch w.kind {
 	case kindRolling, kindFixed, kindSliding, kindConcurrent, kindSmooth:
 		return w.d
@@ -162,40 +164,28 @@ func (w Window) Duration() time.Duration {
 	return 0
 }
 
-// Burst returns the burst of a [Smooth] window, and 0 for every other
-// kind.
-func (w Window) Burst() int64 { return w.burst }
-
-// Interval returns a [Smooth] window's emission interval under a rule of
-// the given limit: period/limit rounded up to the microsecond (the period
-// when limit is 0), what each event takes to drain; 0 for every other
-// kind, or a limit below 0.
-func (w Window) Interval(limit int64) time.Duration {
+// smoothInterval is a Smooth window's emission interval under a rule of
+// the given limit (see expose.Interval); 0 for every other kind, or a
+// limit below 0.
+func (w Window) smoothInterval(limit int64) time.Duration {
 	if w.kind != kindSmooth || limit < 0 {
 		return 0
 	}
 	return interval(w.d, limit)
 }
 
-// IsSmooth reports whether w is a [Smooth] window.
-func (w Window) IsSmooth() bool { return w.kind == kindSmooth }
-
-// IsConcurrent reports whether w is a [Concurrent] window, whose rules take
-// slots with Acquire instead of counting events with Allow.
-func (w Window) IsConcurrent() bool { return w.kind == kindConcurrent }
-
 // validate reports why w cannot be used, naming the field.
 func (w Window) validate() error {
 	switch w.kind {
 	case kindRolling, kindFixed, kindSliding, kindConcurrent:
-		if w.d < time.Microsecond || w.d > MaxDuration {
+		if w.d < time.Microsecond || w.d > expose.MaxDuration {
 			return invalidf("Rule.Window", "%s duration must be 1µs to 100 years, got %v", w.kindName(), w.d)
 		}
 	case kindSmooth:
-		if w.d < time.Microsecond || w.d > MaxDuration {
+		if w.d < time.Microsecond || w.d > expose.MaxDuration {
 			return invalidf("Rule.Window", "smooth period must be 1µs to 100 years, got %v", w.d)
 		}
-		if w.burst < 1 || w.burst > MaxLimit {
+		if w.burst < 1 || w.burst > expose.MaxLimit {
 			return invalidf("Rule.Window", "smooth burst must be 1 to 2^53, got %d", w.burst)
 		}
 	case kindCalendar:

@@ -4,6 +4,8 @@ import (
 	"math/rand/v2"
 	"testing"
 	"time"
+
+	"github.com/countlimit/countlimit/internal/expose"
 )
 
 // fuzzZones are the zones FuzzBounds draws from: DST in both hemispheres,
@@ -229,21 +231,21 @@ func TestSmoothInterval(t *testing.T) {
 		{1500 * time.Nanosecond, 1, 2 * time.Microsecond}, // a period finer than the stores keep
 		{time.Minute, 0, time.Minute},
 		{time.Minute, 1, time.Minute},
-		{MaxDuration, MaxLimit, time.Microsecond},
+		{expose.MaxDuration, expose.MaxLimit, time.Microsecond},
 	} {
 		if got := interval(c.period, c.limit); got != c.want {
 			t.Errorf("interval(%v, %d) = %v, want %v", c.period, c.limit, got, c.want)
 		}
-		if got := Smooth(c.period, 1).Interval(c.limit); got != c.want {
-			t.Errorf("Smooth(%v, 1).Interval(%d) = %v, want %v", c.period, c.limit, got, c.want)
+		if got := Smooth(c.period, 1).smoothInterval(c.limit); got != c.want {
+			t.Errorf("Smooth(%v, 1).smoothInterval(%d) = %v, want %v", c.period, c.limit, got, c.want)
 		}
 	}
 	for _, w := range []Window{Fixed(time.Second), Sliding(time.Second), Lifetime(), {}} {
-		if got := w.Interval(10); got != 0 {
-			t.Errorf("%v.Interval(10) = %v, want 0", w, got)
+		if got := w.smoothInterval(10); got != 0 {
+			t.Errorf("%v.smoothInterval(10) = %v, want 0", w, got)
 		}
 	}
-	if got := Smooth(time.Second, 1).Interval(-1); got != 0 {
+	if got := Smooth(time.Second, 1).smoothInterval(-1); got != 0 {
 		t.Errorf("Interval(-1) = %v, want 0", got)
 	}
 }
@@ -254,14 +256,14 @@ func TestSmoothInterval(t *testing.T) {
 func TestSmoothBoundsAreExact(t *testing.T) {
 	for _, r := range []Rule{
 		{UseType: "u", Limit: 1, Window: Smooth(365*24*time.Hour, 100)},
-		{UseType: "u", Limit: 1_000_000, Window: Smooth(time.Second, int64(MaxDuration/time.Microsecond))},
-		{UseType: "u", Limit: int64(MaxDuration / time.Microsecond), Window: Smooth(MaxDuration, 1)},
+		{UseType: "u", Limit: 1_000_000, Window: Smooth(time.Second, int64(expose.MaxDuration/time.Microsecond))},
+		{UseType: "u", Limit: int64(expose.MaxDuration / time.Microsecond), Window: Smooth(expose.MaxDuration, 1)},
 	} {
 		if err := r.Validate(); err != nil {
 			t.Errorf("%v limit %d: %v", r.Window, r.Limit, err)
 			continue
 		}
-		if bt := r.Window.burst * interval(r.Window.d, r.Limit).Microseconds(); bt > int64(MaxDuration/time.Microsecond) || bt >= 1<<53 {
+		if bt := r.Window.burst * interval(r.Window.d, r.Limit).Microseconds(); bt > int64(expose.MaxDuration/time.Microsecond) || bt >= 1<<53 {
 			t.Errorf("%v limit %d: burst*interval = %dµs", r.Window, r.Limit, bt)
 		}
 	}

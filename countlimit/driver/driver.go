@@ -1,8 +1,7 @@
 // Package driver is what a countlimit store implements, beside package
 // countlimit as database/sql/driver stands beside database/sql: the Store
-// interface and its contract, the Request a Limiter hands a store, and the
-// reference model of the contract (Apply), which decides as every store
-// must. Business code uses package countlimit and a store's New; only a
+// interface and its contract and the Request a Limiter hands a store.
+// Business code uses package countlimit and a store's New; only a
 // store's writer needs this package.
 package driver
 
@@ -30,7 +29,8 @@ func Unavailable(err error) error {
 
 // Store keeps counters and applies checks to them atomically. The stores of
 // this module are memstore, pgstore and redisstore; storetest.Run proves a
-// Store meets the contract below, and [Apply] spells it out as code.
+// Store meets the contract below, and the module's reference model
+// (internal/model) spells it out as code.
 //
 // A Store holds no policy: the Limiter validates input, reads its clock and
 // turns each rule into explicit bounds before calling Do, and turns the
@@ -95,7 +95,7 @@ func Unavailable(err error) error {
 //
 // A Smooth check (Interval > 0) is decided by GCRA, as go-redis/redis_rate
 // decides, and keeps one instant instead of a count: TAT (the theoretical
-// arrival time, driver.Key.TAT), when the key is fully drained; a key with
+// arrival time), when the key is fully drained; a key with
 // none, or with TAT at or before Now, is drained. Let T = c.Interval, B =
 // c.Burst and tat = max(TAT, Now). Times are whole microseconds, as
 // everywhere here. Compared as differences from Now (tat - Now + N*T <=

@@ -4,6 +4,8 @@ import (
 	"context"
 	"net/http"
 
+	"github.com/countlimit/countlimit/internal/expose"
+
 	"github.com/countlimit/countlimit/countlimit"
 )
 
@@ -24,7 +26,7 @@ func Concurrency(l *countlimit.Limiter, key KeyFunc, rule countlimit.Rule, opts 
 	if l == nil || key == nil {
 		panic("httplimit: Concurrency called with a nil Limiter or KeyFunc")
 	}
-	if !rule.Window.IsConcurrent() {
+	if !expose.WindowOf(rule.Window).Concurrent {
 		panic("httplimit: Concurrency needs a rule with a Concurrent window, got " + rule.Window.String())
 	}
 	c := newConfig(opts)
@@ -37,7 +39,7 @@ func Concurrency(l *countlimit.Limiter, key KeyFunc, rule countlimit.Rule, opts 
 				return
 			}
 			results := []countlimit.Result{res}
-			c.setHeaders(w.Header(), l.Now(), rules, results)
+			c.setHeaders(w.Header(), expose.Now(l), rules, results)
 			if !res.Allowed {
 				c.denied(w, r, results)
 				return

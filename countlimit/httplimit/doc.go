@@ -51,7 +51,7 @@
 //     left out.
 //   - A Smooth window is stated as a quota that refills over a window: q
 //     is its burst and w the seconds, rounded up, a whole burst takes to
-//     drain (burst × Window.Interval), so q/w is the rule's rate (less
+//     drain (burst × the interval, period/Limit), so q/w is the rule's rate (less
 //     where w rounds up: 10 a second with bursts of 3 is q=3;w=1), r is at
 //     most q and t at most w. A smooth rule of Limit 0 has q=0 and no w.
 //   - r is Result.Remaining, or 0 while the key sits in the penalty box

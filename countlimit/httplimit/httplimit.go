@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/countlimit/countlimit/internal/expose"
+
 	"github.com/countlimit/countlimit/countlimit"
 )
 
@@ -111,7 +113,7 @@ func Middleware(l *countlimit.Limiter, key KeyFunc, rules RuleFunc, opts ...Opti
 				c.failed(w, r, err, next)
 				return
 			}
-			c.setHeaders(w.Header(), l.Now(), rs, res)
+			c.setHeaders(w.Header(), expose.Now(l), rs, res)
 			if !res[0].Allowed {
 				c.denied(w, r, res)
 				return
@@ -181,7 +183,7 @@ func (c *config) setHeaders(h http.Header, now time.Time, rules []countlimit.Rul
 		name := sfString(c.name(rule))
 		policy = append(policy, name...)
 		q, w, ok := rule.Limit, int64(0), false
-		if rule.Window.IsSmooth() {
+		if expose.WindowOf(rule.Window).Smooth {
 			q, w, ok = smoothPolicy(rule)
 		} else {
 			w, ok = windowSeconds(rule.Window)
@@ -229,8 +231,8 @@ func seconds(d time.Duration) int64 {
 // windowSeconds returns the length of a Rolling, Fixed or Sliding window.
 // A Concurrent window has none: its quota is of requests in flight.
 func windowSeconds(w countlimit.Window) (int64, bool) {
-	d := w.Duration()
-	return seconds(d), d > 0 && !w.IsConcurrent()
+	d := expose.WindowOf(w).Duration
+	return seconds(d), d > 0 && !expose.WindowOf(w).Concurrent
 }
 
 // smoothPolicy states a Smooth rule as a quota that refills over a
@@ -243,9 +245,9 @@ func smoothPolicy(rule countlimit.Rule) (q, w int64, ok bool) {
 	if rule.Limit == 0 {
 		return 0, 0, false
 	}
-	b := rule.Window.Burst()
-	iv := rule.Window.Interval(rule.Limit)
-	if b > int64(countlimit.MaxDuration/iv) { // an invalid rule: the check fails with ErrInvalid
+	b := expose.WindowOf(rule.Window).Burst
+	iv := expose.Interval(rule.Window, rule.Limit)
+	if b > int64(expose.MaxDuration/iv) { // an invalid rule: the check fails with ErrInvalid
 		return b, 0, false
 	}
 	return b, seconds(time.Duration(b) * iv), true

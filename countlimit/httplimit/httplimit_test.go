@@ -215,7 +215,7 @@ func TestMiddleware(t *testing.T) {
 }
 
 // TestPolicyWindow pins w for every kind of window; it is read from
-// Window.Duration, so this breaks if what that reports changes.
+// expose.WindowOf(w).Duration, so this breaks if what that reports changes.
 func TestPolicyWindow(t *testing.T) {
 	t.Parallel()
 	tests := []struct {

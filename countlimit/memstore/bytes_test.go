@@ -9,6 +9,8 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/countlimit/countlimit/internal/expose"
+
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/memstore"
 	"github.com/countlimit/countlimit/countlimit/storetest"
@@ -17,7 +19,7 @@ import (
 // longID returns a 512-byte id, the longest the Limiter takes, unique to i,
 // in a string of its own as a server decodes it.
 func longID(i int) string {
-	var b [countlimit.MaxIDLen]byte
+	var b [expose.MaxIDLen]byte
 	tail := strconv.AppendInt(append(b[:0:0], '-'), int64(i), 10)
 	n := copy(b[len(b)-len(tail):], tail)
 	for j := range len(b) - n {

@@ -18,7 +18,7 @@ type view struct {
 	blocked    bool
 	ahead      int64 // smooth: max(TAT, now) - now
 	// until is set for a sliding or smooth check that carries over the
-	// count of an entry of another kind (driver.Apply's look): the end of
+	// count of an entry of another kind (model.Apply's look): the end of
 	// the window that holds it. A sliding check's used events are then all
 	// at begin.
 	until int64
@@ -35,7 +35,7 @@ func smoothBegin(at int64) int64 { return -at }
 
 // carried is the count a check of another kind reads from e at now, and
 // the end of the window that holds it: its window's while the window is
-// current, else 0 and 0 (driver.Apply's carried). A smooth entry's window
+// current, else 0 and 0 (model.Apply's carried). A smooth entry's window
 // is [0, TAT).
 func (e *entry) carried(now int64) (count, until int64) {
 	if e.begin < e.end && now < e.end && e.count > 0 {
@@ -126,7 +126,7 @@ func (v *view) fits(c *driver.Check, n int64) bool {
 }
 
 // smoothFits reports whether n more units fit a Smooth check drained
-// ahead after now, the penalty aside (driver.Apply's rule): ahead + n*T
+// ahead after now, the penalty aside (model.Apply's rule): ahead + n*T
 // <= B*T, with n*T taken only once n <= B.
 func smoothFits(c *driver.Check, ahead, n int64) bool {
 	t := c.Interval.Microseconds()
@@ -207,7 +207,7 @@ func (s *Store) write(sh *shard, e *entry, c *driver.Check, v *view, allowed boo
 	}
 }
 
-// refund gives n back as driver.Apply's refund does, in the form e is kept
+// refund gives n back as model.Apply's refund does, in the form e is kept
 // in: a smooth entry's TAT, a sliding log, or a window's count.
 func (s *Store) refund(e *entry, c *driver.Check, v *view, n int64) {
 	if c.Interval > 0 {

@@ -5,8 +5,8 @@ import (
 	"slices"
 	"time"
 
-	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/internal/keystate"
+	"github.com/countlimit/countlimit/internal/model"
 )
 
 // SweepSlice is sweepSlice, for the tests of the janitor's slices.
@@ -85,18 +85,18 @@ func SameShard(s *Store, ut, a, b string) bool {
 }
 
 // KeyForTest returns what s keeps of (ut, id), in the model's terms.
-func KeyForTest(s *Store, ut, id string) driver.Key {
+func KeyForTest(s *Store, ut, id string) model.Key {
 	h := s.hash(ut, id)
 	sh := s.shard(h)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	e := sh.get(h, ut, id)
 	if e == nil {
-		return driver.Key{}
+		return model.Key{}
 	}
-	k := driver.Key{Count: e.count, Begin: e.begin, End: e.end, Log: slices.Clone(e.events), Denied: e.denied, Blocked: e.blocked}
+	k := model.Key{Count: e.count, Begin: e.begin, End: e.end, Log: slices.Clone(e.events), Denied: e.denied, Blocked: e.blocked}
 	if e.end == forever {
-		k.End = driver.Forever
+		k.End = model.Forever
 	}
 	if e.smooth() {
 		k.Begin, k.TAT = 0, e.end
@@ -111,7 +111,7 @@ func KeyForTest(s *Store, ut, id string) driver.Key {
 }
 
 // SeedForTest makes s keep k for (ut, id), replacing what it kept.
-func SeedForTest(s *Store, ut, id string, k driver.Key) {
+func SeedForTest(s *Store, ut, id string, k model.Key) {
 	h := s.hash(ut, id)
 	sh := s.shard(h)
 	sh.mu.Lock()
@@ -122,7 +122,7 @@ func SeedForTest(s *Store, ut, id string, k driver.Key) {
 	}
 	e := newEntry(ut, id, 0)
 	e.count, e.begin, e.end, e.denied, e.blocked = k.Count, k.Begin, k.End, k.Denied, k.Blocked
-	if k.End == driver.Forever {
+	if k.End == model.Forever {
 		e.end = forever
 	}
 	e.events = slices.Clone(k.Log)

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/countlimit/countlimit/internal/expose"
+
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/memstore"
 	"github.com/countlimit/countlimit/countlimit/storetest"
@@ -20,7 +22,7 @@ var t0 = time.Date(2026, 3, 2, 9, 0, 0, 0, time.UTC)
 // sweep, or a full shard, may drop it.
 func stale(t testing.TB, l *countlimit.Limiter, id string) {
 	t.Helper()
-	ok, err := l.CheckLimit(context.Background(), "stale", id, 1, time.Hour, l.Now().Add(-2*time.Hour))
+	ok, err := l.CheckLimit(context.Background(), "stale", id, 1, time.Hour, expose.Now(l).Add(-2*time.Hour))
 	if err != nil || !ok {
 		t.Errorf("CheckLimit(stale, %q) = %v, %v; want true, nil", id, ok, err)
 	}
@@ -206,7 +208,7 @@ func TestFullStoreConcurrent(t *testing.T) {
 	l := countlimit.New(s)
 	ctx := context.Background()
 	once := countlimit.Rule{UseType: "once", Limit: 1, Window: countlimit.Lifetime()}
-	shared := countlimit.Rule{UseType: "shared", Limit: countlimit.MaxLimit, Window: countlimit.Lifetime()}
+	shared := countlimit.Rule{UseType: "shared", Limit: expose.MaxLimit, Window: countlimit.Lifetime()}
 	if _, err := l.Allow(ctx, shared, "shared"); err != nil {
 		t.Fatal(err)
 	}

@@ -28,7 +28,7 @@ type lease struct {
 }
 
 // leaseOp carries out a request whose one check is Concurrent: acquire,
-// peek, release or extend: a copy of driver.Apply's leases, as pgstore's
+// peek, release or extend: a copy of model.Apply's leases, as pgstore's
 // lease statements and redisstore's lease.lua are (docs/ARCHITECTURE.md
 // lists every copy); storetest's Lease cases pin all three. A key's
 // leases live in its entry beside the count, and neither touches the other.

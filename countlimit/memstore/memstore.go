@@ -98,7 +98,7 @@ type entry struct {
 	// lifetime windows. A sliding log keeps there its length and bounds
 	// as last written. A Smooth check's entry keeps its TAT in end, its
 	// units not yet drained when last written in count, over the window
-	// [0, TAT) (driver.Key's form of a smooth key, which checks of other
+	// [0, TAT) (model.Key's form of a smooth key, which checks of other
 	// kinds carry over), and in begin, negative, the instant its janitor
 	// deadline was last set for (see smoothBegin).
 	begin   int64
@@ -335,11 +335,11 @@ const inlineShards = 8
 // once: the locks of the checks' shards are held for the lookups and the
 // counter updates, and the States are built after they are let go.
 //
-// It is a copy, kept for speed, of driver.Apply, the reference model of
+// It is a copy, kept for speed, of model.Apply, the reference model of
 // the driver.Store contract; docs/ARCHITECTURE.md ("The copies") lists
 // every copy, in each store, and why it stays. A rule changes in
-// driver.Apply first, then here and in each copy there. TestModel (internal/modeltest) holds
-// memstore and every other store's paths to driver.Apply, comparing
+// model.Apply first, then here and in each copy there. TestModel (internal/modeltest) holds
+// memstore and every other store's paths to model.Apply, comparing
 // Results and stored state after each of its seeded steps; it names the
 // copy that was forgotten.
 func (s *Store) apply(r *driver.Request) error {

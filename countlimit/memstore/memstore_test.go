@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/countlimit/countlimit/internal/expose"
+
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/countlimit/memstore"
@@ -82,7 +84,7 @@ func BenchmarkAllowExistingKey(b *testing.B) {
 	defer s.Close()
 	l := countlimit.New(s)
 	ctx := context.Background()
-	rule := countlimit.Rule{UseType: "api", Limit: countlimit.MaxLimit, Window: countlimit.Fixed(time.Hour)}
+	rule := countlimit.Rule{UseType: "api", Limit: expose.MaxLimit, Window: countlimit.Fixed(time.Hour)}
 	if _, err := l.Allow(ctx, rule, "user-1"); err != nil {
 		b.Fatal(err)
 	}
@@ -102,7 +104,7 @@ func BenchmarkAllowExistingKeyFreshID(b *testing.B) {
 	defer s.Close()
 	l := countlimit.New(s)
 	ctx := context.Background()
-	rule := countlimit.Rule{UseType: "api", Limit: countlimit.MaxLimit, Window: countlimit.Fixed(time.Hour)}
+	rule := countlimit.Rule{UseType: "api", Limit: expose.MaxLimit, Window: countlimit.Fixed(time.Hour)}
 	ids := make([]string, 1024)
 	for i := range ids {
 		ids[i] = strings.Clone("user-1")
@@ -125,7 +127,7 @@ func BenchmarkAllowParallel(b *testing.B) {
 	defer s.Close()
 	l := countlimit.New(s)
 	ctx := context.Background()
-	rule := countlimit.Rule{UseType: "api", Limit: countlimit.MaxLimit, Window: countlimit.Fixed(time.Hour)}
+	rule := countlimit.Rule{UseType: "api", Limit: expose.MaxLimit, Window: countlimit.Fixed(time.Hour)}
 	ids := make([]string, 1024)
 	for i := range ids {
 		ids[i] = "user-" + string(rune('a'+i%26)) + string(rune('a'+i/26%26)) + string(rune('a'+i/676))
@@ -148,7 +150,7 @@ func BenchmarkAllowSliding(b *testing.B) {
 	defer s.Close()
 	l := countlimit.New(s)
 	ctx := context.Background()
-	rule := countlimit.Rule{UseType: "sms", Limit: countlimit.MaxSlidingLimit, Window: countlimit.Sliding(time.Millisecond)}
+	rule := countlimit.Rule{UseType: "sms", Limit: expose.MaxSlidingLimit, Window: countlimit.Sliding(time.Millisecond)}
 	b.ReportAllocs()
 	for b.Loop() {
 		if _, err := l.Allow(ctx, rule, "phone"); err != nil {
@@ -162,7 +164,7 @@ func TestAllowExistingKeyAllocatesNothing(t *testing.T) {
 	defer s.Close()
 	l := countlimit.New(s)
 	ctx := context.Background()
-	rule := countlimit.Rule{UseType: "api", Limit: countlimit.MaxLimit, Window: countlimit.Fixed(time.Hour)}
+	rule := countlimit.Rule{UseType: "api", Limit: expose.MaxLimit, Window: countlimit.Fixed(time.Hour)}
 	if _, err := l.Allow(ctx, rule, "user-1"); err != nil {
 		t.Fatal(err)
 	}

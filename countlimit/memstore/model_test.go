@@ -4,9 +4,8 @@ import (
 	"context"
 	"testing"
 
-	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/countlimit/memstore"
-	"github.com/countlimit/countlimit/countlimit/storetest"
+	"github.com/countlimit/countlimit/internal/model"
 
 	"github.com/countlimit/countlimit/internal/modeltest"
 )
@@ -18,20 +17,20 @@ func TestModel(t *testing.T) {
 	modeltest.Run(t, []modeltest.Path{{
 		Name: "memstore",
 		Do:   modeltest.Each(s.Do),
-		Read: func(_ context.Context, ut, id string) (driver.Key, error) {
+		Read: func(_ context.Context, ut, id string) (model.Key, error) {
 			return memstore.KeyForTest(s, ut, id), nil
 		},
 	}})
 }
 
 // TestContract runs storetest's contract cases on memstore: seeded state,
-// one request, and the stored state compared with driver.Apply's.
+// one request, and the stored state compared with model.Apply's.
 func TestContract(t *testing.T) {
 	s := memstore.New(memstore.WithJanitorInterval(0))
 	t.Cleanup(func() { s.Close() }) // after the parallel cases
-	storetest.RunContract(t, s, storetest.Inspector{
-		Read: func(_ context.Context, ut, id string) (driver.Key, error) { return memstore.KeyForTest(s, ut, id), nil },
-		Seed: func(_ context.Context, ut, id string, k driver.Key) error {
+	modeltest.RunContract(t, s, modeltest.Inspector{
+		Read: func(_ context.Context, ut, id string) (model.Key, error) { return memstore.KeyForTest(s, ut, id), nil },
+		Seed: func(_ context.Context, ut, id string, k model.Key) error {
 			memstore.SeedForTest(s, ut, id, k)
 			return nil
 		},
@@ -53,7 +52,7 @@ func FuzzAllowAll(f *testing.F) {
 		modeltest.Fuzz(t, modeltest.Path{
 			Name: "memstore",
 			Do:   modeltest.Each(s.Do),
-			Read: func(_ context.Context, ut, id string) (driver.Key, error) {
+			Read: func(_ context.Context, ut, id string) (model.Key, error) {
 				return memstore.KeyForTest(s, ut, id), nil
 			},
 		}, data)

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"unsafe"
 
-	"github.com/countlimit/countlimit/countlimit"
+	"github.com/countlimit/countlimit/internal/expose"
 )
 
 // sizeClasses are the sizes the Go allocator rounds a small allocation up
@@ -92,9 +92,9 @@ func grownCap(old, want, elem, most int) int {
 }
 
 func logCap(old, want int) int {
-	return grownCap(old, want, eventSize, countlimit.MaxSlidingLimit)
+	return grownCap(old, want, eventSize, expose.MaxSlidingLimit)
 }
 
 func leaseCap(old, want int) int {
-	return grownCap(old, want, leaseSize, countlimit.MaxConcurrentLimit)
+	return grownCap(old, want, leaseSize, expose.MaxConcurrentLimit)
 }

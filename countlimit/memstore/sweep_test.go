@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/countlimit/countlimit/internal/expose"
+
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/memstore"
 	"github.com/countlimit/countlimit/countlimit/storetest"
@@ -71,7 +73,7 @@ func TestSweepMovesLiveCounters(t *testing.T) {
 	t.Cleanup(func() { s.Close() })
 	l := countlimit.New(s)
 	ctx := context.Background()
-	rule := countlimit.Rule{UseType: "live", Limit: countlimit.MaxLimit, Window: countlimit.Lifetime()}
+	rule := countlimit.Rule{UseType: "live", Limit: expose.MaxLimit, Window: countlimit.Lifetime()}
 	want := map[string]int64{}
 	allow := func(id string) {
 		t.Helper()
@@ -157,7 +159,7 @@ func TestSweepLetsGoOfTheLock(t *testing.T) {
 	for i := range n {
 		stale(t, l, strconv.Itoa(i))
 	}
-	rule := countlimit.Rule{UseType: "live", Limit: countlimit.MaxLimit, Window: countlimit.Lifetime()}
+	rule := countlimit.Rule{UseType: "live", Limit: expose.MaxLimit, Window: countlimit.Lifetime()}
 	var during atomic.Int64
 	pause := func() {
 		if memstore.ShardLocked(s, "live", "live") {
@@ -195,7 +197,7 @@ func TestSweepWhileCounting(t *testing.T) {
 	t.Cleanup(func() { s.Close() })
 	l := countlimit.New(s)
 	ctx := context.Background()
-	rule := countlimit.Rule{UseType: "live", Limit: countlimit.MaxLimit, Window: countlimit.Lifetime()}
+	rule := countlimit.Rule{UseType: "live", Limit: expose.MaxLimit, Window: countlimit.Lifetime()}
 	for i := range 10000 { // the first sweep will rebuild both shards
 		stale(t, l, fmt.Sprint("pre-", i))
 	}

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/countlimit/countlimit/internal/expose"
+
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/memstore"
 )
@@ -144,7 +146,7 @@ func BenchmarkAllowUseTypesPerID(b *testing.B) {
 			defer s.Close()
 			l := countlimit.New(s)
 			ctx := context.Background()
-			rules := useTypes(n, countlimit.MaxLimit)
+			rules := useTypes(n, expose.MaxLimit)
 			for _, r := range rules {
 				if _, err := l.Allow(ctx, r, "user-1"); err != nil {
 					b.Fatal(err)

@@ -8,11 +8,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/countlimit/countlimit/internal/expose"
+
 	"golang.org/x/time/rate"
 
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/countlimit/memstore"
+	"github.com/countlimit/countlimit/internal/model"
 )
 
 // BenchmarkVersusRate runs golang.org/x/time/rate's Allow and Limiter.Allow
@@ -38,7 +41,7 @@ func BenchmarkVersusRate(b *testing.B) {
 			defer s.Close()
 			l := countlimit.New(s)
 			ctx := context.Background()
-			rule := countlimit.Rule{UseType: "api", Limit: countlimit.MaxLimit, Window: countlimit.Fixed(time.Hour)}
+			rule := countlimit.Rule{UseType: "api", Limit: expose.MaxLimit, Window: countlimit.Fixed(time.Hour)}
 			ids := make([]string, 0, g)
 			for i := 0; len(ids) < g; i++ {
 				id := fmt.Sprint("user-", i)
@@ -104,7 +107,7 @@ func BenchmarkDo(b *testing.B) {
 	ctx := context.Background()
 	now := time.Now().Truncate(time.Microsecond)
 	begin := now.Truncate(time.Hour).UTC()
-	c := driver.Check{UseType: "api", Limit: countlimit.MaxLimit, Begin: begin, End: begin.Add(time.Hour)}
+	c := driver.Check{UseType: "api", Limit: expose.MaxLimit, Begin: begin, End: begin.Add(time.Hour)}
 	req := &driver.Request{Op: driver.OpAllow, ID: "user-1", Now: now, N: 1, Checks: []driver.Check{c}}
 	b.ReportAllocs()
 	for b.Loop() {
@@ -115,28 +118,28 @@ func BenchmarkDo(b *testing.B) {
 }
 
 // BenchmarkDoThroughModel is BenchmarkDo for a store that decides with the
-// reference model: a map of driver.Keys under a mutex, driver.Apply on the
+// reference model: a map of model.Keys under a mutex, model.Apply on the
 // key, the keys' slice kept from call to call. Against BenchmarkDo it is
 // what memstore's own copy of the decision saves (docs/ARCHITECTURE.md).
 func BenchmarkDoThroughModel(b *testing.B) {
 	type key struct{ useType, id string }
 	var mu sync.Mutex
-	keys := map[key]*driver.Key{}
+	keys := map[key]*model.Key{}
 	now := time.Now().Truncate(time.Microsecond)
 	begin := now.Truncate(time.Hour).UTC()
-	c := driver.Check{UseType: "api", Limit: countlimit.MaxLimit, Begin: begin, End: begin.Add(time.Hour)}
+	c := driver.Check{UseType: "api", Limit: expose.MaxLimit, Begin: begin, End: begin.Add(time.Hour)}
 	req := &driver.Request{Op: driver.OpAllow, ID: "user-1", Now: now, N: 1, Checks: []driver.Check{c}}
-	ks := make([]*driver.Key, 1)
+	ks := make([]*model.Key, 1)
 	b.ReportAllocs()
 	for b.Loop() {
 		mu.Lock()
 		k := keys[key{req.Checks[0].UseType, req.ID}]
 		if k == nil {
-			k = &driver.Key{}
+			k = &model.Key{}
 			keys[key{req.Checks[0].UseType, req.ID}] = k
 		}
 		ks[0] = k
-		driver.Apply(req, ks)
+		model.Apply(req, ks)
 		mu.Unlock()
 		if !req.Checks[0].State.Allowed {
 			b.Fatal("denied")

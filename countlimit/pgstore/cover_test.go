@@ -17,6 +17,7 @@ import (
 	"github.com/countlimit/countlimit/countlimit/pgstore"
 	"github.com/countlimit/countlimit/internal/coverreport"
 	"github.com/countlimit/countlimit/internal/keystate"
+	"github.com/countlimit/countlimit/internal/model"
 	"github.com/countlimit/countlimit/internal/modeltest"
 )
 
@@ -101,8 +102,8 @@ const (
 // the calls of the step just taken whose row another transaction held for
 // their first send, and whether that row existed; they were sent again,
 // alone or together as how says, once it was let go.
-func casesOf(how sends, held func() (calls []bool, existed bool)) func([]*driver.Request, [][]driver.Key) []string {
-	return func(reqs []*driver.Request, before [][]driver.Key) []string {
+func casesOf(how sends, held func() (calls []bool, existed bool)) func([]*driver.Request, [][]model.Key) []string {
+	return func(reqs []*driver.Request, before [][]model.Key) []string {
 		var out []string
 		add := func(stmt string, arms ...string) {
 			for _, a := range arms {

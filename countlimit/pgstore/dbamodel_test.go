@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/countlimit/countlimit/internal/expose"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -18,6 +20,7 @@ import (
 	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/countlimit/pgstore"
 	"github.com/countlimit/countlimit/internal/keystate"
+	"github.com/countlimit/countlimit/internal/model"
 	"github.com/countlimit/countlimit/internal/modeltest"
 )
 
@@ -115,7 +118,7 @@ func (m dbaModel) reset(keys []*drawnKey, id, ut string) dbaResult {
 		if !keystate.Empty(k) {
 			n++
 		}
-		*k = driver.Key{}
+		*k = model.Key{}
 		// The leases' holders keep their Leases, which no longer hold.
 		d.kind, d.limit, d.interval, d.burst, d.exists, d.taken = nil, 0, 0, 0, false, map[string]int64{}
 	}
@@ -166,18 +169,18 @@ func (d *drawnKey) next(w *world, rng *rand.Rand, at time.Time) (what string, r 
 	n := pick(rng, int64(1), 1, 2)
 	got, sent = w.call(at, func(l *countlimit.Limiter) {
 		switch p := rng.IntN(6); {
-		case r.Window.IsConcurrent() && p < 3:
+		case expose.WindowOf(r.Window).Concurrent && p < 3:
 			what = "Acquire"
 			if ls, res, err := l.Acquire(ctx, r, d.id); err == nil && res.Allowed {
 				d.leases = append(d.leases, ls)
 			}
-		case r.Window.IsConcurrent() && p == 4 && len(d.leases) > 0:
+		case expose.WindowOf(r.Window).Concurrent && p == 4 && len(d.leases) > 0:
 			what = "Release"
 			d.leases[rng.IntN(len(d.leases))].Release(ctx)
-		case r.Window.IsConcurrent() && p == 5 && len(d.leases) > 0:
+		case expose.WindowOf(r.Window).Concurrent && p == 5 && len(d.leases) > 0:
 			what = "Extend"
 			d.leases[rng.IntN(len(d.leases))].Extend(ctx)
-		case r.Window.IsConcurrent() || p < 2:
+		case expose.WindowOf(r.Window).Concurrent || p < 2:
 			what = "Peek"
 			l.Peek(ctx, r, d.id)
 		case p < 5:
@@ -217,13 +220,13 @@ func callDBA(ctx context.Context, tx pgx.Tx, notice func() string, sql string, a
 
 // keyText is a key exactly, but for a log or leases that are empty
 // rather than none.
-func keyText(k driver.Key) string {
+func keyText(k model.Key) string {
 	var leases []string
 	for _, t := range slices.Sorted(maps.Keys(k.Leases)) {
 		leases = append(leases, fmt.Sprintf("%.6s@%d", t, k.Leases[t]))
 	}
 	end := fmt.Sprint(k.End)
-	if k.End == driver.Forever {
+	if k.End == model.Forever {
 		end = "forever"
 	}
 	return fmt.Sprintf("{count %d [%d, %s) log %v tat %d denied %d blocked %d leases %v}", k.Count, k.Begin, end, k.Log, k.TAT, k.Denied, k.Blocked, leases)
@@ -259,7 +262,7 @@ func TestDBAFunctionsAreTheModel(t *testing.T) {
 	w := newWorld()
 	m := dbaModel{w: w, now: nowUS}
 	store := pgstore.New(tx)
-	read := func(d *drawnKey) driver.Key {
+	read := func(d *drawnKey) model.Key {
 		t.Helper()
 		k, err := readKey(ctx, tx, d.ut, d.id)
 		if err != nil {
@@ -348,7 +351,7 @@ groups:
 }
 
 // normal is k as the harness reads a row back: an empty log is none.
-func normal(k driver.Key) driver.Key {
+func normal(k model.Key) model.Key {
 	if len(k.Log) == 0 {
 		k.Log = nil
 	}

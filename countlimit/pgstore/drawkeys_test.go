@@ -8,11 +8,14 @@ import (
 	"strings"
 	"time"
 
+	"github.com/countlimit/countlimit/internal/expose"
+
 	"github.com/jackc/pgx/v5"
 
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/internal/keystate"
+	"github.com/countlimit/countlimit/internal/model"
 )
 
 // The view count_limit_status and the DBA functions that write state
@@ -29,27 +32,27 @@ import (
 
 // world is the model's state of the keys a test draws, behind a Limiter
 // whose clock the test sets: a call of the Limiter is carried out by
-// driver.Apply, and its request kept, so that the same request can be
+// model.Apply, and its request kept, so that the same request can be
 // sent to PostgreSQL.
 type world struct {
 	at   time.Time
 	l    *countlimit.Limiter
-	keys map[[2]string]*driver.Key
+	keys map[[2]string]*model.Key
 	// sent is the last request as the Limiter made it; got the same, with
 	// the model's States. Both nil when the Limiter sent none.
 	sent, got *driver.Request
 }
 
 func newWorld() *world {
-	w := &world{keys: map[[2]string]*driver.Key{}}
+	w := &world{keys: map[[2]string]*model.Key{}}
 	w.l = countlimit.New(w, countlimit.WithClock(func() time.Time { return w.at }))
 	return w
 }
 
-func (w *world) key(ut, id string) *driver.Key {
+func (w *world) key(ut, id string) *model.Key {
 	k := w.keys[[2]string{ut, id}]
 	if k == nil {
-		k = &driver.Key{}
+		k = &model.Key{}
 		w.keys[[2]string{ut, id}] = k
 	}
 	return k
@@ -57,11 +60,11 @@ func (w *world) key(ut, id string) *driver.Key {
 
 func (w *world) Do(_ context.Context, r *driver.Request) error {
 	w.sent = cloneRequest(r)
-	keys := make([]*driver.Key, len(r.Checks))
+	keys := make([]*model.Key, len(r.Checks))
 	for i := range r.Checks {
 		keys[i] = w.key(r.Checks[i].UseType, r.ID)
 	}
-	driver.Apply(r, keys)
+	model.Apply(r, keys)
 	w.got = cloneRequest(r)
 	return nil
 }
@@ -122,7 +125,7 @@ func windowKind(w countlimit.Window) string {
 // span is the key's sliding span in µs, 0 when no rule of it slides.
 func (d *drawnKey) span() int64 {
 	if r, ok := d.rule("sliding"); ok {
-		return r.Window.Duration().Microseconds()
+		return expose.WindowOf(r.Window).Duration.Microseconds()
 	}
 	return 0
 }
@@ -147,7 +150,7 @@ func smoothRule(ut string, t, burst, limit int64) countlimit.Rule {
 	}
 	r := countlimit.Rule{UseType: countlimit.UseType(ut), Limit: limit,
 		Window: countlimit.Smooth(time.Duration(period)*time.Microsecond, burst)}
-	if got := r.Window.Interval(limit).Microseconds(); got != t {
+	if got := expose.Interval(r.Window, limit).Microseconds(); got != t {
 		panic(fmt.Sprintf("smooth rule %v limit %d: interval %dµs, want %d", r.Window, limit, got, t))
 	}
 	return r
@@ -188,7 +191,7 @@ func drawRule(rng *rand.Rand, kind, ut string) countlimit.Rule {
 		if rng.IntN(4) == 0 {
 			tb = [2]int64{1 + 2*rng.Int64N(2500000), 1 + rng.Int64N(6)}
 		}
-		limit := min(r.Limit, countlimit.MaxDuration.Microseconds()/tb[0])
+		limit := min(r.Limit, expose.MaxDuration.Microseconds()/tb[0])
 		block := r.Block
 		r = smoothRule(ut, tb[0], tb[1], limit)
 		r.Block = block
@@ -207,9 +210,9 @@ func reach(r countlimit.Rule) time.Duration {
 	case "lifetime":
 		return time.Hour
 	case "smooth":
-		return min(time.Duration(r.Window.Burst())*r.Window.Interval(r.Limit), 20*365*24*time.Hour)
+		return min(time.Duration(expose.WindowOf(r.Window).Burst)*expose.Interval(r.Window, r.Limit), 20*365*24*time.Hour)
 	}
-	return r.Window.Duration()
+	return expose.WindowOf(r.Window).Duration
 }
 
 // otherKinds are the kinds a second rule on a key's use type may have,
@@ -248,7 +251,7 @@ func (w *world) drawChecks(rng *rand.Rand, kind, ut, id string, now time.Time) *
 	if kind == "smooth" && rng.IntN(2) == 0 {
 		r := drawRule(rng, "smooth", ut)
 		d.rules = []countlimit.Rule{r}
-		t, b := r.Window.Interval(r.Limit).Microseconds(), r.Window.Burst()
+		t, b := expose.Interval(r.Window, r.Limit).Microseconds(), expose.WindowOf(r.Window).Burst
 		k := pick(rng, 0, 1, 1, 2, b-1, b, rng.Int64N(b+1))
 		ahead := max(0, k)*t + pick(rng, int64(-1), 0, 1)
 		if rng.IntN(8) == 0 {
@@ -256,7 +259,7 @@ func (w *world) drawChecks(rng *rand.Rand, kind, ut, id string, now time.Time) *
 		}
 		ahead = min(ahead, b*t)
 		tat := now.UnixMicro() + ahead
-		*w.key(ut, id) = driver.Key{Count: min(b, max(0, ahead+t-1)/t), End: tat, TAT: tat,
+		*w.key(ut, id) = model.Key{Count: min(b, max(0, ahead+t-1)/t), End: tat, TAT: tat,
 			Denied: rng.Int64N(3), Blocked: pick(rng, 0, 0, now.UnixMicro()+pick(rng, int64(-1), 0, 1, 5e6))}
 		s := "smooth"
 		d.kind, d.limit, d.interval, d.burst, d.exists = &s, r.Limit, t, b, true
@@ -286,7 +289,7 @@ func (w *world) drawChecks(rng *rand.Rand, kind, ut, id string, now time.Time) *
 		// The other rule writes its limit (up to 6) in the row: a smooth
 		// rule of that limit and the row's interval must be one, which
 		// takes an interval of 1/6 of 100 years at the most.
-		if r, ok := d.rule("smooth"); ok && r.Window.Interval(r.Limit) > countlimit.MaxDuration/6 {
+		if r, ok := d.rule("smooth"); ok && expose.Interval(r.Window, r.Limit) > expose.MaxDuration/6 {
 			d.rules = d.rules[:1]
 		}
 	}
@@ -304,7 +307,7 @@ func (w *world) drawChecks(rng *rand.Rand, kind, ut, id string, now time.Time) *
 		if len(d.rules) > 1 && rng.IntN(3) == 0 {
 			r = d.rules[1]
 		}
-		if rng.IntN(6) == 0 && !r.Window.IsSmooth() {
+		if rng.IntN(6) == 0 && !expose.WindowOf(r.Window).Smooth {
 			r.Limit = max(0, r.Limit+int64(rng.IntN(3))-1)
 		}
 		n := pick(rng, int64(1), 1, 1, 2, 3)
@@ -312,7 +315,7 @@ func (w *world) drawChecks(rng *rand.Rand, kind, ut, id string, now time.Time) *
 	}
 	if r, ok := d.rule("smooth"); ok && rng.IntN(5) == 0 {
 		// The rule's limit moved to 0: a denial writes limit_value 0.
-		r = smoothRule(ut, r.Window.Interval(r.Limit).Microseconds(), r.Window.Burst(), 0)
+		r = smoothRule(ut, expose.Interval(r.Window, r.Limit).Microseconds(), expose.WindowOf(r.Window).Burst, 0)
 		d.step(w, rng, r, now.Add(-time.Duration(rng.Int64N(int64(time.Second)))), 1)
 	}
 	return d
@@ -324,16 +327,16 @@ func (d *drawnKey) step(w *world, rng *rand.Rand, r countlimit.Rule, at time.Tim
 	var what string
 	got, _ := w.call(at, func(l *countlimit.Limiter) {
 		switch p := rng.IntN(10); {
-		case r.Window.IsConcurrent() && (p < 6 || len(d.leases) == 0):
+		case expose.WindowOf(r.Window).Concurrent && (p < 6 || len(d.leases) == 0):
 			what = "Acquire"
 			if ls, res, err := l.Acquire(ctx, r, d.id); err == nil && res.Allowed {
 				d.leases = append(d.leases, ls)
 				d.taken[w.sent.Lease] = at.UnixMicro()
 			}
-		case r.Window.IsConcurrent() && p < 8:
+		case expose.WindowOf(r.Window).Concurrent && p < 8:
 			what = "Release"
 			d.leases[rng.IntN(len(d.leases))].Release(ctx)
-		case r.Window.IsConcurrent():
+		case expose.WindowOf(r.Window).Concurrent:
 			what = "Extend"
 			d.leases[rng.IntN(len(d.leases))].Extend(ctx)
 		case p < 8:
@@ -349,11 +352,11 @@ func (d *drawnKey) step(w *world, rng *rand.Rand, r countlimit.Rule, at time.Tim
 }
 
 // wrote records what request r (with the model's States, carried out on
-// k) wrote of the row's columns that driver.Key does not hold, as
+// k) wrote of the row's columns that model.Key does not hold, as
 // countlimit's statements write them: a row made by a check, or counted
 // in, takes its kind, a smooth check's interval and burst, and every
 // check that counts or is denied writes its limit.
-func (d *drawnKey) wrote(r *driver.Request, k *driver.Key) {
+func (d *drawnKey) wrote(r *driver.Request, k *model.Key) {
 	created := !d.exists && !keystate.Empty(k)
 	d.exists = !keystate.Empty(k)
 	if r == nil || (r.Op != driver.OpAllow && r.Op != driver.OpAcquire) {

@@ -21,7 +21,7 @@ import (
 // statement of their own, and call 00001's whole statement
 // (countlimit_allow_one, countlimit_allow_distinct) only when a row is
 // absent or another transaction holds it. The
-// model harness holds both paths to driver.Apply; this test holds the
+// model harness holds both paths to model.Apply; this test holds the
 // choice of path, which the answers alone cannot show: PostgreSQL counts
 // each function's calls (track_functions, a superuser's setting).
 func TestFastPathRunsAloneOnFreeRows(t *testing.T) {

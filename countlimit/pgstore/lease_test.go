@@ -14,6 +14,7 @@ import (
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/pgstore"
 	"github.com/countlimit/countlimit/countlimit/storetest"
+	"github.com/countlimit/countlimit/internal/audit"
 	"github.com/countlimit/countlimit/internal/testbackend"
 )
 
@@ -58,7 +59,7 @@ func TestLeasesForDBAs(t *testing.T) {
 		t.Fatal(err)
 	}
 	view("1 released", 1)
-	top, err := store.NearestLimit(ctx, pgstore.MaxBatchSize)
+	top, err := audit.NearestLimit(ctx, pool, pgstore.MaxBatchSize)
 	if err != nil {
 		t.Fatal(err)
 	}

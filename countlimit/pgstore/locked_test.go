@@ -11,6 +11,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/countlimit/countlimit/internal/tally"
+
+	"github.com/countlimit/countlimit/internal/expose"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -86,10 +90,10 @@ type hostageCase struct {
 }
 
 var hostageCases = []hostageCase{
-	{"fixed window, a row locked", countlimit.Fixed(time.Hour), countlimit.MaxLimit, false},
-	{"fixed window, a new id inserted", countlimit.Fixed(time.Hour), countlimit.MaxLimit, true},
-	{"sliding window, a row locked", countlimit.Sliding(time.Hour), countlimit.MaxSlidingLimit, false},
-	{"sliding window, a new id inserted", countlimit.Sliding(time.Hour), countlimit.MaxSlidingLimit, true},
+	{"fixed window, a row locked", countlimit.Fixed(time.Hour), expose.MaxLimit, false},
+	{"fixed window, a new id inserted", countlimit.Fixed(time.Hour), expose.MaxLimit, true},
+	{"sliding window, a row locked", countlimit.Sliding(time.Hour), expose.MaxSlidingLimit, false},
+	{"sliding window, a new id inserted", countlimit.Sliding(time.Hour), expose.MaxSlidingLimit, true},
 	// A smooth check is a statement of its own (countlimit_apply), as a
 	// sliding one is; 10^6 a second with a burst of 10^9 is never full.
 	{"smooth window, a row locked", countlimit.Smooth(time.Second, 1_000_000_000), 1_000_000, false},
@@ -105,9 +109,10 @@ const holdFor = 6 * time.Second
 func holdOneID(t *testing.T, pool *pgxpool.Pool, tc hostageCase, callers int) {
 	t.Helper()
 	admin := testbackend.Postgres(t)
+	var tl tally.Tally
 	l := countlimit.New(pgstore.New(pool),
-		countlimit.WithStoreTimeout(holdFor/2),
-		countlimit.WithCircuitBreaker(countlimit.CircuitBreaker{}))
+		countlimit.WithStoreTimeout(holdFor/2), countlimit.WithObserver(tl.Observer()),
+		countlimit.WithCircuitBreaker(countlimit.CircuitBreaker{OnChange: tl.BreakerChanged}))
 	rule := countlimit.Rule{UseType: storetest.UseType(t, "hostage"), Limit: tc.limit, Window: tc.window}
 	ctx := context.Background()
 	ids := make([]string, 1000)
@@ -180,9 +185,9 @@ func holdOneID(t *testing.T, pool *pgxpool.Pool, tc hostageCase, callers int) {
 	if n := len(otherErrs); n > 0 {
 		t.Errorf("%d calls for the 999 ids nobody locked failed or were denied (%d succeeded); the first: %v", n, others.Load(), otherErrs[0])
 	}
-	st := l.Stats()
+	st := tl.Counts()
 	if st.BreakerOpenings != 0 || st.Failures != 0 || st.Timeouts != 0 || st.Locked != uint64(lockedFailed.Load()) {
-		t.Errorf("Stats = %+v; want no store failure or timeout, the breaker never opened, and %d calls Locked", st, lockedFailed.Load())
+		t.Errorf("counts = %+v; want no store failure or timeout, the breaker never opened, and %d calls Locked", st, lockedFailed.Load())
 	}
 	if lockedFailed.Load() == 0 {
 		t.Errorf("no call of the locked id failed with ErrLocked; want its calls to wait out their timeout while the lock is held")
@@ -260,9 +265,13 @@ func TestEveryCallOfALockedIDIsLocked(t *testing.T) {
 	sliding := countlimit.Rule{UseType: ut + ".sliding", Limit: 5, Window: countlimit.Sliding(time.Hour)}
 	slots := countlimit.Rule{UseType: ut + ".slots", Limit: 5, Window: countlimit.Concurrent(time.Hour)}
 	smooth := countlimit.Rule{UseType: ut + ".smooth", Limit: 5, Window: countlimit.Smooth(time.Hour, 5)}
-	opts := []countlimit.Option{countlimit.WithStoreTimeout(750 * time.Millisecond), countlimit.WithCircuitBreaker(countlimit.CircuitBreaker{})}
-	batched := countlimit.New(pgstore.New(pool), opts...)
-	alone := countlimit.New(pgstore.New(pool, pgstore.WithMaxBatch(1)), opts...)
+	var batchedTally, aloneTally tally.Tally
+	opts := func(tl *tally.Tally) []countlimit.Option {
+		return []countlimit.Option{countlimit.WithStoreTimeout(750 * time.Millisecond), countlimit.WithObserver(tl.Observer()),
+			countlimit.WithCircuitBreaker(countlimit.CircuitBreaker{OnChange: tl.BreakerChanged})}
+	}
+	batched := countlimit.New(pgstore.New(pool), opts(&batchedTally)...)
+	alone := countlimit.New(pgstore.New(pool, pgstore.WithMaxBatch(1)), opts(&aloneTally)...)
 	const id = "L"
 	var lease countlimit.Lease
 	setup := []func() error{
@@ -307,9 +316,9 @@ func TestEveryCallOfALockedIDIsLocked(t *testing.T) {
 	if _, err := batched.Peek(ctx, fixed, id); err != nil {
 		t.Errorf("Peek of a locked id: %v; want nil (it locks nothing)", err)
 	}
-	for _, l := range []*countlimit.Limiter{batched, alone} {
-		if st := l.Stats(); st.Failures != 0 || st.BreakerOpenings != 0 || st.Locked == 0 {
-			t.Errorf("Stats = %+v; want calls Locked, no store failure, the breaker never opened", st)
+	for _, tl := range []*tally.Tally{&batchedTally, &aloneTally} {
+		if st := tl.Counts(); st.Failures != 0 || st.BreakerOpenings != 0 || st.Locked == 0 {
+			t.Errorf("counts = %+v; want calls Locked, no store failure, the breaker never opened", st)
 		}
 	}
 	b.release(t)
@@ -328,7 +337,8 @@ func TestEveryCallOfALockedIDIsLocked(t *testing.T) {
 // store, not as ErrLocked.
 func TestLockedTableIsAnOutage(t *testing.T) {
 	admin := testbackend.Postgres(t)
-	l := countlimit.New(pgstore.New(testbackend.PostgresPool(t)), countlimit.WithStoreTimeout(time.Second))
+	var tl tally.Tally
+	l := countlimit.New(pgstore.New(testbackend.PostgresPool(t)), countlimit.WithStoreTimeout(time.Second), countlimit.WithObserver(tl.Observer()))
 	ctx := context.Background()
 	lockTable := func() *blocker {
 		b := begin(t, admin)
@@ -356,8 +366,8 @@ func TestLockedTableIsAnOutage(t *testing.T) {
 			t.Errorf("Allow (%v) once the table is free: %v", w, err)
 		}
 	}
-	if st := l.Stats(); st.Failures != 2 || st.Locked != 0 {
-		t.Errorf("Stats = %+v; want 2 failures, none Locked", st)
+	if st := tl.Counts(); st.Failures != 2 || st.Locked != 0 {
+		t.Errorf("counts = %+v; want 2 failures, none Locked", st)
 	}
 }
 
@@ -393,8 +403,9 @@ func TestQueuedTableLockIsAnOutage(t *testing.T) {
 			sliding := countlimit.Rule{UseType: ut + ".sliding", Limit: 5, Window: countlimit.Sliding(time.Hour)}
 			slots := countlimit.Rule{UseType: ut + ".slots", Limit: 5, Window: countlimit.Concurrent(time.Hour)}
 			const timeout = 750 * time.Millisecond
-			l := countlimit.New(pgstore.New(pool), countlimit.WithStoreTimeout(timeout),
-				countlimit.WithCircuitBreaker(countlimit.CircuitBreaker{Failures: 3, CoolDown: time.Hour}),
+			var tl tally.Tally
+			l := countlimit.New(pgstore.New(pool), countlimit.WithStoreTimeout(timeout), countlimit.WithObserver(tl.Observer()),
+				countlimit.WithCircuitBreaker(countlimit.CircuitBreaker{Failures: 3, CoolDown: time.Hour, OnChange: tl.BreakerChanged}),
 				countlimit.WithFallback(memstore.New(memstore.WithJanitorInterval(0))))
 			release := testbackend.LockTable(t, admin, tc.table, tc.mode, tc.behind)
 
@@ -429,26 +440,27 @@ func TestQueuedTableLockIsAnOutage(t *testing.T) {
 				t.Errorf("%d of %d Allows of distinct ids with %s %s failed, want each allowed (by the fallback, when the store stalls); the first: %v",
 					len(failed), calls, tc.table, tc.mode, failed[0])
 			}
-			st := l.Stats()
+			st := tl.Counts()
 			if tc.countsLocked {
 				if st.Locked != 0 || st.Fallbacks != calls || st.Failures < 3 || st.Failures+st.Rejected != calls || st.BreakerOpenings != 1 {
-					t.Errorf("Stats after %d Allows = %+v; want none Locked, %d answered by the fallback, each a store failure or rejected by the breaker, which opened", calls, st, calls)
+					t.Errorf("counts after %d Allows = %+v; want none Locked, %d answered by the fallback, each a store failure or rejected by the breaker, which opened", calls, st, calls)
 				}
-			} else if st != (countlimit.Stats{}) {
-				t.Errorf("Stats after %d Allows = %+v; want none failed (count_limit is free)", calls, st)
+			} else if st != (tally.Counts{}) {
+				t.Errorf("counts after %d Allows = %+v; want none failed (count_limit is free)", calls, st)
 			}
 
-			t.Logf("Stats after the Allows: %+v", st)
+			t.Logf("counts after the Allows: %+v", st)
 
 			// A lease is the store's alone: no fallback. (A Limiter of its
 			// own: l's breaker may be open.)
-			leases := countlimit.New(pgstore.New(pool), countlimit.WithStoreTimeout(timeout))
+			var leaseTally tally.Tally
+			leases := countlimit.New(pgstore.New(pool), countlimit.WithStoreTimeout(timeout), countlimit.WithObserver(leaseTally.Observer()))
 			_, _, err := leases.Acquire(ctx, slots, "lease")
 			if !errors.Is(err, countlimit.ErrUnavailable) || errors.Is(err, countlimit.ErrLocked) {
 				t.Errorf("Acquire with %s %s: %v; want ErrUnavailable, not ErrLocked", tc.table, tc.mode, err)
 			}
-			if st := leases.Stats(); st.Locked != 0 || st.Failures != 1 {
-				t.Errorf("Stats after Acquire = %+v; want a store failure, none Locked", st)
+			if st := leaseTally.Counts(); st.Locked != 0 || st.Failures != 1 {
+				t.Errorf("counts after Acquire = %+v; want a store failure, none Locked", st)
 			}
 
 			release()

@@ -15,7 +15,7 @@ import (
 
 	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/countlimit/pgstore"
-	"github.com/countlimit/countlimit/countlimit/storetest"
+	"github.com/countlimit/countlimit/internal/model"
 
 	"github.com/countlimit/countlimit/internal/keystate"
 	"github.com/countlimit/countlimit/internal/modeltest"
@@ -47,7 +47,7 @@ func TestModel(t *testing.T) {
 	}
 	defer conn.Close(ctx)
 	onPool := pgstore.New(pool)
-	read := func(ctx context.Context, ut, id string) (driver.Key, error) {
+	read := func(ctx context.Context, ut, id string) (model.Key, error) {
 		return readKey(ctx, pool, ut, id)
 	}
 	single := func(s *pgstore.Store) func(context.Context, *driver.Request) error {
@@ -85,7 +85,7 @@ func TestModel(t *testing.T) {
 				return false
 			},
 			Fallback: poolEach,
-			Cases: func(reqs []*driver.Request, before [][]driver.Key) []string {
+			Cases: func(reqs []*driver.Request, before [][]model.Key) []string {
 				// Every call goes to countlimit_apply, the fast ones too.
 				var out []string
 				for i, r := range reqs {
@@ -119,9 +119,9 @@ func TestModel(t *testing.T) {
 func readKey(ctx context.Context, db interface {
 	QueryRow(context.Context, string, ...any) pgx.Row
 	Query(context.Context, string, ...any) (pgx.Rows, error)
-}, ut, id string) (driver.Key, error) {
+}, ut, id string) (model.Key, error) {
 	var (
-		k                  driver.Key
+		k                  model.Key
 		begin, end, blockd pgtype.Timestamptz
 		events             []time.Time
 		smooth             bool
@@ -131,13 +131,13 @@ func readKey(ctx context.Context, db interface {
 		FROM count_limit WHERE use_type = $1 AND unique_id = $2`, string(ut), id).
 		Scan(&k.Count, &begin, &end, &events, &k.Denied, &blockd, &smooth)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return driver.Key{}, nil
+		return model.Key{}, nil
 	}
 	if err != nil {
 		return k, err
 	}
 	k.Begin = begin.Time.UnixMicro()
-	k.End = driver.Forever
+	k.End = model.Forever
 	if end.Valid {
 		k.End = end.Time.UnixMicro()
 	}
@@ -173,14 +173,14 @@ func readKey(ctx context.Context, db interface {
 
 // TestContract runs storetest's contract cases on a pool's Store and on a
 // Store of one connection: seeded rows, one request, and the rows compared
-// with driver.Apply's state.
+// with model.Apply's state.
 func TestContract(t *testing.T) {
 	pool := testbackend.Postgres(t)
-	in := storetest.Inspector{
-		Read: func(ctx context.Context, ut, id string) (driver.Key, error) { return readKey(ctx, pool, ut, id) },
-		Seed: func(ctx context.Context, ut, id string, k driver.Key) error { return seedKey(ctx, pool, ut, id, k) },
+	in := modeltest.Inspector{
+		Read: func(ctx context.Context, ut, id string) (model.Key, error) { return readKey(ctx, pool, ut, id) },
+		Seed: func(ctx context.Context, ut, id string, k model.Key) error { return seedKey(ctx, pool, ut, id, k) },
 	}
-	t.Run("pool", func(t *testing.T) { storetest.RunContract(t, pgstore.New(pool), in) })
+	t.Run("pool", func(t *testing.T) { modeltest.RunContract(t, pgstore.New(pool), in) })
 	t.Run("connection", func(t *testing.T) {
 		conn, err := pgx.ConnectConfig(context.Background(), testbackend.PoolConfig(t).ConnConfig.Copy())
 		if err != nil {
@@ -188,7 +188,7 @@ func TestContract(t *testing.T) {
 		}
 		t.Cleanup(func() { conn.Close(context.Background()) })
 		// One connection serves one call at a time.
-		storetest.RunContract(t, serial{mu: new(sync.Mutex), s: pgstore.New(conn)}, in)
+		modeltest.RunContract(t, serial{mu: new(sync.Mutex), s: pgstore.New(conn)}, in)
 	})
 }
 
@@ -207,14 +207,14 @@ func (s serial) Do(ctx context.Context, r *driver.Request) error {
 // seedKey makes PostgreSQL keep k for (ut, id), as its statements would
 // have written it: a key with a smooth instant (TAT) as a smooth row
 // (docs/ARCHITECTURE.md, "Smooth keys").
-func seedKey(ctx context.Context, pool *pgxpool.Pool, ut, id string, k driver.Key) error {
+func seedKey(ctx context.Context, pool *pgxpool.Pool, ut, id string, k model.Key) error {
 	return seedRow(ctx, pool, ut, id, k, true)
 }
 
 // seedV010 makes a database at v0.1.0 (migration 00001) keep k for (ut,
 // id), as v0.1.0's statements wrote it. v0.1.0 had no smooth windows: a
 // key with a TAT cannot be written so.
-func seedV010(ctx context.Context, pool *pgxpool.Pool, ut, id string, k driver.Key) error {
+func seedV010(ctx context.Context, pool *pgxpool.Pool, ut, id string, k model.Key) error {
 	if k.TAT != 0 {
 		return fmt.Errorf("v0.1.0 kept no smooth instant, and (%s, %s) has one", ut, id)
 	}
@@ -229,7 +229,7 @@ type execer interface {
 // seedRow writes k for (ut, id) through db; smooth says whether the
 // schema has smooth rows (v0.2.0 onwards), written only for a key with a
 // TAT.
-func seedRow(ctx context.Context, pool execer, ut, id string, k driver.Key, smooth bool) error {
+func seedRow(ctx context.Context, pool execer, ut, id string, k model.Key, smooth bool) error {
 	if _, err := pool.Exec(ctx, `DELETE FROM count_limit WHERE use_type = $1 AND unique_id = $2`, ut, id); err != nil {
 		return err
 	}
@@ -237,7 +237,7 @@ func seedRow(ctx context.Context, pool execer, ut, id string, k driver.Key, smoo
 		return nil
 	}
 	ts := func(us int64) pgtype.Timestamptz {
-		if us == 0 || us == driver.Forever {
+		if us == 0 || us == model.Forever {
 			return pgtype.Timestamptz{}
 		}
 		return pgtype.Timestamptz{Time: time.UnixMicro(us), Valid: true}

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/countlimit/countlimit/internal/expose"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -562,7 +564,7 @@ func BenchmarkAllow(b *testing.B) {
 	for _, w := range []countlimit.Window{countlimit.Fixed(time.Hour), countlimit.Sliding(time.Second)} {
 		// The limit is never reached: every call counts (a sliding log keeps
 		// at most MaxSlidingLimit events, so its one-second window must too).
-		rule := countlimit.Rule{UseType: storetest.UseType(b, "bench"), Limit: countlimit.MaxSlidingLimit, Window: w}
+		rule := countlimit.Rule{UseType: storetest.UseType(b, "bench"), Limit: expose.MaxSlidingLimit, Window: w}
 		// Every row exists and the table has statistics before the clock
 		// starts, as in a service that has run a while: the tests' schema
 		// is new, and a plan PostgreSQL caches for a never-analyzed table

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/countlimit/countlimit/internal/expose"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -72,7 +74,7 @@ func BenchmarkPooler(b *testing.B) {
 		for _, s := range stores {
 			// Rows of its own: a sliding log's length is the calls of
 			// its last second.
-			rule := countlimit.Rule{UseType: storetest.UseType(b, "pooler."+s.name), Limit: countlimit.MaxSlidingLimit, Window: w}
+			rule := countlimit.Rule{UseType: storetest.UseType(b, "pooler."+s.name), Limit: expose.MaxSlidingLimit, Window: w}
 			l := countlimit.New(s.store)
 			variants = append(variants, benchVariant{s.name, func(ctx context.Context, id string) error {
 				_, err := l.Allow(ctx, rule, id)
@@ -166,7 +168,7 @@ func BenchmarkPoolerServerCPU(b *testing.B) {
 				}
 				v := variants[i]
 				l := countlimit.New(v.store)
-				rule := countlimit.Rule{UseType: storetest.UseType(b, "cpu."+v.name), Limit: countlimit.MaxSlidingLimit, Window: w}
+				rule := countlimit.Rule{UseType: storetest.UseType(b, "cpu."+v.name), Limit: expose.MaxSlidingLimit, Window: w}
 				for k := range 256 {
 					if _, err := l.Allow(ctx, rule, fmt.Sprint("user-", k)); err != nil {
 						b.Fatal(err)

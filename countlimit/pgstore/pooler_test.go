@@ -14,6 +14,8 @@ import (
 	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/countlimit/pgstore"
 	"github.com/countlimit/countlimit/countlimit/storetest"
+	"github.com/countlimit/countlimit/internal/model"
+	"github.com/countlimit/countlimit/internal/modeltest"
 	"github.com/countlimit/countlimit/internal/testbackend"
 	"github.com/countlimit/countlimit/internal/testenv/pgbouncer"
 )
@@ -88,11 +90,11 @@ func TestBehindPgBouncer(t *testing.T) {
 				storetest.Run(t, func(t *testing.T) driver.Store { return pgstore.New(next(t)) })
 			})
 			t.Run("contract", func(t *testing.T) {
-				in := storetest.Inspector{
-					Read: func(ctx context.Context, ut, id string) (driver.Key, error) { return readKey(ctx, p.direct, ut, id) },
-					Seed: func(ctx context.Context, ut, id string, k driver.Key) error { return seedKey(ctx, p.direct, ut, id, k) },
+				in := modeltest.Inspector{
+					Read: func(ctx context.Context, ut, id string) (model.Key, error) { return readKey(ctx, p.direct, ut, id) },
+					Seed: func(ctx context.Context, ut, id string, k model.Key) error { return seedKey(ctx, p.direct, ut, id, k) },
 				}
-				storetest.RunContract(t, pgstore.New(pool), in)
+				modeltest.RunContract(t, pgstore.New(pool), in)
 			})
 			t.Run("mixed callers", func(t *testing.T) { mixedCallers(t, pool) })
 			t.Run("group commit", func(t *testing.T) {

@@ -55,13 +55,6 @@ type purgeConfig struct {
 // DefaultPurgeBatchSize.
 func WithPurgeBatchSize(n int) PurgeOption { return func(c *purgeConfig) { c.batchSize = n } }
 
-// WithPurgeClock sets the clock PurgeEvery purges by (default time.Now,
-// as the CLI's purge): give it the clock your Limiter has (WithClock).
-// It is read once as each pass begins; nil means the default.
-func WithPurgeClock(now func() time.Time) PurgeOption {
-	return func(c *purgeConfig) { c.now = now }
-}
-
 // WithPurgeReport makes PurgeEvery call report after every pass, failed
 // ones included, on PurgeEvery's goroutine: for a log line or metrics. The
 // next pass waits for it to return. A pass cut short because PurgeEvery's
@@ -92,18 +85,19 @@ func WithPurgeReport(report func(PurgePass)) PurgeOption {
 // A pass that fails (the database is down, the schema is missing) is
 // reported with its error and the next pass tries again: PurgeEvery never
 // returns for a failing database. Its errors do not go through a Limiter,
-// so they never count toward a circuit breaker or Limiter.Stats.
+// so they never count toward a circuit breaker or a Limiter's observer.
 //
 // Each wait between passes is interval with up to a tenth more or less at
 // random, so that processes started together drift apart. Any number of
 // processes may purge one database at once: their batches skip each
 // other's rows, so they share the work and never wait for each other.
 //
-// Expiry is decided by WithPurgeClock's clock, default this process's.
-// Purging ends a window early by as much as that clock runs ahead of the
-// clock that checks with it, as a Limiter whose clock runs ahead would
-// (see countlimit.WithStoreClock); give the purger the clock your Limiter
-// has.
+// Expiry is decided by this process's clock (time.Now, as the CLI's
+// purge). Purging ends a window early by as much as that clock runs ahead
+// of the clock that checks with it, as a Limiter whose clock runs ahead
+// would (see countlimit.WithStoreClock): a Limiter with a clock of its own
+// (WithClock) purges with [Store.Purge], which takes the instant from its
+// caller.
 //
 // An interval that is not positive, or a batch size out of range, is
 // countlimit.ErrInvalid, returned at once.

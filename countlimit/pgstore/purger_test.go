@@ -17,7 +17,7 @@ import (
 )
 
 // purgeT0 is after the tests' own time, so that only a purger that takes
-// its clock from WithPurgeClock finds anything expired.
+// its clock from WithPurgeClock (export_purge_test.go) finds anything expired.
 var purgeT0 = time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
 
 // seedExpired writes testbackend.SeedPurge's rows (use types "purge.*"):

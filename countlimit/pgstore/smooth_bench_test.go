@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/countlimit/countlimit/internal/expose"
+
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/countlimit/countlimit/countlimit"
@@ -85,7 +87,7 @@ func benchSmooth(b *testing.B, interleaved bool) {
 		RETURNING count`
 	// Never full: every call counts. The smooth rule drains one event a
 	// microsecond with a burst of 10^9, so each call moves its TAT by 1µs.
-	fixed := countlimit.Rule{UseType: "bench", Limit: countlimit.MaxLimit, Window: countlimit.Fixed(time.Minute)}
+	fixed := countlimit.Rule{UseType: "bench", Limit: expose.MaxLimit, Window: countlimit.Fixed(time.Minute)}
 	smooth := countlimit.Rule{UseType: "bench", Limit: 1_000_000, Window: countlimit.Smooth(time.Second, 1_000_000_000)}
 	upsertCall := func(ctx context.Context, id string) error {
 		now := time.Now()

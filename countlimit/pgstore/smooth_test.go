@@ -422,7 +422,7 @@ func TestSmoothPurge(t *testing.T) {
 // countlimit_apply without intervals and bursts, its fast path), on a
 // migrated database whose smooth keys a newer binary wrote: a fixed window
 // joins a smooth row's window and counts on its units (the TAT goes), as
-// driver.Apply does; a sliding refund sets the count to 0, as v0.1.0
+// model.Apply does; a sliding refund sets the count to 0, as v0.1.0
 // resets a count it does not know, and leaves the TAT; a denial leaves
 // both; and v0.1.0's Ping query still finds its schema.
 func TestV010StatementsOnSmoothRows(t *testing.T) {

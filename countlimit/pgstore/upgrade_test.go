@@ -7,8 +7,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/pressly/goose/v3"
 
-	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/countlimit/pgstore"
+	"github.com/countlimit/countlimit/internal/model"
 	"github.com/countlimit/countlimit/internal/modeltest"
 	"github.com/countlimit/countlimit/internal/pgmigrate"
 	"github.com/countlimit/countlimit/internal/testbackend"
@@ -21,7 +21,7 @@ import (
 var releases = []struct {
 	tag     string
 	version int64
-	seed    func(ctx context.Context, pool *pgxpool.Pool, ut, id string, k driver.Key) error
+	seed    func(ctx context.Context, pool *pgxpool.Pool, ut, id string, k model.Key) error
 }{
 	{"v0.1.0", 1, seedV010},
 }
@@ -53,8 +53,8 @@ func TestUpgradeFromReleases(t *testing.T) {
 			modeltest.Upgrade(t, modeltest.Path{
 				Name: "pool after the upgrade from " + rel.tag,
 				Do:   modeltest.Each(store.Do),
-				Read: func(ctx context.Context, ut, id string) (driver.Key, error) { return readKey(ctx, pool, ut, id) },
-			}, func(ctx context.Context, ut, id string, k driver.Key) error {
+				Read: func(ctx context.Context, ut, id string) (model.Key, error) { return readKey(ctx, pool, ut, id) },
+			}, func(ctx context.Context, ut, id string, k model.Key) error {
 				return rel.seed(ctx, pool, ut, id, k)
 			}, func(ctx context.Context) error {
 				_, err := p.Up(ctx)

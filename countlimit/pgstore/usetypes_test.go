@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/countlimit/countlimit/internal/expose"
+
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/pgstore"
 )
@@ -27,10 +29,10 @@ func BenchmarkUseTypesPerID(b *testing.B) {
 	pool := dbaSchema(b, 1, nil)
 	l := countlimit.New(pgstore.New(pool))
 	for _, n := range []int{10, 20000} {
-		for i := 0; i < n; i += countlimit.MaxRules {
+		for i := 0; i < n; i += expose.MaxRules {
 			var rules []countlimit.Rule
-			for j := i; j < min(n, i+countlimit.MaxRules); j++ {
-				rules = append(rules, countlimit.Rule{UseType: countlimit.UseType(fmt.Sprint("ut-", j)), Limit: countlimit.MaxLimit, Window: countlimit.Fixed(time.Hour)})
+			for j := i; j < min(n, i+expose.MaxRules); j++ {
+				rules = append(rules, countlimit.Rule{UseType: countlimit.UseType(fmt.Sprint("ut-", j)), Limit: expose.MaxLimit, Window: countlimit.Fixed(time.Hour)})
 			}
 			if _, err := l.AllowAll(ctx, fmt.Sprint("id-", n), rules...); err != nil {
 				b.Fatal(err)

@@ -8,11 +8,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/countlimit/countlimit/internal/expose"
+
 	"github.com/jackc/pgx/v5"
 
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/internal/keystate"
+	"github.com/countlimit/countlimit/internal/model"
 	"github.com/countlimit/countlimit/internal/modeltest"
 	"github.com/countlimit/countlimit/internal/testbackend"
 )
@@ -44,7 +47,7 @@ func (w *world) expectRow(d *drawnKey, now time.Time) (viewRow, error) {
 	nowUS := now.UnixMicro()
 	peek := func(r countlimit.Rule) (countlimit.Result, driver.State, error) {
 		r.Limit = d.limit
-		if r.Window.IsSmooth() {
+		if expose.WindowOf(r.Window).Smooth {
 			r = smoothRule(d.ut, d.interval, d.burst, d.limit)
 		}
 		var res countlimit.Result
@@ -64,7 +67,7 @@ func (w *world) expectRow(d *drawnKey, now time.Time) (viewRow, error) {
 		kind = "smooth"
 	case k.Log != nil:
 		kind = "sliding"
-	case k.End == driver.Forever:
+	case k.End == model.Forever:
 		kind = "lifetime"
 	case d.kind != nil:
 		kind = *d.kind
@@ -76,7 +79,7 @@ func (w *world) expectRow(d *drawnKey, now time.Time) (viewRow, error) {
 		// or CheckLimit's window): any window reads the row's count.
 		rule = countlimit.Rule{UseType: countlimit.UseType(d.ut), Window: countlimit.Rolling(time.Hour)}
 		for _, r := range d.rules {
-			if !r.Window.IsConcurrent() && !r.Window.IsSmooth() && windowKind(r.Window) != "sliding" {
+			if !expose.WindowOf(r.Window).Concurrent && !expose.WindowOf(r.Window).Smooth && windowKind(r.Window) != "sliding" {
 				rule = r
 			}
 		}

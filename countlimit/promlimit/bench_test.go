@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/countlimit/countlimit/internal/expose"
+
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/memstore"
 	"github.com/countlimit/countlimit/countlimit/promlimit"
@@ -15,7 +17,7 @@ import (
 // (timed) whose funcs do nothing, and with promlimit's; serially and from
 // every CPU. docs/benchmarks.md has the ratios.
 func BenchmarkAllow(b *testing.B) {
-	rule := countlimit.Rule{UseType: "api", Limit: countlimit.MaxLimit, Window: countlimit.Fixed(time.Hour)}
+	rule := countlimit.Rule{UseType: "api", Limit: expose.MaxLimit, Window: countlimit.Fixed(time.Hour)}
 	for _, tt := range []struct {
 		name string
 		opts []countlimit.Option

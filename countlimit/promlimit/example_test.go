@@ -25,7 +25,6 @@ func Example() {
 	store := memstore.New()
 	defer store.Close()
 	limiter := countlimit.New(store, countlimit.WithObserver(metrics.Observer()))
-	metrics.Watch(limiter.Stats)
 
 	sms := countlimit.Rule{UseType: "sms.code", Limit: 2, Window: countlimit.Sliding(5 * time.Minute)}
 	for range 3 {
@@ -62,17 +61,16 @@ func (downStore) Do(context.Context, *driver.Request) error {
 	return driver.Unavailable(errors.New("connection refused"))
 }
 
-// The failures, the circuit breaker and the fallback store show through
-// Watch, which reads the Limiter's Stats at each scrape.
-func ExampleMetrics_Watch() {
+// The failures and the calls the circuit breaker refused show through the
+// Observer; the breaker's state through BreakerChanged, its OnChange.
+func ExampleMetrics_BreakerChanged() {
 	metrics := promlimit.New()
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(metrics)
 
 	limiter := countlimit.New(downStore{},
-		countlimit.WithCircuitBreaker(countlimit.CircuitBreaker{Failures: 2, CoolDown: time.Hour}),
+		countlimit.WithCircuitBreaker(countlimit.CircuitBreaker{Failures: 2, CoolDown: time.Hour, OnChange: metrics.BreakerChanged}),
 		countlimit.WithObserver(metrics.Observer()))
-	metrics.Watch(limiter.Stats)
 
 	sms := countlimit.Rule{UseType: "sms.code", Limit: 2, Window: countlimit.Sliding(5 * time.Minute)}
 	for range 3 {

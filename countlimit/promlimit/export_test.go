@@ -10,5 +10,5 @@ func ReadWithoutLock(m *Metrics) int { return len(*m.rules.Load()) }
 // under its rule's use type, and as the service tells one under the rule
 // or group a request names.
 func (m *Metrics) Decided(rule string, allowed bool) {
-	m.Observer().Decided(countlimit.Decision{UseType: countlimit.UseType(rule), N: 1, Allowed: allowed})
+	m.Observer().Decided(countlimit.Decision{UseType: countlimit.UseType(rule), Allowed: allowed})
 }

@@ -14,19 +14,18 @@
 //	countlimit_breaker_rejected_total          checks the open breaker answered without the store
 //	countlimit_fallback_decisions_total        checks the fallback store answered
 //
-// The first three come from the Limiter's Observer, which tells each
-// decision and store call as it happens: a Wait, WaitN or WaitAcquire is
-// one decision however many times it asked the store, and, when it slept
-// or waited in line first, one wait too. The other seven are the
-// Limiter's own counts, [countlimit.Limiter.Stats], read at each scrape
-// through [Metrics.Watch]; promlimit does not count them a second time.
-// Make a Metrics with New, register it, give its Observer to the Limiter
-// and watch the Limiter's Stats:
+// All come from the Limiter's Observer, which tells each decision and
+// store call as it happens (a Wait, WaitN or WaitAcquire is one decision
+// however many times it asked the store, and, when it slept or waited in
+// line first, one wait too), but for the breaker's two, which its
+// OnChange tells ([Metrics.BreakerChanged]). Make a Metrics with New,
+// register it and give its Observer to the Limiter, and BreakerChanged to
+// the circuit breaker if it has one:
 //
 //	metrics := promlimit.New()
 //	prometheus.MustRegister(metrics)
-//	limiter := countlimit.New(store, countlimit.WithObserver(metrics.Observer()))
-//	metrics.Watch(limiter.Stats)
+//	limiter := countlimit.New(store, countlimit.WithObserver(metrics.Observer()),
+//		countlimit.WithCircuitBreaker(countlimit.CircuitBreaker{OnChange: metrics.BreakerChanged}))
 //
 // No id ever becomes a label: the Observer is never told one, and no
 // error's text becomes one either. The labels' values are use types and
@@ -44,6 +43,7 @@
 package promlimit
 
 import (
+	"errors"
 	"maps"
 	"sync"
 	"sync/atomic"
@@ -99,13 +99,12 @@ func MaxRuleLabels(n int) Option {
 }
 
 // Metrics is a prometheus.Collector of what a Limiter sees: the decisions
-// and store calls its Observer tells, and the Stats of the Limiter that
-// [Metrics.Watch] was given. It is safe for concurrent use. One Observer
-// may be given to several Limiters, whose decisions and store calls then
-// add up; but Watch reads one Limiter's Stats (its breaker's state is no
-// sum). To watch several Limiters apart, make a Metrics for each and
-// register them with a label that tells them apart
-// (prometheus.WrapRegistererWith).
+// and store calls its Observer tells, and the changes of state its circuit
+// breaker tells [Metrics.BreakerChanged]. It is safe for concurrent use.
+// One Observer may be given to several Limiters, whose decisions and store
+// calls then add up; but a breaker's state is no sum. To watch several
+// Limiters apart, make a Metrics for each and register them with a label
+// that tells them apart (prometheus.WrapRegistererWith).
 type Metrics struct {
 	decisions *prometheus.CounterVec
 	waits     *prometheus.CounterVec
@@ -131,41 +130,13 @@ type Metrics struct {
 	storeSeconds *prometheus.HistogramVec
 	byOp         [driver.OpExtend + 1]prometheus.Observer
 
-	// stats is the func Watch was given, nil before: swapped while
-	// Collect may be reading it.
-	stats atomic.Pointer[func() countlimit.Stats]
+	// What the failure options did, told by the Observer's StoreCalled
+	// and by BreakerChanged.
+	failures, timeouts, locked, rejected, fallbacks, openings prometheus.Counter
+	breakerState                                              prometheus.Gauge
 }
 
-// A statSeries is a series read from a Limiter's Stats at each scrape.
-type statSeries struct {
-	desc  *prometheus.Desc
-	typ   prometheus.ValueType
-	value func(countlimit.Stats) float64
-}
-
-// statsSeries are the series Collect reads from the watched Stats, made
-// once: their Descs are the same for every Metrics.
-var statsSeries = func() []statSeries {
-	series := func(name, help string, typ prometheus.ValueType, value func(countlimit.Stats) float64) statSeries {
-		return statSeries{prometheus.NewDesc(name, help, nil, nil), typ, value}
-	}
-	counter := func(name, help string, value func(countlimit.Stats) uint64) statSeries {
-		return series(name, help, prometheus.CounterValue, func(s countlimit.Stats) float64 { return float64(value(s)) })
-	}
-	return []statSeries{
-		counter("countlimit_store_failures_total", "Store calls that failed (timeouts included).", func(s countlimit.Stats) uint64 { return s.Failures }),
-		counter("countlimit_store_timeouts_total", "Store calls that ran out of the store timeout (WithStoreTimeout, --store-timeout).", func(s countlimit.Stats) uint64 { return s.Timeouts }),
-		counter("countlimit_breaker_rejected_total", "Checks the open circuit breaker answered without calling the store.", func(s countlimit.Stats) uint64 { return s.Rejected }),
-		counter("countlimit_breaker_openings_total", "Times the circuit breaker opened.", func(s countlimit.Stats) uint64 { return s.BreakerOpenings }),
-		counter("countlimit_fallback_decisions_total", "Checks the fallback store answered.", func(s countlimit.Stats) uint64 { return s.Fallbacks }),
-		counter("countlimit_locked_total", "Checks that waited out their time for an id another transaction held locked (PostgreSQL).", func(s countlimit.Stats) uint64 { return s.Locked }),
-		series("countlimit_breaker_state", "The circuit breaker: 0 closed, 1 open, 2 half-open.", prometheus.GaugeValue, func(s countlimit.Stats) float64 { return float64(s.Breaker) }),
-	}
-}()
-
-// New returns a Metrics with every count at 0 and no Stats watched: until
-// [Metrics.Watch] is called, it exports the decisions and the store
-// durations only.
+// New returns a Metrics with every count at 0 and the breaker closed.
 func New(opts ...Option) *Metrics {
 	cfg := config{buckets: DefaultBuckets}
 	for _, o := range opts {
@@ -191,15 +162,25 @@ func New(opts ...Option) *Metrics {
 	for _, op := range ops {
 		m.byOp[op] = m.storeSeconds.WithLabelValues(op.String())
 	}
+	counter := func(name, help string) prometheus.Counter {
+		return prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help})
+	}
+	m.failures = counter("countlimit_store_failures_total", "Store calls that failed (timeouts included).")
+	m.timeouts = counter("countlimit_store_timeouts_total", "Store calls that ran out of the store timeout (WithStoreTimeout, --store-timeout).")
+	m.rejected = counter("countlimit_breaker_rejected_total", "Checks the open circuit breaker answered without calling the store.")
+	m.openings = counter("countlimit_breaker_openings_total", "Times the circuit breaker opened.")
+	m.fallbacks = counter("countlimit_fallback_decisions_total", "Checks the fallback store answered.")
+	m.locked = counter("countlimit_locked_total", "Checks that waited out their time for an id another transaction held locked (PostgreSQL).")
+	m.breakerState = prometheus.NewGauge(prometheus.GaugeOpts{Name: "countlimit_breaker_state", Help: "The circuit breaker: 0 closed, 1 open, 2 half-open."})
 	m.rules.Store(&map[string]*[3]prometheus.Counter{})
 	return m
 }
 
-// Observer returns the countlimit.Observer that feeds m's decisions, waits
-// and store durations, for countlimit.WithObserver. It tells m nothing of
-// failures, the breaker or the fallback store: the Limiter's Stats count
-// those, and [Metrics.Watch] exports them. Its funcs allocate nothing once
-// a use type has been seen.
+// Observer returns the countlimit.Observer that feeds m's decisions,
+// waits, store durations, failures, timeouts, locked calls, the calls the
+// open breaker refused and those the fallback store answered, for
+// countlimit.WithObserver. Its funcs allocate nothing once a use type has
+// been seen.
 func (m *Metrics) Observer() countlimit.Observer {
 	return countlimit.Observer{
 		Decided: func(d countlimit.Decision) {
@@ -214,33 +195,41 @@ func (m *Metrics) Observer() countlimit.Observer {
 			}
 		},
 		StoreCalled: func(c countlimit.StoreCall) {
+			switch {
+			case c.Fallback:
+				if c.Err == nil {
+					m.fallbacks.Inc()
+				}
+				return
+			case c.Err != nil && errors.Is(c.Err, countlimit.ErrCircuitOpen):
+				m.rejected.Inc()
+				return
+			}
 			if int(c.Op) < len(m.byOp) && m.byOp[c.Op] != nil {
 				m.byOp[c.Op].Observe(c.Took.Seconds())
+			}
+			if c.Failed {
+				m.failures.Inc()
+			}
+			if c.TimedOut {
+				m.timeouts.Inc()
+			}
+			if c.Err != nil && errors.Is(c.Err, countlimit.ErrLocked) {
+				m.locked.Inc()
 			}
 		},
 	}
 }
 
-// Watch makes m export what stats returns, read once per scrape:
-// countlimit_store_failures_total, countlimit_store_timeouts_total,
-// countlimit_locked_total, countlimit_breaker_rejected_total,
-// countlimit_fallback_decisions_total, countlimit_breaker_openings_total
-// and countlimit_breaker_state. stats is a Limiter's Stats method, called
-// as metrics.Watch(limiter.Stats) once the Limiter is made; it must be
-// safe for concurrent use, as Limiter.Stats is. Until Watch is called m
-// emits none of those seven series (Describe describes them all the
-// same). A later call replaces the func an earlier one gave (its counts
-// then go on from the new Limiter's, which Prometheus reads as a reset
-// when they are lower), and Watch(nil) stops the seven series again. Watch
-// is safe to call while m is being scraped. A Limiter counts these only
-// when it has an Observer or a failure option (see Limiter.Stats): the
-// Limiter m's Observer is given to has one.
-func (m *Metrics) Watch(stats func() countlimit.Stats) {
-	if stats == nil {
-		m.stats.Store(nil)
-		return
+// BreakerChanged exports a circuit breaker's change of state, for its
+// countlimit.CircuitBreaker.OnChange: countlimit_breaker_state and
+// countlimit_breaker_openings_total. A breaker tells its changes one at a
+// time, in order.
+func (m *Metrics) BreakerChanged(_, to countlimit.BreakerState) {
+	m.breakerState.Set(float64(to))
+	if to == countlimit.BreakerOpen {
+		m.openings.Inc()
 	}
-	m.stats.Store(&stats)
 }
 
 // lookup returns the counters of rule: allowed, denied and waited.
@@ -296,29 +285,27 @@ func (m *Metrics) counters(rule string) *[3]prometheus.Counter {
 	return &[3]prometheus.Counter{m.decisions.WithLabelValues(rule, "allowed"), m.decisions.WithLabelValues(rule, "denied"), m.waits.WithLabelValues(rule)}
 }
 
-// Describe implements prometheus.Collector. It describes every series m
-// may emit, those Watch feeds included.
+// Describe implements prometheus.Collector.
 func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	m.decisions.Describe(ch)
 	m.waits.Describe(ch)
 	m.storeSeconds.Describe(ch)
-	for _, s := range statsSeries {
-		ch <- s.desc
+	for _, c := range m.failureSeries() {
+		c.Describe(ch)
 	}
 }
 
-// Collect implements prometheus.Collector. It calls the watched Stats
-// func once, if Watch was called.
+// Collect implements prometheus.Collector.
 func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	m.decisions.Collect(ch)
 	m.waits.Collect(ch)
 	m.storeSeconds.Collect(ch)
-	stats := m.stats.Load()
-	if stats == nil {
-		return
+	for _, c := range m.failureSeries() {
+		c.Collect(ch)
 	}
-	now := (*stats)()
-	for _, s := range statsSeries {
-		ch <- prometheus.MustNewConstMetric(s.desc, s.typ, s.value(now))
-	}
+}
+
+// failureSeries are the series of what the failure options did.
+func (m *Metrics) failureSeries() [7]prometheus.Collector {
+	return [7]prometheus.Collector{m.failures, m.timeouts, m.rejected, m.openings, m.fallbacks, m.locked, m.breakerState}
 }

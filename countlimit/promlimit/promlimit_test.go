@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/countlimit/countlimit/internal/tally"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/countlimit/countlimit/countlimit"
@@ -197,32 +199,23 @@ func TestDecisionsByUseType(t *testing.T) {
 	}
 }
 
-// statsSeries returns the values s gives the series Watch feeds.
-func statsSeries(s countlimit.Stats) map[string]float64 {
+// failureSeries returns the values c gives the series of what the failure
+// options did.
+func failureSeries(c tally.Counts) map[string]float64 {
 	return map[string]float64{
-		"countlimit_store_failures_total":     float64(s.Failures),
-		"countlimit_store_timeouts_total":     float64(s.Timeouts),
-		"countlimit_locked_total":             float64(s.Locked),
-		"countlimit_breaker_rejected_total":   float64(s.Rejected),
-		"countlimit_fallback_decisions_total": float64(s.Fallbacks),
-		"countlimit_breaker_openings_total":   float64(s.BreakerOpenings),
-		"countlimit_breaker_state":            float64(s.Breaker),
+		"countlimit_store_failures_total":     float64(c.Failures),
+		"countlimit_store_timeouts_total":     float64(c.Timeouts),
+		"countlimit_locked_total":             float64(c.Locked),
+		"countlimit_breaker_rejected_total":   float64(c.Rejected),
+		"countlimit_fallback_decisions_total": float64(c.Fallbacks),
+		"countlimit_breaker_openings_total":   float64(c.BreakerOpenings),
+		"countlimit_breaker_state":            float64(c.Breaker),
 	}
-}
-
-// checkStats checks that the series Watch feeds hold what l.Stats()
-// returns, and that Stats holds want (the counts the step made).
-func checkStats(t *testing.T, step string, m *promlimit.Metrics, l *countlimit.Limiter, want countlimit.Stats) {
-	t.Helper()
-	if s := l.Stats(); s != want {
-		t.Errorf("%s: Stats() = %+v, want %+v", step, s, want)
-	}
-	checkSeries(t, step, gather(t, m), statsSeries(want))
 }
 
 // TestFailuresBreakerFallback: store failures, timeouts, breaker changes,
-// rejections and fallbacks show as the watched Limiter's Stats count
-// them, and the breaker's state is a gauge.
+// rejections and fallbacks show as the Observer and OnChange tell them,
+// and the breaker's state is a gauge.
 func TestFailuresBreakerFallback(t *testing.T) {
 	t.Parallel()
 	f := newFlaky(t)
@@ -231,9 +224,8 @@ func TestFailuresBreakerFallback(t *testing.T) {
 	defer fallback.Close()
 	m := promlimit.New()
 	l := countlimit.New(f, countlimit.WithClock(clock.now), countlimit.WithObserver(m.Observer()),
-		countlimit.WithCircuitBreaker(countlimit.CircuitBreaker{Failures: 2, CoolDown: time.Second}),
+		countlimit.WithCircuitBreaker(countlimit.CircuitBreaker{Failures: 2, CoolDown: time.Second, OnChange: m.BreakerChanged}),
 		countlimit.WithStoreTimeout(time.Millisecond))
-	m.Watch(l.Stats)
 	ctx := context.Background()
 	rule := countlimit.Rule{UseType: "api", Limit: 10, Window: countlimit.Fixed(time.Minute)}
 	allow := func() error { _, err := l.Allow(ctx, rule, "u1"); return err }
@@ -246,52 +238,39 @@ func TestFailuresBreakerFallback(t *testing.T) {
 	if err := allow(); !errors.Is(err, countlimit.ErrCircuitOpen) {
 		t.Fatalf("after 2 failures: %v, want ErrCircuitOpen", err)
 	}
-	checkStats(t, "open", m, l, countlimit.Stats{Failures: 2, Timeouts: 1, Rejected: 1,
-		Breaker: countlimit.BreakerOpen, BreakerOpenings: 1})
+	checkSeries(t, "open", gather(t, m), failureSeries(tally.Counts{Failures: 2, Timeouts: 1, Rejected: 1,
+		Breaker: countlimit.BreakerOpen, BreakerOpenings: 1}))
 	checkSeries(t, "open", gather(t, m), map[string]float64{"countlimit_store_duration_seconds{op=allow}": 2})
 	f.stall.Store(false)
 	clock.advance(time.Second)
 	if err := allow(); err != nil {
 		t.Fatalf("the probe: %v", err)
 	}
-	checkStats(t, "closed again", m, l, countlimit.Stats{Failures: 2, Timeouts: 1, Rejected: 1,
-		Breaker: countlimit.BreakerClosed, BreakerOpenings: 1})
+	checkSeries(t, "closed again", gather(t, m), failureSeries(tally.Counts{Failures: 2, Timeouts: 1, Rejected: 1,
+		Breaker: countlimit.BreakerClosed, BreakerOpenings: 1}))
 	checkSeries(t, "closed again", gather(t, m), map[string]float64{"countlimit_decisions_total{rule=api,verdict=allowed}": 1})
 
 	m = promlimit.New()
 	l = countlimit.New(f, countlimit.WithObserver(m.Observer()), countlimit.WithFallback(fallback))
-	m.Watch(l.Stats)
 	f.down.Store(true)
 	for range 3 {
 		if res, err := l.Allow(ctx, rule, "u1"); err != nil || !res.Allowed {
 			t.Fatalf("Allow with a fallback: %+v, %v", res, err)
 		}
 	}
-	checkStats(t, "with a fallback", m, l, countlimit.Stats{Failures: 3, Fallbacks: 3})
-	checkSeries(t, "with a fallback", gather(t, m), map[string]float64{"countlimit_decisions_total{rule=api,verdict=allowed}": 3})
+	checkSeries(t, "with a fallback", gather(t, m), failureSeries(tally.Counts{Failures: 3, Fallbacks: 3}))
+	checkSeries(t, "with a fallback", gather(t, m), map[string]float64{
+		"countlimit_decisions_total{rule=api,verdict=allowed}": 3,
+		"countlimit_store_duration_seconds{op=allow}":          3, // the store's calls, not the fallback's
+	})
 }
 
-// TestStatsSeriesNeedWatch: before Watch, the series it feeds are absent
-// (though described), whatever the Limiter counted; after it they hold
-// the Limiter's Stats, even for a Limiter never given the Observer.
-func TestStatsSeriesNeedWatch(t *testing.T) {
+// TestFailureSeriesFromTheStart: a new Metrics describes and emits every
+// series of the failure options, each at 0 and the breaker closed.
+func TestFailureSeriesFromTheStart(t *testing.T) {
 	t.Parallel()
-	f := newFlaky(t)
-	f.down.Store(true)
 	m := promlimit.New()
-	l := countlimit.New(f, countlimit.WithCircuitBreaker(countlimit.CircuitBreaker{Failures: 1, CoolDown: time.Hour}))
-	rule := countlimit.Rule{UseType: "api", Limit: 10, Window: countlimit.Fixed(time.Minute)}
-	for range 3 {
-		if _, err := l.Allow(context.Background(), rule, "u1"); !errors.Is(err, countlimit.ErrUnavailable) {
-			t.Fatalf("Allow on a store that is down: %v, want ErrUnavailable", err)
-		}
-	}
-	got := gather(t, m)
-	for name := range statsSeries(countlimit.Stats{}) {
-		if v, ok := got[name]; ok {
-			t.Errorf("before Watch: %s = %v, want no such series", name, v)
-		}
-	}
+	checkSeries(t, "new", gather(t, m), failureSeries(tally.Counts{}))
 	described := map[string]bool{}
 	ch := make(chan *prometheus.Desc, 16)
 	m.Describe(ch)
@@ -299,7 +278,7 @@ func TestStatsSeriesNeedWatch(t *testing.T) {
 	for d := range ch {
 		described[d.String()] = true
 	}
-	for name := range statsSeries(countlimit.Stats{}) {
+	for name := range failureSeries(tally.Counts{}) {
 		found := false
 		for d := range described {
 			found = found || strings.Contains(d, `fqName: "`+name+`"`)
@@ -308,80 +287,41 @@ func TestStatsSeriesNeedWatch(t *testing.T) {
 			t.Errorf("Describe leaves %s out", name)
 		}
 	}
-
-	m.Watch(l.Stats)
-	checkStats(t, "after Watch", m, l, countlimit.Stats{Failures: 1, Rejected: 2,
-		Breaker: countlimit.BreakerOpen, BreakerOpenings: 1})
-	m.Watch(nil)
-	got = gather(t, m)
-	for name := range statsSeries(countlimit.Stats{}) {
-		if v, ok := got[name]; ok {
-			t.Errorf("after Watch(nil): %s = %v, want no such series", name, v)
-		}
-	}
 }
 
-// TestWatchReadsStatsEachScrape: each scrape calls the watched func once
-// and shows what it returns then, nothing cached; a second Watch replaces
-// the first's func.
-func TestWatchReadsStatsEachScrape(t *testing.T) {
-	t.Parallel()
-	m := promlimit.New()
-	var calls atomic.Int64
-	m.Watch(func() countlimit.Stats {
-		n := calls.Add(1)
-		return countlimit.Stats{Failures: uint64(10 * n), Timeouts: uint64(n), Breaker: countlimit.BreakerState(n % 3)}
-	})
-	for scrape := int64(1); scrape <= 2; scrape++ {
-		got := gather(t, m)
-		if c := calls.Load(); c != scrape {
-			t.Fatalf("after %d scrapes: Stats called %d times, want %d", scrape, c, scrape)
-		}
-		checkSeries(t, fmt.Sprintf("scrape %d", scrape), got, map[string]float64{
-			"countlimit_store_failures_total": float64(10 * scrape),
-			"countlimit_store_timeouts_total": float64(scrape),
-			"countlimit_breaker_state":        float64(scrape % 3),
-		})
-	}
-	m.Watch(func() countlimit.Stats { return countlimit.Stats{Locked: 7} })
-	checkSeries(t, "after a second Watch", gather(t, m), map[string]float64{
-		"countlimit_locked_total":         7,
-		"countlimit_store_failures_total": 0,
-	})
-	if c := calls.Load(); c != 2 {
-		t.Errorf("the replaced func was called again: %d calls, want 2", c)
-	}
-}
-
-// TestBreakerOfTheWatchedLimiter: one Metrics whose Observer two Limiters
-// share adds up their decisions, and its breaker state is the watched
-// Limiter's, not that of whichever breaker changed last.
-func TestBreakerOfTheWatchedLimiter(t *testing.T) {
+// TestBreakerOfOneLimiter: one Metrics whose Observer two Limiters share
+// adds up their decisions, and its breaker state is that of the Limiter
+// whose breaker tells it (BreakerChanged), not of the other's.
+func TestBreakerOfOneLimiter(t *testing.T) {
 	t.Parallel()
 	m := promlimit.New()
 	up, down := newFlaky(t), newFlaky(t)
 	down.down.Store(true)
-	breaker := countlimit.WithCircuitBreaker(countlimit.CircuitBreaker{Failures: 1, CoolDown: time.Hour})
-	watched := countlimit.New(up, countlimit.WithObserver(m.Observer()), breaker)
-	other := countlimit.New(down, countlimit.WithObserver(m.Observer()), breaker)
-	m.Watch(watched.Stats)
+	var other tally.Tally
+	watched := countlimit.New(up, countlimit.WithObserver(m.Observer()),
+		countlimit.WithCircuitBreaker(countlimit.CircuitBreaker{Failures: 1, CoolDown: time.Hour, OnChange: m.BreakerChanged}))
+	otherL := countlimit.New(down, countlimit.WithObserver(m.Observer()),
+		countlimit.WithCircuitBreaker(countlimit.CircuitBreaker{Failures: 1, CoolDown: time.Hour, OnChange: other.BreakerChanged}))
 	rule := countlimit.Rule{UseType: "api", Limit: 10, Window: countlimit.Fixed(time.Minute)}
-	for _, l := range []*countlimit.Limiter{watched, other, watched} {
+	for _, l := range []*countlimit.Limiter{watched, otherL, watched} {
 		_, _ = l.Allow(context.Background(), rule, "u1")
 	}
-	if s := other.Stats(); s.Breaker != countlimit.BreakerOpen {
+	if s := other.Counts(); s.Breaker != countlimit.BreakerOpen {
 		t.Fatalf("the other Limiter's breaker is %v, want open", s.Breaker)
 	}
-	checkStats(t, "the other's breaker open", m, watched, countlimit.Stats{})
 	checkSeries(t, "the other's breaker open", gather(t, m), map[string]float64{
 		"countlimit_decisions_total{rule=api,verdict=allowed}": 2,
 		"countlimit_store_duration_seconds{op=allow}":          3,
+		"countlimit_breaker_state":                             0,
+		"countlimit_breaker_openings_total":                    0,
+		"countlimit_store_failures_total":                      1,
 	})
 }
 
-// TestWatchWhileScraping: Watch and scrapes from many goroutines at once
-// are safe (under -race), and every scrape shows one of the funcs given.
-func TestWatchWhileScraping(t *testing.T) {
+// TestBreakerChangedWhileScraping: BreakerChanged and scrapes from many
+// goroutines at once are safe (under -race), every scrape shows a state
+// that was told, and every opening is counted.
+func TestBreakerChangedWhileScraping(t *testing.T) {
 	t.Parallel()
 	m := promlimit.New()
 	reg := prometheus.NewRegistry()
@@ -389,10 +329,10 @@ func TestWatchWhileScraping(t *testing.T) {
 	var wg sync.WaitGroup
 	for g := range 8 {
 		wg.Go(func() {
-			for i := range 50 {
+			for range 50 {
 				if g%2 == 0 {
-					n := uint64(g*100 + i + 1)
-					m.Watch(func() countlimit.Stats { return countlimit.Stats{Failures: n} })
+					m.BreakerChanged(countlimit.BreakerClosed, countlimit.BreakerOpen)
+					m.BreakerChanged(countlimit.BreakerOpen, countlimit.BreakerHalfOpen)
 					continue
 				}
 				families, err := reg.Gather()
@@ -401,14 +341,15 @@ func TestWatchWhileScraping(t *testing.T) {
 					return
 				}
 				for _, f := range families {
-					if f.GetName() == "countlimit_store_failures_total" && f.GetMetric()[0].GetCounter().GetValue() == 0 {
-						t.Error("a scrape showed 0 failures, a value no watched func returns")
+					if f.GetName() == "countlimit_breaker_state" && f.GetMetric()[0].GetGauge().GetValue() > 2 {
+						t.Errorf("a scrape showed breaker state %v", f.GetMetric()[0].GetGauge().GetValue())
 					}
 				}
 			}
 		})
 	}
 	wg.Wait()
+	checkSeries(t, "after", gather(t, m), map[string]float64{"countlimit_breaker_openings_total": 4 * 50, "countlimit_breaker_state": 2})
 }
 
 // lockedStore answers as pgstore does for a row another transaction
@@ -427,13 +368,12 @@ func TestLockedIsNoFailure(t *testing.T) {
 	t.Parallel()
 	m := promlimit.New()
 	l := countlimit.New(lockedStore{}, countlimit.WithObserver(m.Observer()), countlimit.WithStoreTimeout(time.Millisecond))
-	m.Watch(l.Stats)
 	for range 2 {
 		if _, err := l.Allow(context.Background(), countlimit.Rule{UseType: "api", Limit: 1, Window: countlimit.Fixed(time.Minute)}, "u1"); !errors.Is(err, countlimit.ErrLocked) {
 			t.Fatalf("Allow of a locked id: %v", err)
 		}
 	}
-	checkStats(t, "locked", m, l, countlimit.Stats{Locked: 2})
+	checkSeries(t, "locked", gather(t, m), failureSeries(tally.Counts{Locked: 2}))
 }
 
 // TestIDsAreNeverLabels: ten thousand ids make as many series as ten, and
@@ -444,8 +384,7 @@ func TestIDsAreNeverLabels(t *testing.T) {
 		f := newFlaky(t)
 		m := promlimit.New()
 		l := countlimit.New(f, countlimit.WithObserver(m.Observer()),
-			countlimit.WithCircuitBreaker(countlimit.CircuitBreaker{Failures: 1 << 30}))
-		m.Watch(l.Stats)
+			countlimit.WithCircuitBreaker(countlimit.CircuitBreaker{Failures: 1 << 30, OnChange: m.BreakerChanged}))
 		ctx := context.Background()
 		rules := []countlimit.Rule{
 			{UseType: "login", Limit: 1, Window: countlimit.Fixed(time.Minute)},

@@ -1,6 +1,6 @@
 -- countlimit: one atomic check of one id against one or more rules.
 -- It is one copy of the decision the driver.Store contract spells out as
--- code in driver.Apply (docs/ARCHITECTURE.md, "The copies", lists every
+-- code in model.Apply (internal/model) (docs/ARCHITECTURE.md, "The copies", lists every
 -- copy): change the model first, then every copy there. redisstore's
 -- TestModel holds this script to the model on seeded random steps, every
 -- call it can take; storetest.Run and TestFastScriptIsApplyForOneRule hold
@@ -23,7 +23,7 @@
 -- last script that wrote the hash (see fast.lua). The hash lives as long
 -- as the latest of its window, its penalty and its instant.
 --
--- One count per (use type, id), whatever kind of window asks (driver.Apply
+-- One count per (use type, id), whatever kind of window asks (model.Apply
 -- is the reference). A key is kept in the form of the kind that last
 -- counted in it: a window's count, a sliding log (field s and the sorted
 -- set), a smooth instant (t); every form keeps c over [b, e) besides: a

@@ -16,6 +16,7 @@ import (
 	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/countlimit/redisstore"
 	"github.com/countlimit/countlimit/countlimit/storetest"
+	"github.com/countlimit/countlimit/internal/model"
 	"github.com/countlimit/countlimit/internal/modeltest"
 	"github.com/countlimit/countlimit/internal/testbackend"
 	"github.com/countlimit/countlimit/internal/testenv/rediscluster"
@@ -68,7 +69,7 @@ func TestCluster(t *testing.T) {
 	// splits by node. Its Store's scripts pad their TTLs (see TestModel).
 	t.Run("model", func(t *testing.T) {
 		s := redisstore.New(clients[0], redisstore.WithPaddedTTLs(time.Minute))
-		read := func(ctx context.Context, ut, id string) (driver.Key, error) { return readKey(ctx, clients[0], ut, id) }
+		read := func(ctx context.Context, ut, id string) (model.Key, error) { return readKey(ctx, clients[0], ut, id) }
 		modeltest.Run(t, []modeltest.Path{
 			{Name: "lone", Do: modeltest.Each(s.Do), Read: read, Expires: true},
 			{Name: "pipeline", Do: s.PipelineForTest, Read: read, Expires: true},

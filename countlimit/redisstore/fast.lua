@@ -5,9 +5,9 @@
 -- apply.lua's tables, loops and branches for other ops and for several
 -- rules, and counts an event in the current window under an unchanged
 -- limit by writing the count and the record alone. It is one of the copies
--- of driver.Apply that docs/ARCHITECTURE.md lists ("The copies"): change
+-- of model.Apply that docs/ARCHITECTURE.md lists ("The copies"): change
 -- the model first, then every copy there. redisstore's TestModel holds
--- it to driver.Apply, alone and combined; storetest.Run, in
+-- it to model.Apply, alone and combined; storetest.Run, in
 -- TestConformance, sends every single-rule Allow here and every other call
 -- to apply.lua, on the same keys.
 --

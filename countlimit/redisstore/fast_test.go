@@ -10,9 +10,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/countlimit/countlimit/internal/expose"
+
 	"github.com/redis/go-redis/v9"
 
-	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/redisstore"
 	"github.com/countlimit/countlimit/countlimit/storetest"
 )
@@ -80,7 +81,7 @@ func TestFastScriptIsApplyForOneRule(t *testing.T) {
 		case 0:
 			limit = rng.Int64N(7)
 		case 1:
-			limit = countlimit.MaxLimit - rng.Int64N(3)
+			limit = expose.MaxLimit - rng.Int64N(3)
 		}
 		n := 1 + rng.Int64N(3)
 		var block int64
@@ -115,7 +116,7 @@ func TestFastScriptIsApplyForOneRule(t *testing.T) {
 			switch {
 			case op <= 4 && op != 1 && step > 0:
 				desc = "sliding allow"
-				lim, b, l, span = min(limit, countlimit.MaxSlidingLimit), 0, 0, 4*sec
+				lim, b, l, span = min(limit, expose.MaxSlidingLimit), 0, 0, 4*sec
 				args = []any{"allow", now, n, tok, "0", lim, b, l, span, block}
 			case op == 1:
 				desc, oneRule = "refund (apply.lua on both)", false
@@ -322,7 +323,7 @@ func TestFastScriptCombinedIsOneByOne(t *testing.T) {
 			case kind < 10:
 				begin = now
 			case kind < 12:
-				span, lim = 4*sec, min(limit, countlimit.MaxSlidingLimit)
+				span, lim = 4*sec, min(limit, expose.MaxSlidingLimit)
 			default:
 				// Smooth: a burst of 1 to 4, an interval of up to 2 s; on
 				// a new key or one that holds only its instant, kept as a

@@ -13,8 +13,8 @@ import (
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/countlimit/redisstore"
-	"github.com/countlimit/countlimit/countlimit/storetest"
 	"github.com/countlimit/countlimit/internal/keystate"
+	"github.com/countlimit/countlimit/internal/model"
 	"github.com/countlimit/countlimit/internal/modeltest"
 	"github.com/countlimit/countlimit/internal/testbackend"
 )
@@ -42,7 +42,7 @@ func TestModel(t *testing.T) {
 		t.Cleanup(func() { writeLuaTally(t, dir, read(context.Background(), client)) })
 	}
 	s := redisstore.New(client, opts...)
-	read := func(ctx context.Context, ut, id string) (driver.Key, error) {
+	read := func(ctx context.Context, ut, id string) (model.Key, error) {
 		return readKey(ctx, client, ut, id)
 	}
 	lone := modeltest.Each(s.Do)
@@ -64,7 +64,7 @@ func TestModel(t *testing.T) {
 }
 
 // TestContract runs storetest's contract cases on a Store: seeded keys,
-// one request, and the keys compared with driver.Apply's state at the
+// one request, and the keys compared with model.Apply's state at the
 // request's now. The cases' clock is fixed and Redis's runs on, so the
 // scripts keep each key a minute past its end here too: a denial of a new
 // key leaves a hash whose window ends at now, which Redis would drop a
@@ -76,9 +76,9 @@ func TestContract(t *testing.T) { runContract(t, testbackend.Redis(t)) }
 // whose scripts pad their TTLs.
 func runContract(t *testing.T, client *redis.Client, opts ...redisstore.Option) {
 	s := redisstore.New(client, append(opts, redisstore.WithPaddedTTLs(time.Minute))...)
-	storetest.RunContract(t, s, storetest.Inspector{
-		Read: func(ctx context.Context, ut, id string) (driver.Key, error) { return readKey(ctx, client, ut, id) },
-		Seed: func(ctx context.Context, ut, id string, k driver.Key) error { return seedKey(ctx, client, ut, id, k) },
+	modeltest.RunContract(t, s, modeltest.Inspector{
+		Read: func(ctx context.Context, ut, id string) (model.Key, error) { return readKey(ctx, client, ut, id) },
+		Seed: func(ctx context.Context, ut, id string, k model.Key) error { return seedKey(ctx, client, ut, id, k) },
 	})
 }
 
@@ -86,8 +86,8 @@ func runContract(t *testing.T, client *redis.Client, opts ...redisstore.Option) 
 // counter hash (c count, b and e the window, d the denial tally, x the
 // penalty's end, t a smooth check's instant; apply.lua's header), the
 // sliding log and the leases.
-func readKey(ctx context.Context, client redis.Cmdable, ut, id string) (driver.Key, error) {
-	var k driver.Key
+func readKey(ctx context.Context, client redis.Cmdable, ut, id string) (model.Key, error) {
+	var k model.Key
 	key := redisstore.Key(countlimit.UseType(ut), id)
 	h, err := hashOf(hashView.Run(ctx, client, []string{key}))
 	if err != nil {
@@ -115,7 +115,7 @@ func readKey(ctx context.Context, client redis.Cmdable, ut, id string) (driver.K
 		return k, err
 	}
 	if b && !e {
-		k.End = driver.Forever
+		k.End = model.Forever
 	}
 	if !b && c {
 		return k, fmt.Errorf("(%s, %s) has a count but no window: %v", ut, id, h)
@@ -151,7 +151,7 @@ func readKey(ctx context.Context, client redis.Cmdable, ut, id string) (driver.K
 
 // seedKey makes Redis keep k for (ut, id), as the scripts would have
 // written it, for an hour.
-func seedKey(ctx context.Context, client redis.Cmdable, ut, id string, k driver.Key) error {
+func seedKey(ctx context.Context, client redis.Cmdable, ut, id string, k model.Key) error {
 	h := redisstore.Key(countlimit.UseType(ut), id)
 	z := redisstore.LogKey(countlimit.UseType(ut), id)
 	l := redisstore.LeaseKey(countlimit.UseType(ut), id)
@@ -164,7 +164,7 @@ func seedKey(ctx context.Context, client redis.Cmdable, ut, id string, k driver.
 	var set []any
 	if k.Begin < k.End || k.Count > 0 || len(k.Log) > 0 {
 		set = append(set, "c", k.Count, "b", k.Begin)
-		if k.End != driver.Forever {
+		if k.End != model.Forever {
 			set = append(set, "e", k.End)
 		}
 	} else if k.Begin != 0 || k.End != 0 {

@@ -96,7 +96,7 @@
 // fixed cost and its arguments' framing are paid once for them all, which
 // is most of what Redis spends on a call when calls are many (see
 // docs/benchmarks.md, "Redis at 16 and 64 callers"). A script carries at most 64 calls and
-// 16 KiB of keys and arguments (WithMaxScript); more make more scripts in
+// 16 KiB of keys and arguments (Redis serves no one else while it runs); more make more scripts in
 // the same pipeline. Every other call, and every call on a Cluster or a
 // Ring, whose keys live on different nodes, is its own script. A server
 // that refuses a combined script whose keys span slots (CROSSSLOT, MOVED:
@@ -233,7 +233,7 @@
 // master under traffic.
 //
 // Redis scripts compute in double precision, exact up to 2^53, which is
-// where the Limiter bounds limits, costs and burst (countlimit.MaxLimit);
+// where the Limiter bounds limits, costs and burst (expose.MaxLimit);
 // a caller of Do of its own must keep to it too.
 package redisstore
 
@@ -347,7 +347,7 @@ type Store struct {
 	// set another).
 	policy, persistence atomic.Pointer[policyAnswer]
 	now                 func() time.Time
-	// A combined script's bounds (WithMaxScript).
+	// A combined script's bounds (64 calls, 16 KiB; tests set others).
 	scriptCalls, scriptBytes int
 	// The deadlines of calls sent without one (see send).
 	bounds bounds
@@ -382,25 +382,6 @@ func WithMaxBatch(n int) Option { return func(c *config) { c.maxBatch = n } }
 // Store's other commands (CheckEviction, a store clock's TIME) and every
 // call under WithMaxBatch(1) take connections of their own.
 func WithMaxInFlight(n int) Option { return func(c *config) { c.maxInFlight = n } }
-
-// WithMaxScript bounds a combined fast.lua script (see the package doc):
-// it carries at most calls calls and, past its first call, at most about
-// bytes of keys and arguments; a pipeline's further fast-path calls go in
-// more scripts of the same pipeline. The defaults are 64 calls and 16 KiB.
-// A script runs atomically, so Redis serves no other client while it
-// runs: the bound keeps one pipeline from holding Redis long, whatever
-// its ids' length, while a script still carries enough calls to pay its
-// fixed cost once for many. Values below 1 keep the default.
-func WithMaxScript(calls, bytes int) Option {
-	return func(c *config) {
-		if calls > 0 {
-			c.scriptCalls = calls
-		}
-		if bytes > 0 {
-			c.scriptBytes = bytes
-		}
-	}
-}
 
 // WithScriptPerCall makes every call of a pipeline a script of its own,
 // as on a Redis Cluster or a Ring, instead of one fast.lua script for a

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/countlimit/countlimit/internal/expose"
+
 	"github.com/redis/go-redis/v9"
 
 	"github.com/countlimit/countlimit/countlimit"
@@ -290,7 +292,7 @@ func BenchmarkAllowVersusBareScript(b *testing.B) {
 	sliding := rule
 	sliding.UseType += ".sliding"
 	sliding.Window = countlimit.Sliding(time.Second)
-	sliding.Limit = countlimit.MaxSlidingLimit
+	sliding.Limit = expose.MaxSlidingLimit
 	incr := redis.NewScript(incrSrc)
 	if err := incr.Load(ctx, c).Err(); err != nil {
 		b.Fatal(err)

@@ -8,8 +8,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/countlimit/redisstore"
+	"github.com/countlimit/countlimit/internal/model"
 	"github.com/countlimit/countlimit/internal/modeltest"
 	"github.com/countlimit/countlimit/internal/testbackend"
 )
@@ -26,7 +26,7 @@ import (
 // with a seed of its own (docs/RELEASING.md).
 var releases = []struct {
 	tag  string
-	seed func(ctx context.Context, client redis.Cmdable, ut, id string, k driver.Key) error
+	seed func(ctx context.Context, client redis.Cmdable, ut, id string, k model.Key) error
 }{
 	{"v0.1.0", seedV010},
 }
@@ -47,8 +47,8 @@ func TestUpgradeFromReleases(t *testing.T) {
 				Name:    "Store after the upgrade from " + rel.tag,
 				Do:      modeltest.Each(s.Do),
 				Expires: true,
-				Read:    func(ctx context.Context, ut, id string) (driver.Key, error) { return readKey(ctx, client, ut, id) },
-			}, func(ctx context.Context, ut, id string, k driver.Key) error {
+				Read:    func(ctx context.Context, ut, id string) (model.Key, error) { return readKey(ctx, client, ut, id) },
+			}, func(ctx context.Context, ut, id string, k model.Key) error {
 				return rel.seed(ctx, client, ut, id, k)
 			}, func(context.Context) error { return nil })
 		})
@@ -56,7 +56,7 @@ func TestUpgradeFromReleases(t *testing.T) {
 }
 
 // seedV010 writes k as v0.1.0 kept it.
-func seedV010(ctx context.Context, client redis.Cmdable, ut, id string, k driver.Key) error {
+func seedV010(ctx context.Context, client redis.Cmdable, ut, id string, k model.Key) error {
 	if k.TAT != 0 {
 		return fmt.Errorf("v0.1.0 kept no smooth instant, and (%s, %s) has one", ut, id)
 	}

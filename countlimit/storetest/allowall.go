@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/countlimit/countlimit/internal/expose"
+
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/driver"
 )
@@ -40,12 +42,12 @@ func manyRules(t *testing.T, k int) []countlimit.Rule {
 }
 
 // testAllowAllOfEverySize: AllowAll with 1 to 8 rules, and with 64
-// (countlimit.MaxRules), of every countable kind mixed, is all or
+// (expose.MaxRules), of every countable kind mixed, is all or
 // nothing: the lowest limit's events are counted under every rule, the
 // next call under none, and only the rule that denies sets its penalty;
-// one rule more than MaxRules is ErrInvalid naming the rules.
+// one rule more than 64 (the bound) is ErrInvalid naming the rules.
 func testAllowAllOfEverySize(t *testing.T, newStore func(*testing.T) driver.Store) {
-	for _, k := range []int{1, 2, 3, 4, 5, 6, 7, 8, countlimit.MaxRules} {
+	for _, k := range []int{1, 2, 3, 4, 5, 6, 7, 8, expose.MaxRules} {
 		t.Run(fmt.Sprint(k), func(t *testing.T) {
 			e := newEnv(t, newStore)
 			rules := manyRules(t, k)
@@ -86,7 +88,7 @@ func testAllowAllOfEverySize(t *testing.T, newStore func(*testing.T) driver.Stor
 	}
 	t.Run("TooMany", func(t *testing.T) {
 		e := newEnv(t, newStore)
-		rules := manyRules(t, countlimit.MaxRules+1)
+		rules := manyRules(t, expose.MaxRules+1)
 		_, err := e.l.AllowAll(e.ctx, "many", rules...)
 		if !errors.Is(err, countlimit.ErrInvalid) || !strings.Contains(err.Error(), "rules") {
 			t.Fatalf("AllowAll with %d rules = %v; want ErrInvalid naming the rules", len(rules), err)

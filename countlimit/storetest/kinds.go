@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/countlimit/countlimit/internal/expose"
+
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/driver"
 )
@@ -106,7 +108,7 @@ func testKindsTakeTurns(t *testing.T, newStore func(*testing.T) driver.Store) {
 					{UseType: ut, Limit: limits[0], Window: a},
 					{UseType: ut, Limit: limits[1], Window: b},
 				}
-				if rules[1].Window.IsSmooth() {
+				if expose.WindowOf(rules[1].Window).Smooth {
 					rules[1].Window = countlimit.Smooth(time.Hour, limits[1])
 				}
 				allowed := 0

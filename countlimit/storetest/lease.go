@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/countlimit/countlimit/internal/expose"
+
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/internal/leaseforge"
@@ -90,8 +92,8 @@ func testLeaseAcquireRelease(t *testing.T, newStore func(*testing.T) driver.Stor
 	c := e.acquire(rule, "u", at(sec(4)), ok(2, 2, at(sec(11))))
 	e.release(a, at(sec(5)))
 	e.held(rule, "u", at(sec(5)), 2)
-	if c.TTL() != 10*time.Second || c.UseType() != rule.UseType || c.ID() != "u" || len(leaseforge.Token(c.String())) != 22 {
-		t.Errorf("lease = %s %q ttl %v token %q", c.UseType(), c.ID(), c.TTL(), leaseforge.Token(c.String()))
+	if expose.LeaseTTL(c) != 10*time.Second || expose.LeaseUseType(c) != string(rule.UseType) || c.ID() != "u" || len(leaseforge.Token(c.String())) != 22 {
+		t.Errorf("lease = %s %q ttl %v token %q", expose.LeaseUseType(c), c.ID(), expose.LeaseTTL(c), leaseforge.Token(c.String()))
 	}
 	// Another id has its own slots.
 	e.acquire(rule, "v", at(sec(5)), ok(2, 1, at(sec(15))))
@@ -173,8 +175,8 @@ func testLeaseForged(t *testing.T, newStore func(*testing.T) driver.Store) {
 	if err != nil {
 		t.Fatalf("ParseLease(String()) = %v", err)
 	}
-	if parsed.UseType() != rule.UseType || parsed.ID() != "alice" || parsed.String() != alice.String() || parsed.TTL() != time.Minute {
-		t.Errorf("ParseLease(String()) = %s %q %q %v; want the lease back", parsed.UseType(), parsed.ID(), parsed.String(), parsed.TTL())
+	if expose.LeaseUseType(parsed) != string(rule.UseType) || parsed.ID() != "alice" || parsed.String() != alice.String() || expose.LeaseTTL(parsed) != time.Minute {
+		t.Errorf("ParseLease(String()) = %s %q %q %v; want the lease back", expose.LeaseUseType(parsed), parsed.ID(), parsed.String(), expose.LeaseTTL(parsed))
 	}
 	if err := parsed.Extend(e.ctx); err != nil {
 		t.Errorf("Extend of a parsed lease: %v", err)
@@ -264,7 +266,7 @@ func testLeasesUnderContention(t *testing.T, newStore func(*testing.T) driver.St
 			// the ttl (RetryAfter), every goroutine must have held a slot.
 			more := func() bool {
 				now := time.Now()
-				return now.Before(until) || perGot(&mu, &perG[g]) == 0 && now.Before(until.Add(rule.Window.Duration()))
+				return now.Before(until) || perGot(&mu, &perG[g]) == 0 && now.Before(until.Add(expose.WindowOf(rule.Window).Duration))
 			}
 			for more() {
 				lease, r, err := l.Acquire(ctx, rule, "hot")

@@ -13,12 +13,6 @@
 // in parallel; each uses its own UseTypes, so the store may hold other data.
 // The suite drives a stubbed clock through fixed instants, so the stores are
 // checked against exact ResetAt and RetryAfter values.
-//
-// RunContract goes under the Results: with an Inspector that reads and
-// seeds a key's stored state, it calls the store directly from seeded
-// states and demands the state driver.Apply, the contract's reference
-// model, leaves: the count and window, the sliding log, the denial tally,
-// the penalty and the leases.
 package storetest
 
 import (
@@ -31,6 +25,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/countlimit/countlimit/internal/expose"
 
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/driver"
@@ -739,7 +735,7 @@ func testKeysAreIsolated(t *testing.T, newStore func(*testing.T) driver.Store) {
 	b := a
 	b.UseType += ".b"
 	end := at(time.Hour)
-	long := strings.Repeat("界", countlimit.MaxIDLen/3) // 510 bytes
+	long := strings.Repeat("界", expose.MaxIDLen/3) // 510 bytes
 	for _, id := range []string{"u1", "u2", "用户:42", "a:b{c}", "a", "a:", long} {
 		e.run(a, id, []step{{at: at(0), want: ok(1, 1, end)}})
 	}
@@ -747,11 +743,11 @@ func testKeysAreIsolated(t *testing.T, newStore func(*testing.T) driver.Store) {
 	e.run(a, "u1", []step{{at: at(0), want: no(1, 1, end, time.Hour)}})
 }
 
-// testLongestID: an id of MaxIDLen bytes, the longest there is, counts.
+// testLongestID: an id of 512 bytes, the longest there is, counts.
 func testLongestID(t *testing.T, newStore func(*testing.T) driver.Store) {
 	e := newEnv(t, newStore)
 	good := countlimit.Rule{UseType: UseType(t, "longest"), Limit: 5, Window: countlimit.Fixed(time.Hour)}
-	e.run(good, strings.Repeat("x", countlimit.MaxIDLen), []step{{at: at(0), want: ok(5, 1, at(time.Hour))}})
+	e.run(good, strings.Repeat("x", expose.MaxIDLen), []step{{at: at(0), want: ok(5, 1, at(time.Hour))}})
 }
 
 // testConcurrentExactlyLimit: 64 goroutines × 8 tries on one key with limit
@@ -934,11 +930,11 @@ func testSlidingOutOfOrder(t *testing.T, newStore func(*testing.T) driver.Store)
 func testHugeNumbers(t *testing.T, newStore func(*testing.T) driver.Store) {
 	e := newEnv(t, newStore)
 	end := at(time.Hour)
-	rule := countlimit.Rule{UseType: UseType(t, "huge"), Limit: countlimit.MaxLimit, Window: countlimit.Fixed(time.Hour), Block: countlimit.MaxDuration}
+	rule := countlimit.Rule{UseType: UseType(t, "huge"), Limit: expose.MaxLimit, Window: countlimit.Fixed(time.Hour), Block: expose.MaxDuration}
 	e.run(rule, "id", []step{
-		{at: at(0), n: countlimit.MaxLimit - 1, want: ok(countlimit.MaxLimit, countlimit.MaxLimit-1, end)},
-		{at: at(0), want: ok(countlimit.MaxLimit, countlimit.MaxLimit, end)},
-		{at: at(sec(1)), n: countlimit.MaxLimit, want: blocked(no(countlimit.MaxLimit, countlimit.MaxLimit, end, countlimit.MaxDuration), at(sec(1)+countlimit.MaxDuration))},
+		{at: at(0), n: expose.MaxLimit - 1, want: ok(expose.MaxLimit, expose.MaxLimit-1, end)},
+		{at: at(0), want: ok(expose.MaxLimit, expose.MaxLimit, end)},
+		{at: at(sec(1)), n: expose.MaxLimit, want: blocked(no(expose.MaxLimit, expose.MaxLimit, end, expose.MaxDuration), at(sec(1)+expose.MaxDuration))},
 	})
 }
 

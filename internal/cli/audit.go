@@ -13,6 +13,8 @@ import (
 	"unicode"
 
 	"github.com/countlimit/countlimit/countlimit/pgstore"
+	"github.com/countlimit/countlimit/internal/audit"
+	"github.com/countlimit/countlimit/internal/db"
 )
 
 // openPostgres opens the --store that must be PostgreSQL.
@@ -48,15 +50,15 @@ func top(ctx context.Context, args []string, stdout io.Writer) error {
 	defer st.close()
 	sections := []struct {
 		title, key string
-		fetch      func(context.Context, int) ([]pgstore.Status, error)
+		fetch      func(context.Context, db.DBTX, int) ([]audit.Status, error)
 	}{
-		{"Nearest their limit", "nearest_limit", st.pg.NearestLimit},
-		{"Most denied", "most_denied", st.pg.MostDenied},
-		{"Blocked now", "blocked", st.pg.Blocked},
+		{"Nearest their limit", "nearest_limit", audit.NearestLimit},
+		{"Most denied", "most_denied", audit.MostDenied},
+		{"Blocked now", "blocked", audit.Blocked},
 	}
-	all := make([][]pgstore.Status, len(sections))
+	all := make([][]audit.Status, len(sections))
 	for i, sec := range sections {
-		if all[i], err = sec.fetch(ctx, *n); err != nil {
+		if all[i], err = sec.fetch(ctx, st.pool, *n); err != nil {
 			return fmt.Errorf("top: %w", err)
 		}
 	}
@@ -111,7 +113,7 @@ type topRow struct {
 	UpdatedAt         *time.Time `json:"updated_at"`
 }
 
-func newTopRow(s pgstore.Status) topRow {
+func newTopRow(s audit.Status) topRow {
 	at := func(t time.Time) *time.Time {
 		if t.IsZero() {
 			return nil

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/countlimit/countlimit/internal/expose"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -181,7 +183,7 @@ func benchBaseline(ctx context.Context, url string, callers []int, d time.Durati
 	}
 
 	names := benchIDs(ids)
-	rule := countlimit.Rule{UseType: useType, Limit: countlimit.MaxLimit, Window: countlimit.Fixed(time.Minute)}
+	rule := countlimit.Rule{UseType: useType, Limit: expose.MaxLimit, Window: countlimit.Fixed(time.Minute)}
 	out.report = benchReport{Mode: "bench --baseline", Store: redactURL(url), SynchronousCommit: sync, RunSeconds: d.Seconds(), Started: time.Now().UTC(),
 		Rules: []benchRule{{Name: "bench", Window: rule.Window.String(), Limit: rule.Limit}}}
 

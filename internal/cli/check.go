@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/countlimit/countlimit/internal/expose"
+
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/internal/rulefile"
@@ -201,7 +203,7 @@ func leaseCmd(ctx context.Context, verb string, args []string, stdout io.Writer)
 		if *asJSON {
 			fmt.Fprintln(stdout, `{"extended": false}`)
 		} else {
-			fmt.Fprintf(stdout, "not held: the lease of %s for %s expired or was released; its slot may be someone else's now\n", ls.UseType(), ls.ID())
+			fmt.Fprintf(stdout, "not held: the lease of %s for %s expired or was released; its slot may be someone else's now\n", expose.LeaseUseType(ls), ls.ID())
 		}
 		return true, nil
 	}
@@ -214,9 +216,9 @@ func leaseCmd(ctx context.Context, verb string, args []string, stdout io.Writer)
 		return false, nil
 	}
 	if o == driver.OpExtend {
-		fmt.Fprintf(stdout, "extended: the lease of %s for %s is held for %v more\n", ls.UseType(), ls.ID(), ls.TTL())
+		fmt.Fprintf(stdout, "extended: the lease of %s for %s is held for %v more\n", expose.LeaseUseType(ls), ls.ID(), expose.LeaseTTL(ls))
 	} else {
-		fmt.Fprintf(stdout, "released: the lease of %s for %s\n", ls.UseType(), ls.ID())
+		fmt.Fprintf(stdout, "released: the lease of %s for %s\n", expose.LeaseUseType(ls), ls.ID())
 	}
 	return false, nil
 }

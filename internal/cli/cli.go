@@ -17,6 +17,8 @@ import (
 	"os"
 	"strings"
 
+	"github.com/countlimit/countlimit/internal/expose"
+
 	"github.com/countlimit/countlimit/countlimit"
 )
 
@@ -196,8 +198,8 @@ func leaseKeyFlag(fs *flag.FlagSet) func() ([]countlimit.Option, error) {
 		switch {
 		case key == "":
 			return nil, nil
-		case len(key) < countlimit.MinLeaseKeyLen:
-			return nil, fmt.Errorf("%s: the lease key from %s is %d bytes long, want at least %d (try: openssl rand -hex 32)", fs.Name(), from, len(key), countlimit.MinLeaseKeyLen)
+		case len(key) < expose.MinLeaseKeyLen:
+			return nil, fmt.Errorf("%s: the lease key from %s is %d bytes long, want at least %d (try: openssl rand -hex 32)", fs.Name(), from, len(key), expose.MinLeaseKeyLen)
 		}
 		return []countlimit.Option{countlimit.WithLeaseKey([]byte(key))}, nil
 	}

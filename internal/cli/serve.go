@@ -136,12 +136,17 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 		defer metricsLn.Close()
 	}
-	opts = append(opts, countlimit.WithStoreTimeout(*storeTimeout))
+	metrics, observe := server.NewMetrics()
+	opts = append(opts, countlimit.WithStoreTimeout(*storeTimeout), observe)
 	if *breakerFailures > 0 {
+		logChange := breakerLog(log)
 		opts = append(opts, countlimit.WithCircuitBreaker(countlimit.CircuitBreaker{
 			Failures: *breakerFailures,
 			CoolDown: *breakerCoolDown,
-			OnChange: breakerLog(log),
+			OnChange: func(from, to countlimit.BreakerState) {
+				logChange(from, to)
+				metrics.BreakerChanged(from, to)
+			},
 		}))
 	}
 	// A schema behind this release's migrations does not stop the service
@@ -151,8 +156,6 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		schema = st.schemaReady
 		log.Warn("the store's schema is behind this release: checks answer 503 until it is migrated", "err", st.behind)
 	}
-	metrics, observe := server.NewMetrics()
-	opts = append(opts, observe)
 	var purges *server.Purges
 	if st.pg != nil && *purgeInterval > 0 {
 		purges = &server.Purges{}

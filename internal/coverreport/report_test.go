@@ -29,8 +29,8 @@ const EnvReport = "COUNTLIMIT_COVER_REPORT"
 // TestReport runs the model tests of memstore, pgstore and redisstore
 // (TestModel, COUNTLIMIT_MODEL_STEPS steps, default 2000, for each seed of
 // COUNTLIMIT_COVER_SEEDS, default "1 2", so that the report is the same
-// on every run) with Go's coverage of countlimit/driver and
-// countlimit/memstore, pgstore's on a private PostgreSQL cluster that
+// on every run) with Go's coverage of countlimit/driver, internal/model
+// and countlimit/memstore, pgstore's on a private PostgreSQL cluster that
 // loads plpgsql_check with its profiler on, and redisstore's on the test
 // Redis (COUNTLIMIT_TEST_REDIS_URL) with the test build of its scripts
 // (luacover), which tallies their branches in the test process's own
@@ -91,7 +91,7 @@ func runModelTests(t *testing.T, root, dir string) {
 	for _, seed := range seeds {
 		start := time.Now()
 		cmd := exec.Command("go", "test", "-count=1", "-timeout=60m", "-run", "^TestModel$",
-			"-coverpkg=./countlimit/driver,./countlimit/memstore", "-coverprofile="+filepath.Join(dir, "go-"+seed+".out"),
+			"-coverpkg=./countlimit/driver,./internal/model,./countlimit/memstore", "-coverprofile="+filepath.Join(dir, "go-"+seed+".out"),
 			"./countlimit/memstore", "./countlimit/pgstore", "./countlimit/redisstore")
 		cmd.Dir = root
 		cmd.Env = append(os.Environ(), "COUNTLIMIT_TEST_POSTGRES_URL="+url, "COUNTLIMIT_REQUIRE_BACKENDS=1",

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/countlimit/countlimit/internal/expose"
+
 	"github.com/redis/go-redis/v9"
 
 	"github.com/countlimit/countlimit/countlimit"
@@ -37,8 +39,8 @@ const (
 var (
 	// Accounting rules: their limits are never reached, their windows never
 	// end during a run, so every acknowledged call is one more stored.
-	cFixed      = countlimit.Rule{UseType: "cluster.fixed", Limit: countlimit.MaxLimit, Window: countlimit.Lifetime()}
-	cAllFixed   = countlimit.Rule{UseType: "cluster.all.fixed", Limit: countlimit.MaxLimit, Window: countlimit.Lifetime()}
+	cFixed      = countlimit.Rule{UseType: "cluster.fixed", Limit: expose.MaxLimit, Window: countlimit.Lifetime()}
+	cAllFixed   = countlimit.Rule{UseType: "cluster.all.fixed", Limit: expose.MaxLimit, Window: countlimit.Lifetime()}
 	cAllSliding = countlimit.Rule{UseType: "cluster.all.sliding", Limit: slidingMax, Window: countlimit.Sliding(time.Hour)}
 	cSliding    = countlimit.Rule{UseType: "cluster.sliding", Limit: slidingMax, Window: countlimit.Sliding(time.Hour)}
 	// A rate: the key its callers share is never allowed more than burst

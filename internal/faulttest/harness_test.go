@@ -19,6 +19,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/countlimit/countlimit/internal/expose"
+
 	"github.com/countlimit/countlimit/countlimit"
 )
 
@@ -37,7 +39,7 @@ const (
 var (
 	// acctRule counts every call of an accounting id: its Limit is never
 	// reached, and a Lifetime window never expires during the run.
-	acctRule = countlimit.Rule{UseType: "fault.acct", Limit: countlimit.MaxLimit, Window: countlimit.Lifetime()}
+	acctRule = countlimit.Rule{UseType: "fault.acct", Limit: expose.MaxLimit, Window: countlimit.Lifetime()}
 	// hotRule is the exact limit every caller hammers, on one key per phase.
 	hotRule = countlimit.Rule{UseType: "fault.limit", Limit: hotLimit, Window: countlimit.Lifetime()}
 )

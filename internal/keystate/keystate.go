@@ -1,6 +1,6 @@
-// Package keystate works with driver.Key, the stored state of a key, for
+// Package keystate works with model.Key, the stored state of a key, for
 // the harnesses that read it back from stores and compare it with the
-// model's (storetest.RunContract, internal/modeltest and the stores'
+// model's (internal/modeltest: RunContract and the harness, and the stores'
 // model tests).
 package keystate
 
@@ -8,12 +8,12 @@ import (
 	"maps"
 	"slices"
 
-	"github.com/countlimit/countlimit/countlimit/driver"
+	"github.com/countlimit/countlimit/internal/model"
 )
 
 // Empty reports whether k holds nothing: no window, log, tally, penalty,
 // lease or smooth instant.
-func Empty(k *driver.Key) bool {
+func Empty(k *model.Key) bool {
 	return k == nil || k.Begin >= k.End && len(k.Log) == 0 && k.Denied == 0 && k.Blocked == 0 && len(k.Leases) == 0 && k.TAT == 0
 }
 
@@ -21,7 +21,7 @@ func Empty(k *driver.Key) bool {
 // is span (0 for any other kind): the logged events after now-span and the
 // leases that expire after now, in new slices and maps; the rest as k has
 // it. Two stores hold the same state when their keys' live parts agree.
-func Live(k driver.Key, span, now int64) driver.Key {
+func Live(k model.Key, span, now int64) model.Key {
 	var log []int64
 	for _, e := range k.Log {
 		if span > 0 && e > now-span {
@@ -42,7 +42,7 @@ func Live(k driver.Key, span, now int64) driver.Key {
 }
 
 // Clone returns a deep copy of k.
-func Clone(k driver.Key) driver.Key {
+func Clone(k model.Key) model.Key {
 	k.Log = slices.Clone(k.Log)
 	k.Leases = maps.Clone(k.Leases)
 	return k

@@ -10,6 +10,7 @@ import (
 
 	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/internal/keystate"
+	"github.com/countlimit/countlimit/internal/model"
 )
 
 // EnvCover names the environment variable that asks Run to write, into
@@ -111,7 +112,7 @@ var AllArms = append(slices.Clone(WindowArms), ArmOtherDenied)
 // by a rule with a penalty or without, setting a penalty, or with none to
 // set; at a penalty's end; outside a current window; n over the limit).
 // c.State is the check's answer, as the path gave it.
-func Arms(k driver.Key, r *driver.Request, c *driver.Check) []string {
+func Arms(k model.Key, r *driver.Request, c *driver.Check) []string {
 	now := r.Now.UnixMicro()
 	var out []string
 	window := k.Begin < k.End
@@ -125,7 +126,7 @@ func Arms(k driver.Key, r *driver.Request, c *driver.Check) []string {
 		out = append(out, ArmSmooth)
 	case !window:
 		out = append(out, ArmNoWindow)
-	case k.End == driver.Forever:
+	case k.End == model.Forever:
 		out = append(out, ArmLifetime)
 	case k.End > now:
 		out = append(out, ArmCurrent)

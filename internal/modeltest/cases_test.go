@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/countlimit/countlimit/countlimit/driver"
+	"github.com/countlimit/countlimit/internal/model"
 )
 
 // TestArms holds Arms to the decision's arms for keys of every form
@@ -19,40 +20,40 @@ func TestArms(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		name string
-		key  driver.Key
+		key  model.Key
 		n    int64
 		c    driver.Check
 		want []string
 	}{
-		{"a new key", driver.Key{}, 1, window(2, 0), []string{ArmNew, ArmAllowedNew}},
-		{"a new key, n over the limit", driver.Key{}, 3, window(2, 0),
+		{"a new key", model.Key{}, 1, window(2, 0), []string{ArmNew, ArmAllowedNew}},
+		{"a new key, n over the limit", model.Key{}, 3, window(2, 0),
 			[]string{ArmNew, ArmDeniedNoBlock, ArmDeniedOver, ArmOverLimit}},
-		{"the last event of a window", driver.Key{Count: 1, Begin: at - 1, End: at + 5}, 1, window(2, time.Second),
+		{"the last event of a window", model.Key{Count: 1, Begin: at - 1, End: at + 5}, 1, window(2, time.Second),
 			[]string{ArmCurrent, ArmAllowedIn, ArmAllowedFull}},
-		{"a window that ends now", driver.Key{Count: 2, Begin: at - 5, End: at}, 1, window(2, 0),
+		{"a window that ends now", model.Key{Count: 2, Begin: at - 5, End: at}, 1, window(2, 0),
 			[]string{ArmEndsNow, ArmAllowedNew}},
-		{"an empty window a denial left", driver.Key{Begin: at - 1, End: at - 1, Denied: 1}, 1, window(2, 0),
+		{"an empty window a denial left", model.Key{Begin: at - 1, End: at - 1, Denied: 1}, 1, window(2, 0),
 			[]string{ArmNoWindow, ArmAllowedNew}},
-		{"full: a penalty set", driver.Key{Count: 2, Begin: at - 1, End: at + 5}, 1, window(2, time.Second),
+		{"full: a penalty set", model.Key{Count: 2, Begin: at - 1, End: at + 5}, 1, window(2, time.Second),
 			[]string{ArmCurrent, ArmDeniedSet}},
-		{"blocked, asked again", driver.Key{Count: 2, Begin: at - 1, End: at + 5, Denied: 1, Blocked: at + 1}, 1, window(2, time.Second),
+		{"blocked, asked again", model.Key{Count: 2, Begin: at - 1, End: at + 5, Denied: 1, Blocked: at + 1}, 1, window(2, time.Second),
 			[]string{ArmCurrent, ArmBlocked, ArmDeniedBlocked}},
-		{"blocked, asked again by a rule without a penalty", driver.Key{Count: 1, Begin: at - 1, End: at + 5, Denied: 1, Blocked: at + 1}, 1, window(2, 0),
+		{"blocked, asked again by a rule without a penalty", model.Key{Count: 1, Begin: at - 1, End: at + 5, Denied: 1, Blocked: at + 1}, 1, window(2, 0),
 			[]string{ArmCurrent, ArmBlocked, ArmDeniedBlocked0}},
-		{"at a penalty's end, room", driver.Key{Count: 0, Begin: at - 1, End: at + 5, Denied: 1, Blocked: at}, 1, window(2, time.Second),
+		{"at a penalty's end, room", model.Key{Count: 0, Begin: at - 1, End: at + 5, Denied: 1, Blocked: at}, 1, window(2, time.Second),
 			[]string{ArmCurrent, ArmBlockEndsNow, ArmAllowedIn, ArmEndsNowAllowed}},
-		{"at a penalty's end, full", driver.Key{Count: 2, Begin: at - 1, End: at + 5, Denied: 1, Blocked: at}, 1, window(2, time.Second),
+		{"at a penalty's end, full", model.Key{Count: 2, Begin: at - 1, End: at + 5, Denied: 1, Blocked: at}, 1, window(2, time.Second),
 			[]string{ArmCurrent, ArmBlockEndsNow, ArmDeniedSet, ArmEndsNowDenied}},
-		{"a penalty over, a window over", driver.Key{Count: 2, Begin: at - 9, End: at - 5, Denied: 1, Blocked: at - 2}, 1, window(0, 0),
+		{"a penalty over, a window over", model.Key{Count: 2, Begin: at - 9, End: at - 5, Denied: 1, Blocked: at - 2}, 1, window(0, 0),
 			[]string{ArmOver, ArmBlockOver, ArmDeniedNoBlock, ArmDeniedOver, ArmOverLimit}},
-		{"a sliding log under a window's rule", driver.Key{Count: 1, Begin: at - 1, End: at + 3, Log: []int64{at - 1}}, 1, window(2, 0),
+		{"a sliding log under a window's rule", model.Key{Count: 1, Begin: at - 1, End: at + 3, Log: []int64{at - 1}}, 1, window(2, 0),
 			[]string{ArmLog, ArmAllowedIn, ArmAllowedFull}},
-		{"a lifetime window", driver.Key{Count: 1, Begin: at - 1, End: driver.Forever}, 1, driver.Check{UseType: "u", Limit: 5, Begin: now},
+		{"a lifetime window", model.Key{Count: 1, Begin: at - 1, End: model.Forever}, 1, driver.Check{UseType: "u", Limit: 5, Begin: now},
 			[]string{ArmLifetime, ArmAllowedIn}},
 	} {
 		r := &driver.Request{Op: driver.OpAllow, ID: "a", Now: now, N: tc.n, Checks: []driver.Check{tc.c}}
 		k := tc.key
-		driver.Apply(r, []*driver.Key{&k})
+		model.Apply(r, []*model.Key{&k})
 		got := Arms(tc.key, r, &r.Checks[0])
 		if !slices.Equal(got, tc.want) {
 			t.Errorf("%s: Arms = %q, want %q", tc.name, got, tc.want)
@@ -65,9 +66,9 @@ func TestArms(t *testing.T) {
 	}
 	// Beside another rule's denial, a check that fits is not denied.
 	r := &driver.Request{Op: driver.OpAllow, ID: "a", Now: now, N: 1, Checks: []driver.Check{window(2, 0), {UseType: "v", Limit: 0, Begin: now, End: now.Add(time.Second)}}}
-	keys := []*driver.Key{{}, {}}
-	driver.Apply(r, keys)
-	if got := Arms(driver.Key{}, r, &r.Checks[0]); !slices.Equal(got, []string{ArmNew, ArmOtherDenied}) {
+	keys := []*model.Key{{}, {}}
+	model.Apply(r, keys)
+	if got := Arms(model.Key{}, r, &r.Checks[0]); !slices.Equal(got, []string{ArmNew, ArmOtherDenied}) {
 		t.Errorf("beside a denial: Arms = %q", got)
 	}
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/internal/keystate"
+	"github.com/countlimit/countlimit/internal/model"
 )
 
 // stepText is all of a step a replay depends on: its description and
@@ -55,7 +56,7 @@ func TestSmoothIsDrawn(t *testing.T) {
 		w := world{}
 		for _, st := range gen(seed, 600, true) {
 			reqs := clones(st.Reqs)
-			before := map[string]driver.Key{}
+			before := map[string]model.Key{}
 			for _, r := range reqs {
 				for _, c := range r.Checks {
 					before[c.UseType+r.ID] = keystate.Clone(*w.key(c.UseType, r.ID))

@@ -1,5 +1,5 @@
 // Package modeltest is the seeded differential harness that holds every
-// store path to the reference model (driver.Apply): random steps over a
+// store path to the reference model (model.Apply): random steps over a
 // few ids and rules, on a stub clock that moves forward in small and large
 // steps (sometimes landing exactly on a window's end, a penalty's end or a
 // lease's expiry, sometimes reading a little late), are carried out by the
@@ -9,7 +9,7 @@
 // key whose window, penalty, log and leases are all over counts as empty
 // on a path that expires keys (Path.Expires: Redis), so there the tally
 // of such a key (a denial of a new key without a Block leaves one) goes
-// unchecked: storetest.RunContract's ADenialOfANewKeyIsTallied holds it.
+// unchecked: modeltest.RunContract's ADenialOfANewKeyIsTallied holds it.
 // On the other paths that tally must still agree.
 //
 // A failure prints the seed, the step and the shortest list of steps that
@@ -37,10 +37,13 @@ import (
 	"time"
 	_ "time/tzdata" // the zones a run draws, on every machine
 
+	"github.com/countlimit/countlimit/internal/expose"
+
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/internal/keystate"
 	"github.com/countlimit/countlimit/internal/leaseforge"
+	"github.com/countlimit/countlimit/internal/model"
 )
 
 // Path is one way a store carries out requests: PostgreSQL's one
@@ -53,7 +56,7 @@ type Path struct {
 	// together and any other one after another. It writes the states.
 	Do func(ctx context.Context, reqs []*driver.Request) error
 	// Read returns what the store keeps of (ut, id).
-	Read func(ctx context.Context, ut, id string) (driver.Key, error)
+	Read func(ctx context.Context, ut, id string) (model.Key, error)
 	// Skip, when not nil, reports the steps the path cannot take (a path
 	// of the fast statements takes no sliding check, say); the model and
 	// the path then carry out the step with Fallback.
@@ -74,7 +77,7 @@ type Path struct {
 	// requests as the path answered them and, for each request, its
 	// checks' keys in the model just before it. It names only cases of
 	// AllCases.
-	Cases func(reqs []*driver.Request, before [][]driver.Key) []string
+	Cases func(reqs []*driver.Request, before [][]model.Key) []string
 	// AllCases are every case Cases may name: a case a run never reaches
 	// is tallied 0.
 	AllCases []string
@@ -134,8 +137,8 @@ func rules(loc *time.Location, smooth bool) []countlimit.Rule {
 var smoothEvery = func() map[string][2]int64 {
 	out := map[string][2]int64{}
 	for _, r := range rules(time.UTC, true) {
-		if r.Window.IsSmooth() {
-			out[string(r.UseType)] = [2]int64{r.Window.Interval(r.Limit).Microseconds(), r.Window.Burst()}
+		if expose.WindowOf(r.Window).Smooth {
+			out[string(r.UseType)] = [2]int64{expose.Interval(r.Window, r.Limit).Microseconds(), expose.WindowOf(r.Window).Burst}
 		}
 	}
 	return out
@@ -159,7 +162,7 @@ var spans = map[string]int64{"sliding": 9e6, "slidingblock": 4e6, "slidingwide":
 // idPool is what a run's three ids are drawn from: short and long ids,
 // the characters the stores' keys escape or split on (':', '{', '}',
 // '%'), and other scripts.
-var idPool = []string{"a", "b", "c", "用户:42", "a{b}c", "}{", "x%3Ay", "x:y", strings.Repeat("長", countlimit.MaxIDLen/3)}
+var idPool = []string{"a", "b", "c", "用户:42", "a{b}c", "}{", "x%3Ay", "x:y", strings.Repeat("長", expose.MaxIDLen/3)}
 
 // zones are what a run's calendar windows are drawn from: daylight saving
 // time in both hemispheres, midnight skipped (Santiago) or twice (Amman,
@@ -249,14 +252,14 @@ func (r *recorder) token(t string) string {
 }
 
 // world is the model's state of every key, by use type and id.
-type world map[string]*driver.Key
+type world map[string]*model.Key
 
 func keyName(ut, id string) string { return ut + "\x00" + id }
 
-func (w world) key(ut, id string) *driver.Key {
+func (w world) key(ut, id string) *model.Key {
 	k := w[keyName(ut, id)]
 	if k == nil {
-		k = &driver.Key{}
+		k = &model.Key{}
 		w[keyName(ut, id)] = k
 	}
 	return k
@@ -267,20 +270,20 @@ func (w world) apply(reqs []*driver.Request) { w.applyFrom(reqs, false) }
 
 // applyFrom carries out reqs on w, one after another; with before, it
 // returns each request's checks' keys as they were just before it.
-func (w world) applyFrom(reqs []*driver.Request, before bool) [][]driver.Key {
-	var out [][]driver.Key
+func (w world) applyFrom(reqs []*driver.Request, before bool) [][]model.Key {
+	var out [][]model.Key
 	if before {
-		out = make([][]driver.Key, len(reqs))
+		out = make([][]model.Key, len(reqs))
 	}
 	for j, r := range reqs {
-		keys := make([]*driver.Key, len(r.Checks))
+		keys := make([]*model.Key, len(r.Checks))
 		for i := range r.Checks {
 			keys[i] = w.key(r.Checks[i].UseType, r.ID)
 			if before {
 				out[j] = append(out[j], keystate.Clone(*keys[i]))
 			}
 		}
-		driver.Apply(r, keys)
+		model.Apply(r, keys)
 	}
 	return out
 }
@@ -300,7 +303,7 @@ func (w world) expiries() []instant {
 	var out []instant
 	for name, k := range w {
 		ut, id, _ := strings.Cut(name, "\x00")
-		if k.Begin < k.End && k.End != driver.Forever {
+		if k.Begin < k.End && k.End != model.Forever {
 			out = append(out, instant{at: k.End, ut: ut, id: id})
 		}
 		if k.Blocked > 0 {
@@ -468,7 +471,7 @@ func gen(seed uint64, n int, smooth bool) []Step {
 		slots := false
 		if again || slidNext == 2 {
 			r, id = *lastRule, lastID
-		} else if focus == nil && lastRule != nil && lastRule.Window.IsConcurrent() && rng.IntN(2) == 0 {
+		} else if focus == nil && lastRule != nil && expose.WindowOf(lastRule.Window).Concurrent && rng.IntN(2) == 0 {
 			// An Acquire on the slots the step before used: a key's
 			// slots fill up, and a denial starts its penalty.
 			r, id, slots = *lastRule, lastID, true
@@ -507,18 +510,18 @@ func gen(seed uint64, n int, smooth bool) []Step {
 			op = 5 // a batch of two calls on it
 		case focus == nil && hotRule != nil && rng.IntN(5) == 0:
 			op, hot = 5, true
-		case focus != nil && !r.Window.IsConcurrent() && rng.IntN(5) < 4:
+		case focus != nil && !expose.WindowOf(r.Window).Concurrent && rng.IntN(5) < 4:
 			op = []int{0, 5}[rng.IntN(2)] // an allow, or a batch, at the instant
-		case focus != nil && r.Window.IsConcurrent() && rng.IntN(5) < 4:
+		case focus != nil && expose.WindowOf(r.Window).Concurrent && rng.IntN(5) < 4:
 			op = []int{0, 6, 8}[rng.IntN(3)] // an acquire, release or extend
 		}
 		switch {
-		case r.Window.IsConcurrent() && op < 6:
+		case expose.WindowOf(r.Window).Concurrent && op < 6:
 			desc = fmt.Sprintf("Acquire(%s, %s)", r.UseType, id)
 			if ls, _, _ := l.Acquire(ctx, r, id); ls.String() != "" {
 				leases = append(leases, ls)
 			}
-		case r.Window.IsConcurrent() && op < 10 && len(leases) > 0:
+		case expose.WindowOf(r.Window).Concurrent && op < 10 && len(leases) > 0:
 			ls := leases[rng.IntN(len(leases))]
 			if focus != nil {
 				// The lease whose expiry the clock landed on.
@@ -531,20 +534,20 @@ func gen(seed uint64, n int, smooth bool) []Step {
 			// Bound again to this step's Limiter, whose clock is now.
 			if rl, err := l.ParseLease(ls.String(), r); err == nil {
 				if op < 8 {
-					desc = fmt.Sprintf("Release(%s %s %.6s)", rl.UseType(), rl.ID(), rec.tokens[leaseforge.Token(rl.String())])
+					desc = fmt.Sprintf("Release(%s %s %.6s)", expose.LeaseUseType(rl), rl.ID(), rec.tokens[leaseforge.Token(rl.String())])
 					rl.Release(ctx)
 				} else {
-					desc = fmt.Sprintf("Extend(%s %s %.6s)", rl.UseType(), rl.ID(), rec.tokens[leaseforge.Token(rl.String())])
+					desc = fmt.Sprintf("Extend(%s %s %.6s)", expose.LeaseUseType(rl), rl.ID(), rec.tokens[leaseforge.Token(rl.String())])
 					rl.Extend(ctx)
 				}
 			}
-		case r.Window.IsConcurrent() && op < 12:
+		case expose.WindowOf(r.Window).Concurrent && op < 12:
 			desc = fmt.Sprintf("Peek(%s, %s)", r.UseType, id)
 			l.Peek(ctx, r, id)
-		case r.Window.IsConcurrent():
+		case expose.WindowOf(r.Window).Concurrent:
 			desc = fmt.Sprintf("Reset(%s, %s)", r.UseType, id)
 			l.Reset(ctx, r, id)
-		case op < 5 && r.Window.IsSmooth() && rng.IntN(4) == 0:
+		case op < 5 && expose.WindowOf(r.Window).Smooth && rng.IntN(4) == 0:
 			// A smooth key refunded before it drains: the clock rarely
 			// stops inside a key's drain between an allow and a refund
 			// step, and a refund's arithmetic then went untested for
@@ -598,7 +601,7 @@ func gen(seed uint64, n int, smooth bool) []Step {
 			var parts []string
 			for j := range k {
 				b := rs[rng.IntN(len(rs))]
-				for b.Window.IsConcurrent() || strings.HasPrefix(b.Window.String(), "sliding") {
+				for expose.WindowOf(b.Window).Concurrent || strings.HasPrefix(b.Window.String(), "sliding") {
 					b = rs[rng.IntN(len(rs))]
 				}
 				bid := ids[rng.IntN(len(ids))]
@@ -640,7 +643,7 @@ func gen(seed uint64, n int, smooth bool) []Step {
 			desc = fmt.Sprintf("Peek(%s %v, %s)", r.UseType, r.Window, id)
 			l.Peek(ctx, r, id)
 		case op < 9:
-			if slidNext == 2 || lastRule != nil && !lastRule.Window.IsConcurrent() && rng.IntN(2) == 0 {
+			if slidNext == 2 || lastRule != nil && !expose.WindowOf(lastRule.Window).Concurrent && rng.IntN(2) == 0 {
 				// One event back on the key the step before counted (the
 				// SMS failed): a sliding log keeps the others.
 				r, id, n = *lastRule, lastID, 1
@@ -661,7 +664,7 @@ func gen(seed uint64, n int, smooth bool) []Step {
 				if len(all) == k {
 					break
 				}
-				if o.Window.IsConcurrent() || slices.ContainsFunc(all, func(a countlimit.Rule) bool { return a.UseType == o.UseType }) {
+				if expose.WindowOf(o.Window).Concurrent || slices.ContainsFunc(all, func(a countlimit.Rule) bool { return a.UseType == o.UseType }) {
 					continue
 				}
 				if rng.IntN(6) == 0 {
@@ -746,14 +749,14 @@ func (w world) room(rs []countlimit.Rule, now int64, ut, id string) []keyRule {
 // isWindow reports whether r is a rule of a window: not sliding, smooth
 // or concurrent (the fast path's rules).
 func isWindow(r *countlimit.Rule) bool {
-	return !r.Window.IsConcurrent() && !r.Window.IsSmooth() && !strings.HasPrefix(r.Window.String(), "sliding")
+	return !expose.WindowOf(r.Window).Concurrent && !expose.WindowOf(r.Window).Smooth && !strings.HasPrefix(r.Window.String(), "sliding")
 }
 
 // windowRule returns last when it is a rule of a window (not sliding,
 // smooth or concurrent), else a rule of rs of a window on last's use
 // type, if any; nil when last is nil or concurrent.
 func windowRule(rs []countlimit.Rule, last *countlimit.Rule) *countlimit.Rule {
-	if last == nil || last.Window.IsConcurrent() {
+	if last == nil || expose.WindowOf(last.Window).Concurrent {
 		return nil
 	}
 	if isWindow(last) {
@@ -807,7 +810,7 @@ func clones(reqs []*driver.Request) []*driver.Request { return clonesFor(reqs, "
 // a janitor) or kept, and counts as empty, but for its denial tally when
 // tally is set (a Path that does not expire keys); a log and the leases
 // count by what is live, for a sliding span of span µs (0 for none).
-func Canon(k driver.Key, span, now int64, tally bool) string {
+func Canon(k model.Key, span, now int64, tally bool) string {
 	k = keystate.Live(k, span, now)
 	log, leases := k.Log, k.Leases
 	window := k.Begin < k.End
@@ -820,7 +823,7 @@ func Canon(k driver.Key, span, now int64, tally bool) string {
 	var b strings.Builder
 	if window {
 		end := "forever"
-		if k.End != driver.Forever {
+		if k.End != model.Forever {
 			end = strconv.FormatInt(k.End, 10)
 		}
 		fmt.Fprintf(&b, "count %d [%d, %s) ", k.Count, k.Begin, end)
@@ -833,7 +836,7 @@ func Canon(k driver.Key, span, now int64, tally bool) string {
 	}
 	fmt.Fprintf(&b, "denied %d blocked %d", k.Denied, k.Blocked)
 	if len(leases) > 0 {
-		fmt.Fprintf(&b, " leases %v", leaseText(leases))
+		fmt.Fprintf(&b, " leases %v", leaseText(leases, 6))
 	}
 	return b.String()
 }
@@ -948,7 +951,7 @@ func compareKeys(ctx context.Context, p Path, w world, ks keyspace, prefix strin
 // from the model before the keys are written (as if they had drained;
 // the keys' tallies and penalties stay). The second half then uses smooth rules on the upgraded store, on keys of every
 // kind, a use type that changes kind included.
-func Upgrade(t *testing.T, p Path, seed func(ctx context.Context, ut, id string, k driver.Key) error, upgrade func(ctx context.Context) error) {
+func Upgrade(t *testing.T, p Path, seed func(ctx context.Context, ut, id string, k model.Key) error, upgrade func(ctx context.Context) error) {
 	t.Helper()
 	s, n, steps, ks := planRun()
 	ctx := context.Background()
@@ -1090,15 +1093,4 @@ func shrink(ctx context.Context, p Path, failing []Step, ks keyspace, prefix str
 			return failing, true
 		}
 	}
-}
-
-// leaseText lists leases as "token@expiry", sorted, tokens cut to 6
-// characters.
-func leaseText(leases map[string]int64) []string {
-	var out []string
-	for t, e := range leases {
-		out = append(out, fmt.Sprintf("%.6s@%d", t, e))
-	}
-	slices.Sort(out)
-	return out
 }

@@ -15,6 +15,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/countlimit/countlimit/internal/expose"
+
 	"gopkg.in/yaml.v3"
 
 	"github.com/countlimit/countlimit/countlimit"
@@ -148,7 +150,7 @@ func Parse(name string, data []byte) (*File, error) {
 			if !ok {
 				return nil, fmt.Errorf("%s:%d: groups.%s.rules: unknown rule %q", name, g.line, n, rn)
 			}
-			if r.Window.IsConcurrent() {
+			if expose.WindowOf(r.Window).Concurrent {
 				return nil, fmt.Errorf("%s:%d: groups.%s.rules: %s has a concurrent window: a group counts events all-or-nothing, while a concurrent rule holds slots, taken one rule at a time with acquire", name, g.line, n, rn)
 			}
 			if other, dup := seen[r.UseType]; dup {
@@ -385,8 +387,8 @@ func (p *parser) rule(name string, n *yaml.Node) (*Rule, error) {
 // fastest rate its period allows (what depends on the limit is checked
 // with each limit).
 func anyLimit(w countlimit.Window) int64 {
-	if w.IsSmooth() {
-		return int64(w.Duration() / time.Microsecond)
+	if expose.WindowOf(w).Smooth {
+		return int64(expose.WindowOf(w).Duration / time.Microsecond)
 	}
 	return 0
 }
@@ -420,8 +422,8 @@ func (p *parser) group(name string, n *yaml.Node) (*Group, error) {
 	if len(g.Rules) == 0 {
 		return nil, p.errf(n, at+".rules", "missing")
 	}
-	if len(g.Rules) > countlimit.MaxRules {
-		return nil, p.errf(n, at+".rules", "%d rules, at most %d (one AllowAll call takes countlimit.MaxRules)", len(g.Rules), countlimit.MaxRules)
+	if len(g.Rules) > expose.MaxRules {
+		return nil, p.errf(n, at+".rules", "%d rules, at most %d (one AllowAll call takes expose.MaxRules)", len(g.Rules), expose.MaxRules)
 	}
 	return g, nil
 }

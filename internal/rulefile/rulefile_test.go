@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/countlimit/countlimit/internal/expose"
+
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/internal/rulefile"
 )
@@ -120,7 +122,7 @@ func TestParseErrorsNameFileLineAndField(t *testing.T) {
 		{"group sharing a use type", "rules:\n  a: {window: fixed 1m, limit: 1}\n  b: {window: fixed 1h, limit: 1, use_type: a}\ngroups:\n  g: {rules: [a, b]}\n", `share use type "a"`},
 		{"group named like a rule", "rules:\n  a: {window: fixed 1m, limit: 1}\ngroups:\n  a: {rules: [a]}\n", "groups.a: a rule has the same name"},
 		{"empty group", "rules:\n  a: {window: fixed 1m, limit: 1}\ngroups:\n  g: {rules: []}\n", "r.yaml:4: groups.g.rules: want a list"},
-		{"group over MaxRules", "rules:\n  a: {window: fixed 1m, limit: 1}\ngroups:\n  g: {rules: [" + strings.TrimSuffix(strings.Repeat("a, ", countlimit.MaxRules+1), ", ") + "]}\n", "r.yaml:4: groups.g.rules: 65 rules, at most 64"},
+		{"group over MaxRules", "rules:\n  a: {window: fixed 1m, limit: 1}\ngroups:\n  g: {rules: [" + strings.TrimSuffix(strings.Repeat("a, ", expose.MaxRules+1), ", ") + "]}\n", "r.yaml:4: groups.g.rules: 65 rules, at most 64"},
 		{"no rules", "groups: {}\n", "r.yaml: no rules"},
 		{"not YAML", "rules: [\n", "r.yaml: yaml:"},
 		{"empty", "", "r.yaml: no rules"},
@@ -189,7 +191,7 @@ rules:
 			t.Fatalf("Resolve(%q, %q) = %+v, %v", tc.name, tc.tier, rs, err)
 		}
 		g := rs[0]
-		if g.UseType != tc.want.UseType || g.Limit != tc.want.Limit || g.Block != tc.want.Block || g.Window != tc.want.Window || !g.Window.IsConcurrent() {
+		if g.UseType != tc.want.UseType || g.Limit != tc.want.Limit || g.Block != tc.want.Block || g.Window != tc.want.Window || !expose.WindowOf(g.Window).Concurrent {
 			t.Errorf("Resolve(%q, %q) = %+v (%v), want %+v (%v)", tc.name, tc.tier, g, g.Window, tc.want, tc.want.Window)
 		}
 		if got := f.Rules[tc.name].WindowText; got != tc.text {
@@ -269,7 +271,7 @@ groups:
 			t.Errorf("Resolve(%q, %q) = %+v, %v; want %+v", tc.name, tc.tier, rs, err, tc.want)
 		}
 	}
-	if rs, err := f.Resolve("api", ""); err != nil || len(rs) != 2 || !rs[0].Window.IsSmooth() {
+	if rs, err := f.Resolve("api", ""); err != nil || len(rs) != 2 || !expose.WindowOf(rs[0].Window).Smooth {
 		t.Errorf("Resolve(api) = %+v, %v; want the smooth rule and the daily one", rs, err)
 	}
 	for _, text := range []string{"smooth 1s burst 20", "smooth 1m30s burst 1"} {

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/countlimit/countlimit/internal/expose"
+
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/internal/rulefile"
@@ -46,7 +48,7 @@ func IsLeaseOp(o driver.Op) bool {
 // event. The error wraps countlimit.ErrInvalid and names the field "cost".
 func CheckCost(rf *rulefile.File, op driver.Op, name string, cost int64, costSet bool) error {
 	switch {
-	case cost < 1 || cost > countlimit.MaxLimit:
+	case cost < 1 || cost > expose.MaxLimit:
 		return invalid("\x00 must be 1 to 2^53, got %d", cost)
 	case costSet && op != driver.OpAllow && op != driver.OpRefund:
 		return invalid("%s takes no \x00", op)
@@ -117,12 +119,12 @@ func Resolve(rf *rulefile.File, op driver.Op, name, tier string) ([]countlimit.R
 		if _, group := rf.Groups[name]; group {
 			return nil, fieldErr("rule", "acquire takes one rule with a concurrent window; %s is a group", name)
 		}
-		if !rules[0].Window.IsConcurrent() {
+		if !expose.WindowOf(rules[0].Window).Concurrent {
 			return nil, fieldErr("rule", "acquire takes a rule with a concurrent window; %s has %s (allow counts its events)", name, rf.Rules[name].WindowText)
 		}
 	case driver.OpAllow, driver.OpRefund:
 		for i, r := range rules {
-			if !r.Window.IsConcurrent() {
+			if !expose.WindowOf(r.Window).Concurrent {
 				continue
 			}
 			if len(rules) > 1 {
@@ -201,7 +203,7 @@ func ParseLease(l *countlimit.Limiter, rf *rulefile.File, s, rule, id string) (c
 	}
 	var all []countlimit.Rule // every rule that takes slots
 	for _, name := range rf.Names() {
-		if r := rf.Rules[name]; r != nil && r.Window.IsConcurrent() {
+		if r := rf.Rules[name]; r != nil && expose.WindowOf(r.Window).Concurrent {
 			all = append(all, countlimit.Rule{UseType: r.UseType, Window: r.Window})
 		}
 	}
@@ -212,13 +214,13 @@ func ParseLease(l *countlimit.Limiter, rf *rulefile.File, s, rule, id string) (c
 			return countlimit.Lease{}, fieldErr("rule", "unknown rule %q", rule)
 		case !ok:
 			return countlimit.Lease{}, fieldErr("rule", "%s is a group; a lease is a slot of one rule", rule)
-		case !r.Window.IsConcurrent():
+		case !expose.WindowOf(r.Window).Concurrent:
 			return countlimit.Lease{}, fieldErr("rule", "rule %s counts events; a lease is a slot of a rule with a concurrent window", rule)
 		}
 		ls, err := l.ParseLease(s, countlimit.Rule{UseType: r.UseType, Window: r.Window})
 		if err != nil {
 			if other, err2 := l.ParseLease(s, all...); err2 == nil {
-				return countlimit.Lease{}, fieldErr("rule", "the lease is a slot of %q, not of rule %s", other.UseType(), rule)
+				return countlimit.Lease{}, fieldErr("rule", "the lease is a slot of %q, not of rule %s", expose.LeaseUseType(other), rule)
 			}
 			return countlimit.Lease{}, leaseErr(err)
 		}
@@ -291,7 +293,7 @@ type LeaseResponse struct {
 // succeeded.
 func NewLeaseResponse(op driver.Op, ls countlimit.Lease) LeaseResponse {
 	if op == driver.OpExtend {
-		return LeaseResponse{Extended: true, ExpiresInSeconds: ls.TTL().Seconds()}
+		return LeaseResponse{Extended: true, ExpiresInSeconds: expose.LeaseTTL(ls).Seconds()}
 	}
 	return LeaseResponse{Released: true}
 }
@@ -333,7 +335,7 @@ func NewResponse(names []string, rules []countlimit.Rule, results []countlimit.R
 		if !res.Allowed {
 			resp.RetryAfterSeconds = combine(resp.RetryAfterSeconds, res.RetryAfter)
 		}
-		rr := RuleResult{Rule: names[i], UseType: string(rules[i].UseType), Limit: res.Limit, Burst: rules[i].Window.Burst(), Used: res.Used, Remaining: res.Remaining}
+		rr := RuleResult{Rule: names[i], UseType: string(rules[i].UseType), Limit: res.Limit, Burst: expose.WindowOf(rules[i].Window).Burst, Used: res.Used, Remaining: res.Remaining}
 		if !res.ResetAt.IsZero() {
 			t := res.ResetAt.UTC()
 			rr.ResetAt = &t

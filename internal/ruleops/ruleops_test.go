@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/countlimit/countlimit/internal/expose"
+
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/countlimit/memstore"
@@ -26,7 +28,7 @@ func TestCheckCost(t *testing.T) {
 		{driver.OpAllow, "sms.code", 1, false, ""},
 		{driver.OpAllow, "sms.code", 3, true, ""},
 		{driver.OpAllow, "sms.code", 0, true, "cost must be 1 to 2^53, got 0"},
-		{driver.OpRefund, "sms.code", countlimit.MaxLimit + 1, true, "cost must be 1 to 2^53, got 9007199254740993"},
+		{driver.OpRefund, "sms.code", expose.MaxLimit + 1, true, "cost must be 1 to 2^53, got 9007199254740993"},
 		{driver.OpPeek, "sms.code", 1, false, ""},
 		{driver.OpPeek, "sms.code", 1, true, "peek takes no cost"},
 		{driver.OpReset, "sms.code", 2, true, "reset takes no cost"},
@@ -183,7 +185,7 @@ groups:
 	}
 
 	// A tiered concurrent rule, and the rules each operation refuses.
-	if rules, err := ruleops.Resolve(rf, driver.OpAcquire, "upload", "pro"); err != nil || rules[0].Limit != 2 || !rules[0].Window.IsConcurrent() {
+	if rules, err := ruleops.Resolve(rf, driver.OpAcquire, "upload", "pro"); err != nil || rules[0].Limit != 2 || !expose.WindowOf(rules[0].Window).Concurrent {
 		t.Errorf("Resolve(acquire, upload, pro) = %+v, %v", rules, err)
 	}
 	for _, tc := range []struct {

@@ -68,7 +68,7 @@ func parseExposition(t *testing.T, text string) exposition {
 }
 
 // TestServiceSharesTheLibrarysMetrics: every metric promlimit exports for
-// an application's Limiter (its Observer and its Stats, watched), the
+// an application's Limiter (its Observer and its breaker's OnChange), the
 // service exports under the same name, type and label names (it registers
 // promlimit's collector, so they cannot drift apart), and the service's
 // Limiter feeds it.
@@ -77,7 +77,6 @@ func TestServiceSharesTheLibrarysMetrics(t *testing.T) {
 	store := memstore.New(memstore.WithJanitorInterval(0))
 	defer store.Close()
 	l := countlimit.New(store, countlimit.WithObserver(lib.Observer()))
-	lib.Watch(l.Stats)
 	if _, err := l.Allow(context.Background(), countlimit.Rule{UseType: "sms.code", Limit: 1, Window: countlimit.Fixed(time.Minute)}, "x"); err != nil {
 		t.Fatal(err)
 	}
@@ -139,68 +138,42 @@ func TestServiceSharesTheLibrarysMetrics(t *testing.T) {
 	}
 }
 
-// TestServiceMetricsAreTheLimitersStats: the service's /metrics shows each
-// series promlimit reads from a Limiter's Stats (its series without labels)
-// once, holding what a promlimit Metrics watching the service's Limiter
-// shows, whether the Metrics came from NewMetrics or the server made its
-// own.
-func TestServiceMetricsAreTheLimitersStats(t *testing.T) {
-	for _, own := range []bool{false, true} {
-		t.Run(fmt.Sprintf("own=%v", own), func(t *testing.T) {
-			cfg := server.Config{Rules: rulefile.Default(), Logger: quiet}
-			opts := []countlimit.Option{countlimit.WithCircuitBreaker(countlimit.CircuitBreaker{Failures: 2, CoolDown: time.Hour})}
-			if !own {
-				metrics, observe := server.NewMetrics()
-				cfg.Metrics = metrics
-				opts = append(opts, observe)
+// TestServiceMetricsTellFailures: the service's /metrics shows each series
+// of what the failure options did (promlimit's series without labels)
+// once, holding what the Limiter's observer and its breaker's OnChange
+// told: 2 failures open the breaker, which refuses the next 3 calls.
+func TestServiceMetricsTellFailures(t *testing.T) {
+	metrics, observe := server.NewMetrics()
+	cfg := server.Config{Rules: rulefile.Default(), Logger: quiet, Metrics: metrics}
+	cfg.Limiter = countlimit.New(failing{}, observe,
+		countlimit.WithCircuitBreaker(countlimit.CircuitBreaker{Failures: 2, CoolDown: time.Hour, OnChange: metrics.BreakerChanged}))
+	ts := httptest.NewServer(server.New(cfg))
+	defer ts.Close()
+	a := api{t, ts.URL}
+	for range 5 {
+		if code, out := a.do("POST", "/v1/allow", `{"rule": "sms.code", "id": "y"}`); code != 503 {
+			t.Fatalf("allow on a store that is down: %d %v, want 503", code, out)
+		}
+	}
+	code, out := a.do("GET", "/metrics", "")
+	text, _ := out["text"].(string)
+	if code != 200 {
+		t.Fatalf("GET /metrics: %d %s", code, text)
+	}
+	for _, want := range []string{
+		"countlimit_store_failures_total 2", "countlimit_store_timeouts_total 0", "countlimit_locked_total 0",
+		"countlimit_breaker_rejected_total 3", "countlimit_fallback_decisions_total 0",
+		"countlimit_breaker_openings_total 1", "countlimit_breaker_state 1",
+	} {
+		name := strings.Fields(want)[0]
+		var lines []string
+		for line := range strings.Lines(text) {
+			if strings.HasPrefix(line, name+" ") {
+				lines = append(lines, strings.TrimSpace(line))
 			}
-			cfg.Limiter = countlimit.New(failing{}, opts...)
-			ts := httptest.NewServer(server.New(cfg))
-			defer ts.Close()
-			a := api{t, ts.URL}
-			for range 5 {
-				if code, out := a.do("POST", "/v1/allow", `{"rule": "sms.code", "id": "y"}`); code != 503 {
-					t.Fatalf("allow on a store that is down: %d %v, want 503", code, out)
-				}
-			}
-			code, out := a.do("GET", "/metrics", "")
-			text, _ := out["text"].(string)
-			if code != 200 {
-				t.Fatalf("GET /metrics: %d %s", code, text)
-			}
-			if s := cfg.Limiter.Stats(); s.Failures != 2 || s.Rejected != 3 || s.Breaker != countlimit.BreakerOpen {
-				t.Fatalf("Stats() = %+v, want 2 failures, 3 rejected, the breaker open", s)
-			}
-
-			lib := promlimit.New()
-			lib.Watch(cfg.Limiter.Stats)
-			reg := prometheus.NewRegistry()
-			reg.MustRegister(lib)
-			families, err := reg.Gather()
-			if err != nil {
-				t.Fatal(err)
-			}
-			fromStats := 0
-			for _, f := range families {
-				s := f.GetMetric()[0]
-				if len(s.GetLabel()) > 0 {
-					continue // decisions and durations: the observer's
-				}
-				fromStats++
-				want := fmt.Sprintf("%s %v", f.GetName(), s.GetCounter().GetValue()+s.GetGauge().GetValue())
-				var lines []string
-				for line := range strings.Lines(text) {
-					if strings.HasPrefix(line, f.GetName()+" ") {
-						lines = append(lines, strings.TrimSpace(line))
-					}
-				}
-				if len(lines) != 1 || lines[0] != want {
-					t.Errorf("/metrics shows %q, want just %q", lines, want)
-				}
-			}
-			if fromStats != 7 {
-				t.Errorf("promlimit reads %d series from Stats, want 7", fromStats)
-			}
-		})
+		}
+		if len(lines) != 1 || lines[0] != want {
+			t.Errorf("/metrics shows %q, want just %q", lines, want)
+		}
 	}
 }

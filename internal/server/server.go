@@ -23,6 +23,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/countlimit/countlimit/internal/expose"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -40,12 +42,11 @@ const MaxBodyBytes = 64 << 10
 // Config is what a Server serves.
 type Config struct {
 	Limiter *countlimit.Limiter
-	// Metrics is what /metrics shows of the Limiter: its store calls' durations,
-	// fed by the Limiter's observer (make both with NewMetrics), and its
-	// failures, breaker and fallbacks, which New has it read from the
-	// Limiter's Stats (it calls Metrics.Watch(Limiter.Stats), replacing
-	// any func an earlier Watch gave). Nil: a Metrics of the server's own,
-	// which shows the decisions and the Stats, not the durations.
+	// Metrics is what /metrics shows of the Limiter: its store calls'
+	// durations, failures and fallbacks, fed by the Limiter's observer
+	// (make both with NewMetrics), and its circuit breaker's state, fed by
+	// the breaker's OnChange (Metrics.BreakerChanged). Nil: a Metrics of
+	// the server's own, which shows the decisions only.
 	Metrics *promlimit.Metrics
 	Rules   *rulefile.File
 	// Ping reports whether the store answers; nil means healthy unless
@@ -111,8 +112,8 @@ type Config struct {
 }
 
 // NewMetrics returns the Metrics for Config.Metrics and the option that
-// makes a Limiter feed them its store calls' durations; New makes them
-// read the rest from the Limiter's Stats. They are promlimit's, which an
+// makes a Limiter feed them its store calls (give Metrics.BreakerChanged
+// to its circuit breaker's OnChange too). They are promlimit's, which an
 // application embedding a Limiter exports too, so the service's names and
 // labels are the library's; but the service counts decisions itself, once
 // per request under the rule or group the request names, not once per
@@ -204,7 +205,6 @@ func New(cfg Config) *Server {
 	if s.lim == nil {
 		s.lim = promlimit.New()
 	}
-	s.lim.Watch(cfg.Limiter.Stats)
 	s.decided = s.lim.Observer().Decided
 	s.latency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "countlimit_request_duration_seconds",
@@ -364,7 +364,7 @@ func (s *Server) check(o driver.Op) http.HandlerFunc {
 // names: the metrics' rule label is the request's name, not the use types
 // of the rules it stands for. rule comes from the rule file, a bounded set.
 func (s *Server) decide(op driver.Op, rule string, allowed bool) {
-	s.decided(countlimit.Decision{Op: op, UseType: countlimit.UseType(rule), N: 1, Allowed: allowed})
+	s.decided(countlimit.Decision{UseType: countlimit.UseType(rule), Allowed: allowed})
 }
 
 // acquire takes a slot of a rule with a concurrent window: the answer is
@@ -427,7 +427,7 @@ func (s *Server) lease(o driver.Op) http.HandlerFunc {
 			writeJSON(w, http.StatusConflict, apiError{Error: "lease expired or released: its slot may be someone else's now; stop the work, or acquire a new lease", Field: "lease"})
 			return
 		case err != nil:
-			s.fail(w, r, o.String(), string(ls.UseType()), err)
+			s.fail(w, r, o.String(), string(expose.LeaseUseType(ls)), err)
 			return
 		}
 		s.state.ok()
@@ -498,7 +498,7 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request, o driver.Op) (Re
 	if req.Rule == "" {
 		return bad("rule", "rule is required")
 	}
-	if err := countlimit.ValidateID(req.ID); err != nil {
+	if err := expose.ValidateID(req.ID); err != nil {
 		return bad("id", "%v", err)
 	}
 	costSet := req.Cost != nil

@@ -1,8 +1,6 @@
-package driver
-
-// The reference model of the Store contract: one pure function, Apply, that
-// takes the stored state of a request's keys, the request and its "now",
-// and returns the new state and every check's State, for every operation
+// Package model is the reference model of the driver.Store contract: one
+// pure function, Apply, that takes the stored state of a request's keys,
+// the request and its "now", and returns the new state and every check's State, for every operation
 // (allow, peek, refund, reset, acquire, release, extend), every kind of
 // window, several rules at once, penalties and changed limits.
 //
@@ -12,11 +10,14 @@ package driver
 // every store and Apply through the same random steps and compares the
 // stored states they leave, so that a copy that drifts is found. A change
 // to one rule of the contract is made here first.
+package model
 
 import (
 	"math"
 	"slices"
 	"time"
+
+	"github.com/countlimit/countlimit/countlimit/driver"
 )
 
 // Forever is the end of a lifetime window.
@@ -58,7 +59,7 @@ type Key struct {
 func us(t time.Time) int64 { return t.UnixMicro() }
 
 // end is a Check's window end in microseconds: Forever for a lifetime.
-func end(c *Check) int64 {
+func end(c *driver.Check) int64 {
 	if c.End.IsZero() {
 		return Forever
 	}
@@ -110,7 +111,7 @@ func carried(k *Key, now int64) (count, until int64) {
 // So a change of a rule's kind carries its count over, and two rules of
 // different kinds on one use type never let an id through more often than
 // the larger limit in a window of either.
-func look(k *Key, c *Check, now int64) view {
+func look(k *Key, c *driver.Check, now int64) view {
 	v := view{blocked: k.Blocked > now}
 	if c.Smooth() {
 		if k.TAT > 0 {
@@ -158,7 +159,7 @@ func (v *view) logged() []int64 {
 	return slices.Clone(v.live)
 }
 
-func (v *view) fits(c *Check, n int64) bool {
+func (v *view) fits(c *driver.Check, n int64) bool {
 	if c.Smooth() {
 		return !v.blocked && smoothFits(c, v.ahead, n)
 	}
@@ -168,14 +169,14 @@ func (v *view) fits(c *Check, n int64) bool {
 // smoothFits reports whether n more units fit a smooth check whose key
 // is drained ahead after now, the penalty aside: ahead + n*T <= B*T,
 // with n*T taken only once n <= B, so nothing overflows.
-func smoothFits(c *Check, ahead, n int64) bool {
+func smoothFits(c *driver.Check, ahead, n int64) bool {
 	t := c.Interval.Microseconds()
 	return c.Limit > 0 && n <= c.Burst && ahead+n*t <= c.Burst*t
 }
 
 // drained is a smooth check's Used: the units not yet drained,
 // ceil(ahead/T), between 0 and Burst.
-func drained(c *Check, ahead int64) int64 {
+func drained(c *driver.Check, ahead int64) int64 {
 	t := c.Interval.Microseconds()
 	return min(c.Burst, (ahead+t-1)/t)
 }
@@ -186,13 +187,13 @@ func drained(c *Check, ahead int64) int64 {
 // makes sure. Apply is the Store contract spelled out as code: the
 // executable specification every store is held to (docs/ARCHITECTURE.md).
 // It does no I/O and reads no clock.
-func Apply(r *Request, keys []*Key) {
+func Apply(r *driver.Request, keys []*Key) {
 	now := us(r.Now)
 	switch {
-	case r.Op == OpReset:
+	case r.Op == driver.OpReset:
 		for i := range keys {
 			*keys[i] = Key{}
-			r.Checks[i].State = State{}
+			r.Checks[i].State = driver.State{}
 		}
 		return
 	case r.OnLeases():
@@ -200,14 +201,14 @@ func Apply(r *Request, keys []*Key) {
 		return
 	}
 	n := r.N
-	if r.Op != OpAllow {
+	if r.Op != driver.OpAllow {
 		n = 1
 	}
 	views := make([]view, len(r.Checks))
 	ok := true
 	for i := range r.Checks {
 		c, k := &r.Checks[i], keys[i]
-		if r.Op == OpRefund {
+		if r.Op == driver.OpRefund {
 			refund(k, c, now, r.N)
 		}
 		views[i] = look(k, c, now)
@@ -215,8 +216,8 @@ func Apply(r *Request, keys []*Key) {
 	}
 	for i := range r.Checks {
 		c, k, v := &r.Checks[i], keys[i], &views[i]
-		st := State{Allowed: ok}
-		if r.Op == OpAllow {
+		st := driver.State{Allowed: ok}
+		if r.Op == driver.OpAllow {
 			switch {
 			case ok && c.Smooth():
 				v.ahead += n * c.Interval.Microseconds()
@@ -284,7 +285,7 @@ func Apply(r *Request, keys []*Key) {
 // becomes the units still undrained), any other check lowers the count;
 // a check of another form than the key's gives back nothing of the key's
 // log or smooth instant.
-func refund(k *Key, c *Check, now, n int64) {
+func refund(k *Key, c *driver.Check, now, n int64) {
 	if c.Smooth() {
 		if ahead, t := k.TAT-now, c.Interval.Microseconds(); ahead > 0 {
 			if n >= (ahead+t-1)/t {
@@ -314,7 +315,7 @@ func refund(k *Key, c *Check, now, n int64) {
 }
 
 // applyLease carries out a request on a Concurrent check's leases.
-func applyLease(r *Request, k *Key, now int64) {
+func applyLease(r *driver.Request, k *Key, now int64) {
 	c := &r.Checks[0]
 	live := map[string]int64{}
 	for t, e := range k.Leases {
@@ -326,9 +327,9 @@ func applyLease(r *Request, k *Key, now int64) {
 	fits := !blocked && int64(len(live))+1 <= c.Limit
 	allowed := false
 	switch r.Op {
-	case OpPeek:
+	case driver.OpPeek:
 		allowed = fits
-	case OpAcquire:
+	case driver.OpAcquire:
 		allowed = fits
 		if fits {
 			live[r.Lease] = now + c.TTL.Microseconds()
@@ -339,10 +340,10 @@ func applyLease(r *Request, k *Key, now int64) {
 			}
 		}
 		k.Leases = live // a write drops the expired leases
-	case OpRelease, OpExtend:
+	case driver.OpRelease, driver.OpExtend:
 		if _, held := live[r.Lease]; held {
 			allowed = true
-			if r.Op == OpRelease {
+			if r.Op == driver.OpRelease {
 				delete(live, r.Lease)
 			} else {
 				live[r.Lease] = now + c.TTL.Microseconds()
@@ -353,7 +354,7 @@ func applyLease(r *Request, k *Key, now int64) {
 	if len(k.Leases) == 0 {
 		k.Leases = nil
 	}
-	st := State{Allowed: allowed, Used: int64(len(live))}
+	st := driver.State{Allowed: allowed, Used: int64(len(live))}
 	if len(live) > 0 {
 		first, last := int64(Forever), int64(0)
 		for _, e := range live {

@@ -1,4 +1,7 @@
-package pgstore
+// Package audit reads the count_limit_status view for `countlimit top`:
+// the counters nearest their limits, the most denied and those in the
+// penalty box, as of the database's clock.
+package audit
 
 import (
 	"context"
@@ -7,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgtype"
 
+	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/internal/db"
 )
 
@@ -15,7 +19,7 @@ import (
 type Status struct {
 	UseType      string
 	UniqueID     string
-	WindowKind   string // "window", "sliding", "lifetime" or "concurrent"
+	WindowKind   string // "window", "sliding", "lifetime", "concurrent" or "smooth"
 	Used         int64
 	Limit        int64 // the limit last applied
 	Remaining    int64
@@ -29,25 +33,30 @@ type Status struct {
 	UpdatedAt    time.Time
 }
 
+// maxRows bounds n, as pgstore.MaxBatchSize bounds a purge's batch.
+const maxRows = 1 << 20
+
+var q = db.New()
+
 // NearestLimit returns up to n counters with the least room left now.
 // It scans the whole table: an audit tool, not a hot path.
-func (s *Store) NearestLimit(ctx context.Context, n int) ([]Status, error) {
-	return statuses(s.q.StatusNearestLimit(ctx, s.db, db.StatusNearestLimitParams{MaxRows: rows(n)}))
+func NearestLimit(ctx context.Context, d db.DBTX, n int) ([]Status, error) {
+	return statuses(q.StatusNearestLimit(ctx, d, db.StatusNearestLimitParams{MaxRows: rows(n)}))
 }
 
 // MostDenied returns up to n counters with the most denials.
-func (s *Store) MostDenied(ctx context.Context, n int) ([]Status, error) {
-	return statuses(s.q.StatusMostDenied(ctx, s.db, db.StatusMostDeniedParams{MaxRows: rows(n)}))
+func MostDenied(ctx context.Context, d db.DBTX, n int) ([]Status, error) {
+	return statuses(q.StatusMostDenied(ctx, d, db.StatusMostDeniedParams{MaxRows: rows(n)}))
 }
 
 // Blocked returns up to n counters in the penalty box now.
-func (s *Store) Blocked(ctx context.Context, n int) ([]Status, error) {
-	return statuses(s.q.StatusBlocked(ctx, s.db, db.StatusBlockedParams{MaxRows: rows(n)}))
+func Blocked(ctx context.Context, d db.DBTX, n int) ([]Status, error) {
+	return statuses(q.StatusBlocked(ctx, d, db.StatusBlockedParams{MaxRows: rows(n)}))
 }
 
 func statuses(rows []db.CountLimitStatus, err error) ([]Status, error) {
 	if err != nil {
-		return nil, fmt.Errorf("pgstore: status: %w", interpretError(err))
+		return nil, fmt.Errorf("status: %w", driver.Unavailable(err))
 	}
 	out := make([]Status, len(rows))
 	for i, r := range rows {
@@ -62,6 +71,15 @@ func statuses(rows []db.CountLimitStatus, err error) ([]Status, error) {
 	return out, nil
 }
 
+// timeOf is t, or the zero time for NULL, infinity and the epoch (the
+// view's "none").
+func timeOf(t pgtype.Timestamptz) time.Time {
+	if !t.Valid || t.InfinityModifier != pgtype.Finite || t.Time.Equal(time.Unix(0, 0)) {
+		return time.Time{}
+	}
+	return t.Time
+}
+
 func duration(iv pgtype.Interval) time.Duration {
 	if !iv.Valid {
 		return 0
@@ -71,4 +89,4 @@ func duration(iv pgtype.Interval) time.Duration {
 }
 
 // rows clamps a row count to what a query takes.
-func rows(n int) int32 { return int32(min(max(n, 0), MaxBatchSize)) }
+func rows(n int) int32 { return int32(min(max(n, 0), maxRows)) }

@@ -1,4 +1,4 @@
-package driver_test
+package model_test
 
 import (
 	"math/rand/v2"
@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/countlimit/countlimit/countlimit/driver"
+	"github.com/countlimit/countlimit/internal/model"
 )
 
 // redisRate is go-redis/redis_rate's allow_n script (v10, lua.go), in
@@ -39,7 +40,7 @@ func (r *redisRate) allowN(now, interval, burst, cost int64) redisRateAnswer {
 	return redisRateAnswer{allowed: true, remaining: diff / interval, retry: -1, resetAfter: newTAT - now}
 }
 
-// TestSmoothIsRedisRate: driver.Apply decides a Smooth check as
+// TestSmoothIsRedisRate: model.Apply decides a Smooth check as
 // redis_rate's script does, on random rates, bursts, costs and clock
 // steps: the same verdicts, and the same remaining, retry-after and reset
 // (Used is burst - remaining, FreeAt is now + retry-after, End is now +
@@ -52,14 +53,14 @@ func TestSmoothIsRedisRate(t *testing.T) {
 		interval := int64(1 + rng.IntN(2_000_000)) // µs
 		burst := int64(1 + rng.IntN(20))
 		now := time.Date(2026, 11, 28, 9, 0, 0, 0, time.UTC).UnixMicro()
-		var key driver.Key
+		var key model.Key
 		var ref redisRate
 		for step := range 200 {
 			now += rng.Int64N(3 * interval)
 			cost := 1 + rng.Int64N(burst)
 			r := &driver.Request{Op: driver.OpAllow, ID: "id", Now: time.UnixMicro(now), N: cost, Checks: []driver.Check{{
 				UseType: "smooth", Limit: 1, Interval: time.Duration(interval) * time.Microsecond, Burst: burst, Kind: "smooth"}}}
-			driver.Apply(r, []*driver.Key{&key})
+			model.Apply(r, []*model.Key{&key})
 			st, want := r.Checks[0].State, ref.allowN(now, interval, burst, cost)
 			retry := int64(-1)
 			if !st.FreeAt.IsZero() {
