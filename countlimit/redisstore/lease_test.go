@@ -3,6 +3,7 @@ package redisstore_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -25,6 +26,35 @@ func TestLeaseKeyBesideTheCounter(t *testing.T) {
 		if got := redisstore.LeaseKey(tc.ut, tc.id); got != tc.want {
 			t.Errorf("LeaseKey(%q, %q) = %q, want %q", tc.ut, tc.id, got, tc.want)
 		}
+	}
+}
+
+// TestLeaseOnAKeyNoScriptWrote holds lease.lua to failing alone on a
+// counter key that holds what no script writes (a string that is not a
+// smooth key's, as a hand edit leaves): Peek and Acquire fail with
+// WRONGTYPE, as every script does on such a key, and neither the key nor
+// the lease set is written.
+func TestLeaseOnAKeyNoScriptWrote(t *testing.T) {
+	t.Parallel()
+	c := client(t)
+	ctx := context.Background()
+	l := countlimit.New(redisstore.New(c))
+	slots := countlimit.Rule{UseType: storetest.UseType(t, "lease.wrongtype"), Limit: 2, Window: countlimit.Concurrent(time.Minute), Block: time.Minute}
+	key := redisstore.Key(slots.UseType, "bad")
+	if err := c.Set(ctx, key, "not a hash", time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Peek(ctx, slots, "bad"); !errors.Is(err, countlimit.ErrUnavailable) || !strings.Contains(err.Error(), "WRONGTYPE") {
+		t.Errorf("Peek on a string key: %v; want ErrUnavailable with WRONGTYPE", err)
+	}
+	if _, _, err := l.Acquire(ctx, slots, "bad"); !errors.Is(err, countlimit.ErrUnavailable) || !strings.Contains(err.Error(), "WRONGTYPE") {
+		t.Errorf("Acquire on a string key: %v; want ErrUnavailable with WRONGTYPE", err)
+	}
+	if v, err := c.Get(ctx, key).Result(); err != nil || v != "not a hash" {
+		t.Errorf("the key holds %q, %v; want it untouched", v, err)
+	}
+	if n, err := c.Exists(ctx, redisstore.LeaseKey(slots.UseType, "bad")).Result(); err != nil || n != 0 {
+		t.Errorf("the lease set exists (%d, %v); want none written", n, err)
 	}
 }
 

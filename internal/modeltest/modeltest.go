@@ -15,7 +15,8 @@
 // A failure prints the seed, the step and the shortest list of steps that
 // still fails, found by dropping steps while the failure stays. The seed
 // comes from COUNTLIMIT_MODEL_SEED (to replay one), else from the time;
-// COUNTLIMIT_MODEL_STEPS sets how many steps a run takes (default 300).
+// COUNTLIMIT_MODEL_STEPS sets how many random steps a run takes (default
+// 300), before the few targeted ones every run ends with (targeted).
 // A seed gives the same steps every time (TestGenIsDeterministic), lease
 // tokens included. Each store's test package calls Run with its paths
 // (memstore, pgstore and redisstore's model_test.go).
@@ -1013,10 +1014,15 @@ func protect(f func() error) (err error) {
 
 // planRun makes a run's steps from its seed and step count, and the keys
 // it may write.
-func planRun() (seed uint64, n int, steps []Step, ks keyspace) {
-	seed, n = Seed(), Steps(300)
+func planRun() (seed uint64, n int, steps []Step, ks keyspace) { return plan(Seed(), Steps(300)) }
+
+// plan is a run of seed: n random steps, then the targeted ones
+// (targeted), and the keys they may write.
+func plan(seed uint64, n int) (uint64, int, []Step, keyspace) {
 	_, _, ids := setting(seed)
-	return seed, n, gen(seed, n, true), keyspace{uts: useTypes, ids: ids, spans: spans}
+	steps := gen(seed, n, true)
+	steps = append(steps, targeted(seed, steps[len(steps)-1].Reqs[0].Now, ids)...)
+	return seed, n, steps, keyspace{uts: append(slices.Clone(useTypes), targetedUseTypes...), ids: ids, spans: spans}
 }
 
 // Run drives every path of paths and the model through one seeded run and
