@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/countlimit/countlimit/countlimit"
+	"github.com/countlimit/countlimit/internal/expose"
 )
 
 // The targeted steps' rules, on use types of their own that the random
@@ -76,7 +77,7 @@ func targeted(seed uint64, last time.Time, ids []string) []Step {
 	for again := id; id == again; {
 		id = pick()
 	}
-	over := slotSmooth.Window.Burst() + 1
+	over := expose.WindowOf(slotSmooth.Window).Burst + 1
 	step(fmt.Sprintf("AllowN(%s smooth, %.12s, %d)", slotSmooth.UseType, id, over), func() { l.AllowN(ctx, slotSmooth, id, over) })
 	step(fmt.Sprintf("Acquire(%s, %.12s)", slotLeases.UseType, id), func() { l.Acquire(ctx, slotLeases, id) })
 	return steps
