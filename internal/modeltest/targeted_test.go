@@ -5,6 +5,7 @@ import (
 
 	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/internal/keystate"
+	"github.com/countlimit/countlimit/internal/model"
 )
 
 // TestTargetedReachesItsCases holds the targeted steps of a run, for
@@ -46,7 +47,7 @@ func TestTargetedReachesItsCases(t *testing.T) {
 					ch, k, now := &r.Checks[c], before[j][c], r.Now.UnixMicro()
 					live := len(keystate.Live(k, 0, now).Leases)
 					switch {
-					case ch.Smooth() && r.Op != driver.OpReset && !ch.State.Allowed && k.TAT == 0 && k.End == driver.Forever && k.Count > 0 && ch.State.FreeAt.IsZero() && ch.State.BlockedUntil.IsZero():
+					case ch.Smooth() && r.Op != driver.OpReset && !ch.State.Allowed && k.TAT == 0 && k.End == model.Forever && k.Count > 0 && ch.State.FreeAt.IsZero() && ch.State.BlockedUntil.IsZero():
 						seen["a smooth check denied beside a lifetime count"]++
 					case r.OnLeases() && k.TAT > now && r.Op == driver.OpAcquire && !ch.State.Allowed && k.Blocked <= now:
 						seen["an acquire denied, its slots full, on a smooth instant"]++
