@@ -523,6 +523,20 @@ func TestLockWaitIsClamped(t *testing.T) {
 	}
 }
 
+// TestLockBrieflyIsPlannedOnce: countlimit_lock_briefly is PL/pgSQL,
+// whose expressions a session plans once, not an SQL function, whose body
+// a statement that is not prepared (behind a pooler) plans again at every
+// call: about 115 µs of the server's CPU against 15 (docs/benchmarks.md).
+func TestLockBrieflyIsPlannedOnce(t *testing.T) {
+	pool := testbackend.Postgres(t)
+	var lang string
+	err := pool.QueryRow(context.Background(), `SELECT l.lanname FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang
+		WHERE p.oid = 'countlimit_lock_briefly()'::regprocedure`).Scan(&lang)
+	if err != nil || lang != "plpgsql" {
+		t.Errorf("countlimit_lock_briefly is in %q (%v), want plpgsql", lang, err)
+	}
+}
+
 // TestHeldRowTakesAtMostHalfAConnection: with countlimit.lock_wait at its
 // longest (100 ms), a call whose row another transaction holds is sent
 // again after pauses no shorter than its sends waited for the lock, so

@@ -22,10 +22,10 @@ import (
 // and each transaction may: where the name was never prepared, or was
 // prepared there by another client, it fails (SQLSTATE 26000 or 42P05).
 // Unprepared, a statement costs the server its parse and plan at every
-// call: 1.03-1.29x the server's CPU of a lone fast-path call, 1.7-1.8x for
-// a statement after countlimit_lock_briefly, whose SQL body is planned
-// with it (docs/benchmarks.md); little for a group commit's, which carries
-// many calls.
+// call: 1.03-1.35x the server's CPU of a lone fast-path call, 1.19-1.23x
+// for a statement after countlimit_lock_briefly (PL/pgSQL, planned once a
+// session; 1.42-1.48x as an SQL function, whose body was planned with it
+// at every call); little for a group commit's, which carries many calls.
 //
 // So at its first statement a Store looks at where its connections go
 // (direct): where they reach PostgreSQL itself, and where the pool sets a

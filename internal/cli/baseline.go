@@ -123,7 +123,7 @@ func fillTables(ctx context.Context, pool *pgxpool.Pool, table string, n int, li
 // filled with that many rows), on new ids and on random ids (rows). It works
 // in a schema of its own, made and dropped here, so it neither reads nor
 // writes the database's own count_limit, and may TRUNCATE its tables.
-func benchBaseline(ctx context.Context, url string, callers []int, d time.Duration, ids, tableRows int, rows []string, out *benchOutput) error {
+func benchBaseline(ctx context.Context, url string, checks []baselineCheck, callers []int, d time.Duration, ids, tableRows int, rows []string, out *benchOutput) error {
 	if !isPostgres(url) {
 		return usageErrorf("bench --baseline: the baseline is PostgreSQL's hand-written upsert; --store must be postgres://..., got %q", redactURL(url))
 	}
@@ -132,8 +132,6 @@ func benchBaseline(ctx context.Context, url string, callers []int, d time.Durati
 	suffix := hex.EncodeToString(b[:])
 	schema := "countlimit_bench_" + suffix
 	table := pgx.Identifier{schema, "baseline"}.Sanitize()
-	useType := countlimit.UseType("bench")
-
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return badStoreURL(url, err)
@@ -183,16 +181,20 @@ func benchBaseline(ctx context.Context, url string, callers []int, d time.Durati
 	}
 
 	names := benchIDs(ids)
-	rule := countlimit.Rule{UseType: useType, Limit: expose.MaxLimit, Window: countlimit.Fixed(time.Minute)}
-	out.report = benchReport{Mode: "bench --baseline", Store: redactURL(url), SynchronousCommit: sync, RunSeconds: d.Seconds(), Started: time.Now().UTC(),
-		Rules: []benchRule{{Name: "bench", Window: rule.Window.String(), Limit: rule.Limit}}}
+	out.report = benchReport{Mode: "bench --baseline", Store: redactURL(url), SynchronousCommit: sync, RunSeconds: d.Seconds(), Started: time.Now().UTC()}
+	for _, ck := range checks {
+		out.report.Checks = append(out.report.Checks, ck.name)
+		for _, r := range ck.rules {
+			out.report.Rules = append(out.report.Rules, benchRule{Check: ck.name, Name: string(r.UseType), Window: r.Window.String(), Limit: r.Limit})
+		}
+	}
 
-	fmt.Fprintf(out.human, "countlimit bench --baseline: %s, synchronous_commit=%s, %v per cell, Allow of a fixed 1m window, in schema %s (dropped at the end)\n",
+	fmt.Fprintf(out.human, "countlimit bench --baseline: %s, synchronous_commit=%s, %v per cell, in schema %s (dropped at the end)\n",
 		redactURL(url), sync, d, schema)
 	fmt.Fprintf(out.human, "baseline: one INSERT ... ON CONFLICT DO UPDATE ... WHERE count < limit RETURNING on a 4-column table\n")
 	upsert := fmt.Sprintf(baselineUpsert, table)
-	const row = "%7s %9s %10s %10s %7s %11s %11s %11s %11s\n"
-	head := fmt.Sprintf(row, "callers", "ids", "upsert/s", "Allow/s", "ratio", "upsert p50", "Allow p50", "upsert p99", "Allow p99")
+	limit := int64(expose.MaxLimit)
+	const row = "%7s %9s %10s %11s %7s %11s %13s %11s %13s\n"
 	// A series is one pass over the cells of a --rows mode: random runs
 	// its series twice.
 	type series struct {
@@ -209,175 +211,177 @@ func benchBaseline(ctx context.Context, url string, callers []int, d time.Durati
 			all = append(all, series{mode, run})
 		}
 	}
-	for _, sr := range all {
-		mode := sr.mode
-		if _, err := setup.Exec(ctx, "TRUNCATE count_limit, count_limit_lease, "+table); err != nil {
-			return fmt.Errorf("bench: emptying the tables of the run: %w", err)
-		}
-		// Autovacuum as a service has it, but for new ids (below).
-		for _, t := range []string{"count_limit", table} {
-			if _, err := setup.Exec(ctx, "ALTER TABLE "+t+" RESET (autovacuum_enabled)"); err != nil {
-				return err
+	for _, ck := range checks {
+		fmt.Fprintf(out.human, "\n--check %s: %s, a limit no call reaches\n", ck.name, ck.what)
+		head := fmt.Sprintf(row, "callers", "ids", "upsert/s", ck.label+"/s", "ratio", "upsert p50", ck.label+" p50", "upsert p99", ck.label+" p99")
+		for _, sr := range all {
+			mode := sr.mode
+			if _, err := setup.Exec(ctx, "TRUNCATE count_limit, count_limit_lease, "+table); err != nil {
+				return fmt.Errorf("bench: emptying the tables of the run: %w", err)
 			}
-		}
-		var cells []baselineCell
-		switch {
-		case mode == rowsExisting && tableRows > 0:
-			fmt.Fprintf(out.human, "\nrows that exist: both tables filled with %d rows (generate_series), VACUUM ANALYZE, CHECKPOINT, every call on an id drawn at random from them\n", tableRows)
-			ours, base, err := fillTables(ctx, setup, table, tableRows, rule.Limit)
-			if err != nil {
-				return err
-			}
-			// The fill left both tables' pages dirty in shared_buffers (3 GB
-			// at 10 million rows): written back during the cells, they would
-			// slow whichever side meets the checkpoint, on the big table only.
-			if _, err := setup.Exec(ctx, "CHECKPOINT"); err != nil {
-				fmt.Fprintf(out.warn, "countlimit: bench: no CHECKPOINT after the fill (%v): the first cells may meet its pages' write-back\n", err)
-			}
-			n := float64(tableRows + 1)
-			fmt.Fprintf(out.human, "on disk (table + indexes): count_limit %.0f bytes a row, the upsert's table %.0f (%.2f×)\n",
-				float64(ours)/n, float64(base)/n, float64(ours)/float64(base))
-			out.report.TableRows, out.report.CountLimitBytes, out.report.BaselineBytes = tableRows, ours, base
-			fmt.Fprint(out.human, head)
-		case mode == rowsExisting:
-			fmt.Fprintf(out.human, "\nrows that exist: every id counted once on both sides first, untimed\n")
-			// As in a service that has run a while.
-			warm := countlimit.New(pgstore.New(setup))
-			for _, id := range append(slices.Clone(names), "hot") {
-				now := time.Now()
-				if _, err := setup.Exec(ctx, upsert, id, now, now.Add(time.Minute), now, rule.Limit); err != nil {
-					return fmt.Errorf("bench: warming up: %w", err)
-				}
-				if _, err := warm.Allow(ctx, rule, id); err != nil {
-					return fmt.Errorf("bench: warming up: %w", err)
-				}
-			}
-			if _, err := setup.Exec(ctx, "ANALYZE count_limit, "+table); err != nil {
-				return err
-			}
-			fmt.Fprint(out.human, head)
-		case mode == rowsNew:
-			fmt.Fprintf(out.human, "\nnew ids: every call a first touch; each cell's tables start from TRUNCATE, autovacuum off\n")
+			// Autovacuum as a service has it, but for new ids (below).
 			for _, t := range []string{"count_limit", table} {
-				if _, err := setup.Exec(ctx, "ALTER TABLE "+t+" SET (autovacuum_enabled = false)"); err != nil {
+				if _, err := setup.Exec(ctx, "ALTER TABLE "+t+" RESET (autovacuum_enabled)"); err != nil {
 					return err
 				}
 			}
-		default:
-			fmt.Fprintf(out.human, "\nrandom ids, run %d of %d: each cell's tables from TRUNCATE and ANALYZE, every call on one of %d ids drawn at random\n",
-				sr.run, randomRuns, len(names))
-		}
-		// Over rows that exist, a cell on many ids and one on a hot id for
-		// each number of callers; otherwise a cell each, whose Allow rate
-		// is shown by fifths too.
-		for _, c := range callers {
-			if mode == rowsExisting {
-				cells = append(cells, baselineCell{c, false}, baselineCell{c, true})
-			} else {
-				cells = append(cells, baselineCell{c, false})
+			var cells []baselineCell
+			switch {
+			case mode == rowsExisting && tableRows > 0:
+				fmt.Fprintf(out.human, "\nrows that exist: both tables filled with %d rows (generate_series), VACUUM ANALYZE, CHECKPOINT, every call on an id drawn at random from them\n", tableRows)
+				ours, base, err := fillTables(ctx, setup, table, tableRows, ck.rules[0].Limit)
+				if err != nil {
+					return err
+				}
+				// The fill left both tables' pages dirty in shared_buffers (3 GB
+				// at 10 million rows): written back during the cells, they would
+				// slow whichever side meets the checkpoint, on the big table only.
+				if _, err := setup.Exec(ctx, "CHECKPOINT"); err != nil {
+					fmt.Fprintf(out.warn, "countlimit: bench: no CHECKPOINT after the fill (%v): the first cells may meet its pages' write-back\n", err)
+				}
+				n := float64(tableRows + 1)
+				fmt.Fprintf(out.human, "on disk (table + indexes): count_limit %.0f bytes a row, the upsert's table %.0f (%.2f×)\n",
+					float64(ours)/n, float64(base)/n, float64(ours)/float64(base))
+				out.report.TableRows, out.report.CountLimitBytes, out.report.BaselineBytes = tableRows, ours, base
+				fmt.Fprint(out.human, head)
+			case mode == rowsExisting:
+				fmt.Fprintf(out.human, "\nrows that exist: every id counted once on both sides first, untimed\n")
+				// As in a service that has run a while.
+				warm := ck.on(countlimit.New(pgstore.New(setup)))
+				for _, id := range append(slices.Clone(names), "hot") {
+					now := time.Now()
+					if _, err := setup.Exec(ctx, upsert, id, now, now.Add(time.Minute), now, limit); err != nil {
+						return fmt.Errorf("bench: warming up: %w", err)
+					}
+					if _, err := warm(ctx, id); err != nil {
+						return fmt.Errorf("bench: warming up: %w", err)
+					}
+				}
+				if _, err := setup.Exec(ctx, "ANALYZE count_limit, "+table); err != nil {
+					return err
+				}
+				fmt.Fprint(out.human, head)
+			case mode == rowsNew:
+				fmt.Fprintf(out.human, "\nnew ids: every call a first touch; each cell's tables start from TRUNCATE, autovacuum off\n")
+				for _, t := range []string{"count_limit", table} {
+					if _, err := setup.Exec(ctx, "ALTER TABLE "+t+" SET (autovacuum_enabled = false)"); err != nil {
+						return err
+					}
+				}
+			default:
+				fmt.Fprintf(out.human, "\nrandom ids, run %d of %d: each cell's tables from TRUNCATE and ANALYZE, every call on one of %d ids drawn at random\n",
+					sr.run, randomRuns, len(names))
 			}
-		}
-		if mode != rowsExisting {
-			fmt.Fprintf(out.human, "%s%26s\n", strings.TrimSuffix(head, "\n"), "Allow/s, 1st → 5th fifth")
-		}
-		for _, cell := range cells {
+			// Over rows that exist, a cell on many ids and one on a hot id for
+			// each number of callers; otherwise a cell each, whose Allow rate
+			// is shown by fifths too.
+			for _, c := range callers {
+				if mode == rowsExisting {
+					cells = append(cells, baselineCell{c, false}, baselineCell{c, true})
+				} else {
+					cells = append(cells, baselineCell{c, false})
+				}
+			}
 			if mode != rowsExisting {
-				if _, err := setup.Exec(ctx, "TRUNCATE count_limit, count_limit_lease, "+table); err != nil {
+				fmt.Fprintf(out.human, "%s%27s\n", strings.TrimSuffix(head, "\n"), ck.label+"/s, 1st → 5th fifth")
+			}
+			for _, cell := range cells {
+				if mode != rowsExisting {
+					if _, err := setup.Exec(ctx, "TRUNCATE count_limit, count_limit_lease, "+table); err != nil {
+						return err
+					}
+				}
+				if mode == rowsRandom {
+					// Statistics that say "empty", as a new deployment's first
+					// ANALYZE leaves them.
+					if _, err := setup.Exec(ctx, "ANALYZE count_limit, count_limit_lease, "+table); err != nil {
+						return err
+					}
+				}
+				pool, err := inSchema(int32(cell.callers))
+				if err != nil {
 					return err
 				}
-			}
-			if mode == rowsRandom {
-				// Statistics that say "empty", as a new deployment's first
-				// ANALYZE leaves them.
-				if _, err := setup.Exec(ctx, "ANALYZE count_limit, count_limit_lease, "+table); err != nil {
+				l := countlimit.New(pgstore.New(pool))
+				upsertCall := func(ctx context.Context, id string) (bool, error) {
+					now := time.Now()
+					begin := now.Truncate(time.Minute)
+					var n int64
+					err := pool.QueryRow(ctx, upsert, id, begin, begin.Add(time.Minute), now, limit).Scan(&n)
+					if errors.Is(err, pgx.ErrNoRows) {
+						return false, nil
+					}
+					return err == nil, err
+				}
+				allowCall := ck.on(l)
+				// pick gives each piece its ids: the cell's in turn, ids no
+				// piece has used, or ids drawn at random.
+				pieces := 0
+				pick := func() func(w, i int) string {
+					pieces++
+					switch {
+					case mode == rowsNew:
+						prefix := "n" + strconv.Itoa(pieces) + "."
+						return func(_, i int) string { return prefix + strconv.Itoa(i) }
+					case cell.hot:
+						return inTurn([]string{"hot"})
+					case mode == rowsRandom:
+						return func(_, _ int) string { return names[mrand.IntN(len(names))] }
+					case tableRows > 0:
+						return func(_, _ int) string { return tableID(mrand.IntN(tableRows)) }
+					}
+					return inTurn(names)
+				}
+				// Rounds of upsert, Allow, Allow, upsert, each piece 1 to 2 s
+				// (half of --duration when that is shorter): the disk's flush
+				// latency drifts by tens of percent within seconds here; this
+				// order cancels a steady drift instead of handing it to whichever
+				// side ran second, and several rounds share an unsteady one. Pieces
+				// of a second or more keep the calls cut short at each turn few.
+				rounds := max(1, int(d/(2*time.Second)))
+				piece := d / time.Duration(2*rounds)
+				base, ours := &measurement{}, &measurement{}
+				for range rounds {
+					base.add(measure(ctx, cell.callers, piece, pick(), upsertCall))
+					ours.add(measure(ctx, cell.callers, piece, pick(), allowCall))
+					ours.add(measure(ctx, cell.callers, piece, pick(), allowCall))
+					base.add(measure(ctx, cell.callers, piece, pick(), upsertCall))
+				}
+				pool.Close()
+				if err := ctx.Err(); err != nil {
 					return err
 				}
-			}
-			pool, err := inSchema(int32(cell.callers))
-			if err != nil {
-				return err
-			}
-			l := countlimit.New(pgstore.New(pool))
-			upsertCall := func(ctx context.Context, id string) (bool, error) {
-				now := time.Now()
-				begin := now.Truncate(time.Minute)
-				var n int64
-				err := pool.QueryRow(ctx, upsert, id, begin, begin.Add(time.Minute), now, rule.Limit).Scan(&n)
-				if errors.Is(err, pgx.ErrNoRows) {
-					return false, nil
+				base.stalled(out.warn, "the upsert", cell.callers)
+				ours.stalled(out.warn, ck.label, cell.callers)
+				for _, m := range []*measurement{base, ours} {
+					if m.errs > 0 {
+						return fmt.Errorf("bench: %s failed, the first: %w", plural(m.errs, "call", "calls"), m.firstErr)
+					}
 				}
-				return err == nil, err
-			}
-			allowCall := func(ctx context.Context, id string) (bool, error) {
-				res, err := l.Allow(ctx, rule, id)
-				return res.Allowed, err
-			}
-			// pick gives each piece its ids: the cell's in turn, ids no
-			// piece has used, or ids drawn at random.
-			pieces := 0
-			pick := func() func(w, i int) string {
-				pieces++
+				nids, idsCol := len(names), strconv.Itoa(len(names))
 				switch {
 				case mode == rowsNew:
-					prefix := "n" + strconv.Itoa(pieces) + "."
-					return func(_, i int) string { return prefix + strconv.Itoa(i) }
+					nids, idsCol = 0, "new"
 				case cell.hot:
-					return inTurn([]string{"hot"})
-				case mode == rowsRandom:
-					return func(_, _ int) string { return names[mrand.IntN(len(names))] }
-				case tableRows > 0:
-					return func(_, _ int) string { return tableID(mrand.IntN(tableRows)) }
+					nids, idsCol = 1, "1"
+				case mode == rowsExisting && tableRows > 0:
+					nids, idsCol = tableRows, strconv.Itoa(tableRows)
 				}
-				return inTurn(names)
-			}
-			// Rounds of upsert, Allow, Allow, upsert, each piece 1 to 2 s
-			// (half of --duration when that is shorter): the disk's flush
-			// latency drifts by tens of percent within seconds here; this
-			// order cancels a steady drift instead of handing it to whichever
-			// side ran second, and several rounds share an unsteady one. Pieces
-			// of a second or more keep the calls cut short at each turn few.
-			rounds := max(1, int(d/(2*time.Second)))
-			piece := d / time.Duration(2*rounds)
-			base, ours := &measurement{}, &measurement{}
-			for range rounds {
-				base.add(measure(ctx, cell.callers, piece, pick(), upsertCall))
-				ours.add(measure(ctx, cell.callers, piece, pick(), allowCall))
-				ours.add(measure(ctx, cell.callers, piece, pick(), allowCall))
-				base.add(measure(ctx, cell.callers, piece, pick(), upsertCall))
-			}
-			pool.Close()
-			if err := ctx.Err(); err != nil {
-				return err
-			}
-			base.stalled(out.warn, "the upsert", cell.callers)
-			ours.stalled(out.warn, "Allow", cell.callers)
-			for _, m := range []*measurement{base, ours} {
-				if m.errs > 0 {
-					return fmt.Errorf("bench: %s failed, the first: %w", plural(m.errs, "call", "calls"), m.firstErr)
+				br, or := newBenchRun(base, cell.callers, nids, "upsert"), newBenchRun(ours, cell.callers, nids, ck.call)
+				br.Check, or.Check = ck.name, ck.name
+				br.Rows, or.Rows = mode, mode
+				br.Run, or.Run = sr.run, sr.run
+				line := fmt.Sprintf(row, strconv.Itoa(cell.callers), idsCol, fmt.Sprintf("%.0f", base.rate()), fmt.Sprintf("%.0f", ours.rate()),
+					ratio(ours.rate(), base.rate()), latency(base.pct(.5).Seconds()), latency(ours.pct(.5).Seconds()),
+					latency(base.pct(.99).Seconds()), latency(ours.pct(.99).Seconds()))
+				if mode != rowsExisting {
+					first, last := ours.fifths()
+					or.FirstFifthPerSecond, or.LastFifthPerSecond = first, last
+					line = strings.TrimSuffix(line, "\n") + fmt.Sprintf("%27s\n", fmt.Sprintf("%.0f → %.0f", first, last))
 				}
+				out.report.Runs = append(out.report.Runs, br, or)
+				fmt.Fprint(out.human, line)
 			}
-			nids, idsCol := len(names), strconv.Itoa(len(names))
-			switch {
-			case mode == rowsNew:
-				nids, idsCol = 0, "new"
-			case cell.hot:
-				nids, idsCol = 1, "1"
-			case mode == rowsExisting && tableRows > 0:
-				nids, idsCol = tableRows, strconv.Itoa(tableRows)
-			}
-			br, or := newBenchRun(base, cell.callers, nids, "upsert"), newBenchRun(ours, cell.callers, nids, "allow")
-			br.Rows, or.Rows = mode, mode
-			br.Run, or.Run = sr.run, sr.run
-			line := fmt.Sprintf(row, strconv.Itoa(cell.callers), idsCol, fmt.Sprintf("%.0f", base.rate()), fmt.Sprintf("%.0f", ours.rate()),
-				ratio(ours.rate(), base.rate()), latency(base.pct(.5).Seconds()), latency(ours.pct(.5).Seconds()),
-				latency(base.pct(.99).Seconds()), latency(ours.pct(.99).Seconds()))
-			if mode != rowsExisting {
-				first, last := ours.fifths()
-				or.FirstFifthPerSecond, or.LastFifthPerSecond = first, last
-				line = strings.TrimSuffix(line, "\n") + fmt.Sprintf("%26s\n", fmt.Sprintf("%.0f → %.0f", first, last))
-			}
-			out.report.Runs = append(out.report.Runs, br, or)
-			fmt.Fprint(out.human, line)
 		}
 	}
 	return nil

@@ -37,6 +37,7 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	baseline := fs.Bool("baseline", false, "PostgreSQL: compare Allow with a hand-written upsert, side by side")
 	callers := fs.String("callers", "", "concurrent callers, or a `LIST` like 1,4,16,64 for one run each (default 16; with --baseline 1,4,16,64)")
 	rowsFlag := fs.String("rows", "existing,new", "with --baseline: the tables to compare on, a `LIST` of existing (every id counted before), new (every call a new id) and random (ids drawn at random from --ids, tables from TRUNCATE and ANALYZE, the series run twice)")
+	checkFlag := fs.String("check", "fixed", "with --baseline: the kinds of check set beside the upsert, a `LIST` of fixed (Allow of a fixed window), smooth, sliding, allowall (AllowAll of a fixed and a calendar rule) and lease (Acquire + Release), or all")
 	tableRows := fs.Int("table-rows", 0, "with --baseline --rows existing: fill both tables with `N` rows first and draw every call's id at random from them (instead of --ids)")
 	asJSON := fs.Bool("json", false, "print the results as JSON (the table goes to stderr)")
 	asCSV := fs.Bool("csv", false, "print the results as CSV, one row per run and side (the table goes to stderr)")
@@ -57,6 +58,8 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return usageErrorf("bench: --plot writes SVG: name a FILE.svg, got %q", *plot)
 	case isSet(fs, "concurrency") && isSet(fs, "callers"):
 		return usageErrorf("%s: --concurrency is the old name of --callers; give one", mode)
+	case !*baseline && isSet(fs, "check"):
+		return usageErrorf("bench: --check goes with --baseline")
 	case !*baseline && isSet(fs, "rows"):
 		return usageErrorf("bench: --rows goes with --baseline")
 	case *baseline && (*ruleName != "" || *tier != "" || *rulesPath != ""):
@@ -75,6 +78,19 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return usageErrorf("bench --baseline: --table-rows fills the tables of --rows existing alone; give --rows existing, got --rows %q", *rowsFlag)
 	case isSet(fs, "table-rows") && isSet(fs, "ids"):
 		return usageErrorf("bench --baseline: --table-rows draws the ids from the rows it fills; give no --ids")
+	}
+	var checks []baselineCheck
+	if *baseline {
+		var err error
+		if checks, err = parseChecks(*checkFlag); err != nil {
+			return err
+		}
+		switch {
+		case isSet(fs, "table-rows") && (len(checks) != 1 || checks[0].name != "fixed"):
+			return usageErrorf("bench --baseline: --table-rows fills the tables with fixed-window rows; it goes with --check fixed alone, got --check %q", *checkFlag)
+		case *plot != "" && len(checks) != 1:
+			return usageErrorf("bench --baseline: --plot draws one kind of check; give --check one kind, got %q", *checkFlag)
+		}
 	}
 	list, flagName := cmp.Or(*callers, "16"), "--callers"
 	if isSet(fs, "concurrency") {
@@ -119,7 +135,7 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		if err != nil {
 			return err
 		}
-		if err := benchBaseline(ctx, url, cs, *duration, *ids, *tableRows, rows, &out); err != nil {
+		if err := benchBaseline(ctx, url, checks, cs, *duration, *ids, *tableRows, rows, &out); err != nil {
 			return err
 		}
 		return out.finish()

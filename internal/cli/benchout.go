@@ -12,14 +12,17 @@ import (
 
 // benchReport is what a bench measured, as --json prints it.
 type benchReport struct {
-	Mode              string      `json:"mode"` // "bench" or "bench --baseline"
-	Store             string      `json:"store"`
-	Rule              string      `json:"rule,omitempty"` // --rule: a rule or group of the rule file
-	Tier              string      `json:"tier,omitempty"`
-	Rules             []benchRule `json:"rules"`
-	SynchronousCommit string      `json:"synchronous_commit,omitempty"` // PostgreSQL's, for --baseline
-	RunSeconds        float64     `json:"run_seconds"`                  // --duration
-	Started           time.Time   `json:"started"`
+	Mode  string      `json:"mode"` // "bench" or "bench --baseline"
+	Store string      `json:"store"`
+	Rule  string      `json:"rule,omitempty"` // --rule: a rule or group of the rule file
+	Tier  string      `json:"tier,omitempty"`
+	Rules []benchRule `json:"rules"`
+	// Checks are bench --baseline's kinds of check (--check), in the
+	// order run.
+	Checks            []string  `json:"checks,omitempty"`
+	SynchronousCommit string    `json:"synchronous_commit,omitempty"` // PostgreSQL's, for --baseline
+	RunSeconds        float64   `json:"run_seconds"`                  // --duration
+	Started           time.Time `json:"started"`
 	// With --table-rows: the rows each table was filled with, and the
 	// bytes on disk (table, TOAST and indexes) of each after VACUUM.
 	TableRows       int        `json:"table_rows,omitempty"`
@@ -30,6 +33,7 @@ type benchReport struct {
 
 // benchRule is a rule a bench checked.
 type benchRule struct {
+	Check        string  `json:"check,omitempty"` // bench --baseline: the --check kind it is a rule of
 	Name         string  `json:"name"`
 	Window       string  `json:"window"`
 	Limit        int64   `json:"limit"`
@@ -39,9 +43,12 @@ type benchRule struct {
 // benchRun is one side measured at one number of callers: an element of
 // --json's runs, a row of --csv. Latencies are in seconds.
 type benchRun struct {
-	Callers        int     `json:"callers"`
-	IDs            int     `json:"ids"`
-	Call           string  `json:"call"` // allow, allow_all, or (--baseline) upsert
+	Callers int    `json:"callers"`
+	IDs     int    `json:"ids"`
+	Call    string `json:"call"` // allow, allow_all, or (--baseline) upsert or acquire_release
+	// Check is bench --baseline's kind of check (--check) the run was
+	// measured for: its upsert runs beside it, alternated with it.
+	Check          string  `json:"check,omitempty"`
 	Calls          int     `json:"calls"`
 	Allowed        int     `json:"allowed"`
 	Denied         int     `json:"denied"`
@@ -65,13 +72,13 @@ type benchRun struct {
 }
 
 var benchCSVHeader = []string{"callers", "ids", "call", "calls", "allowed", "denied", "errors",
-	"elapsed_seconds", "calls_per_second", "p50_seconds", "p90_seconds", "p99_seconds", "max_seconds", "rows", "run"}
+	"elapsed_seconds", "calls_per_second", "p50_seconds", "p90_seconds", "p99_seconds", "max_seconds", "rows", "run", "check"}
 
 func (r benchRun) csv() []string {
 	i := strconv.Itoa
 	f := func(v float64) string { return strconv.FormatFloat(v, 'f', -1, 64) }
 	return []string{i(r.Callers), i(r.IDs), r.Call, i(r.Calls), i(r.Allowed), i(r.Denied), i(r.Errors),
-		f(r.ElapsedSeconds), f(r.CallsPerSecond), f(r.P50Seconds), f(r.P90Seconds), f(r.P99Seconds), f(r.MaxSeconds), r.Rows, i(r.Run)}
+		f(r.ElapsedSeconds), f(r.CallsPerSecond), f(r.P50Seconds), f(r.P90Seconds), f(r.P99Seconds), f(r.MaxSeconds), r.Rows, i(r.Run), r.Check}
 }
 
 func newBenchRun(m *measurement, callers, ids int, call string) benchRun {

@@ -499,7 +499,7 @@ func parseBenchCSV(t *testing.T, out string) []map[string]string {
 	if err != nil {
 		t.Fatalf("bench --csv: %v\n%s", err, out)
 	}
-	want := "callers,ids,call,calls,allowed,denied,errors,elapsed_seconds,calls_per_second,p50_seconds,p90_seconds,p99_seconds,max_seconds,rows,run"
+	want := "callers,ids,call,calls,allowed,denied,errors,elapsed_seconds,calls_per_second,p50_seconds,p90_seconds,p99_seconds,max_seconds,rows,run,check"
 	if len(recs) == 0 || strings.Join(recs[0], ",") != want {
 		t.Fatalf("bench --csv header: %q, want %q", recs, want)
 	}
@@ -508,7 +508,7 @@ func parseBenchCSV(t *testing.T, out string) []map[string]string {
 		row := map[string]string{}
 		for i, k := range recs[0] {
 			row[k] = rec[i]
-			if k != "call" && k != "rows" {
+			if k != "call" && k != "rows" && k != "check" {
 				if _, err := strconv.ParseFloat(rec[i], 64); err != nil {
 					t.Errorf("bench --csv: %s = %q is not a number", k, rec[i])
 				}
@@ -921,5 +921,102 @@ func TestBenchBaseline(t *testing.T) {
 	}
 	if code, _, stderr := run(t, "bench", "--baseline", "--store", url, "--callers", "1,x"); code != cli.ExitError || !strings.Contains(stderr, "--callers") {
 		t.Errorf("bench --callers 1,x: exit %d, %q", code, stderr)
+	}
+}
+
+// TestBenchBaselineChecks: --check sets each kind of check beside the
+// upsert, a section of the table each with both sides' calls a second and
+// their ratio, and says in --json which check each run was measured for.
+func TestBenchBaselineChecks(t *testing.T) {
+	url := testbackend.FreshSchemaURL(t)
+	conn, err := pgx.Connect(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	code, out, stderr := run(t, "bench", "--baseline", "--store", url, "--check", "all", "--rows", "existing,new", "--duration", "300ms", "--callers", "2", "--ids", "5", "--json")
+	if code != cli.ExitOK {
+		t.Fatalf("bench --baseline --check all: exit %d, %s", code, stderr)
+	}
+	kinds := []struct{ check, call, label string }{
+		{"fixed", "allow", "Allow"}, {"smooth", "allow", "Allow"}, {"sliding", "allow", "Allow"},
+		{"allowall", "allow_all", "AllowAll"}, {"lease", "acquire_release", "pairs"},
+	}
+	// The table, on stderr: a section per check, in the order of all, each
+	// naming its side in the head and with a line per cell.
+	sections := regexp.MustCompile(`(?m)^--check (\w+): .*, a limit no call reaches$`).FindAllStringSubmatchIndex(stderr, -1)
+	if len(sections) != len(kinds) {
+		t.Fatalf("bench --baseline --check all: %d sections, want %d:\n%s", len(sections), len(kinds), stderr)
+	}
+	cell := regexp.MustCompile(`(?m)^ +2 +(5|1|new) +(\d+) +(\d+) +(\d+\.\d\d×|n/a) +\S+ +\S+ +\S+ +\S+( +\d+ → \d+)?$`)
+	for i, sec := range sections {
+		end := len(stderr)
+		if i+1 < len(sections) {
+			end = sections[i+1][0]
+		}
+		text := stderr[sec[0]:end]
+		k := kinds[i]
+		if got := stderr[sec[2]:sec[3]]; got != k.check {
+			t.Errorf("section %d is --check %s, want %s", i, got, k.check)
+		}
+		if !strings.Contains(text, "upsert/s "+strings.Repeat(" ", 11-len(k.label+"/s"))+k.label+"/s ") {
+			t.Errorf("--check %s: the head does not name %s/s beside upsert/s:\n%s", k.check, k.label, text)
+		}
+		var ids []string
+		for _, m := range cell.FindAllStringSubmatch(text, -1) {
+			ids = append(ids, m[1])
+		}
+		if want := []string{"5", "1", "new"}; !slices.Equal(ids, want) {
+			t.Errorf("--check %s: cells over %q ids, want %q:\n%s", k.check, ids, want, text)
+		}
+	}
+	var report struct {
+		Checks []string `json:"checks"`
+		Rules  []struct {
+			Check, Name, Window string
+		} `json:"rules"`
+		Runs []struct {
+			Callers, IDs  int
+			Call, Check   string
+			Calls, Errors int
+		} `json:"runs"`
+	}
+	if err := json.Unmarshal([]byte(out), &report); err != nil {
+		t.Fatalf("bench --baseline --check all --json: %v\n%s", err, out)
+	}
+	var wantChecks, gotRuns, wantRuns []string
+	calls := map[string]int{}
+	for _, k := range kinds {
+		wantChecks = append(wantChecks, k.check)
+		for _, ids := range []int{5, 1, 0} {
+			wantRuns = append(wantRuns, fmt.Sprintf("%s %d upsert", k.check, ids), fmt.Sprintf("%s %d %s", k.check, ids, k.call))
+		}
+	}
+	for _, r := range report.Runs {
+		gotRuns = append(gotRuns, fmt.Sprintf("%s %d %s", r.Check, r.IDs, r.Call))
+		calls[r.Check+" "+r.Call] += r.Calls
+		if r.Errors != 0 {
+			t.Errorf("bench --baseline --check all --json: %+v", r)
+		}
+	}
+	if !slices.Equal(report.Checks, wantChecks) || !slices.Equal(gotRuns, wantRuns) {
+		t.Errorf("bench --baseline --check all --json: checks %q runs %q, want %q and %q", report.Checks, gotRuns, wantChecks, wantRuns)
+	}
+	// A short cell may see no call end on a loaded machine; each check's
+	// cells as a whole must see both sides work.
+	for _, k := range kinds {
+		if calls[k.check+" upsert"] == 0 || calls[k.check+" "+k.call] == 0 {
+			t.Errorf("bench --baseline --check %s: %v calls, want both sides working", k.check, calls)
+		}
+	}
+	windows := map[string]string{}
+	for _, r := range report.Rules {
+		windows[r.Check+" "+r.Name] = r.Window
+	}
+	if windows["allowall bench"] != "fixed 1m0s" || !strings.HasPrefix(windows["allowall bench.day"], "calendar day") || !strings.HasPrefix(windows["lease bench"], "concurrent") {
+		t.Errorf("bench --baseline --check all --json rules: %v", windows)
+	}
+	if schema := benchSchema(t, stderr); schemaLeft(t, conn, schema) {
+		t.Errorf("after bench --baseline --check all: schema %s left", schema)
 	}
 }

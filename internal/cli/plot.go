@@ -40,6 +40,8 @@ var plotCall = map[string]struct{ label, color string }{
 	"upsert":    {"hand-written upsert", "#e66101"},
 	"allow":     {"Allow", "#1f5fa8"},
 	"allow_all": {"AllowAll", "#1f5fa8"},
+	// bench --baseline --check lease: one pair a call.
+	"acquire_release": {"Acquire + Release", "#1f5fa8"},
 }
 
 // writePlot draws r's runs as an SVG chart.
@@ -232,7 +234,14 @@ func writePlot(w io.Writer, r benchReport) error {
 			// Allow's throughput as a multiple of the upsert's, next to the
 			// higher of the two points, where it crosses no line.
 			if row == 0 {
-				base, ours := runsOf(col, "upsert"), runsOf(col, "allow")
+				var ours []benchRun
+				for _, call := range calls {
+					if call != "upsert" {
+						ours = runsOf(col, call)
+						break
+					}
+				}
+				base := runsOf(col, "upsert")
 				var lines [][]point
 				for _, side := range [][]benchRun{base, ours} {
 					var pts []point
@@ -328,6 +337,9 @@ func plotTitles(r benchReport) (string, []string) {
 	title := "countlimit bench"
 	if r.Mode == "bench --baseline" {
 		title = "Allow against a hand-written upsert, on PostgreSQL"
+		if i := slices.IndexFunc(baselineChecks, func(c baselineCheck) bool { return len(r.Checks) == 1 && c.name == r.Checks[0] }); i >= 0 {
+			title = baselineChecks[i].what + ", against a hand-written upsert, on PostgreSQL"
+		}
 		if r.SynchronousCommit != "" {
 			parts = append(parts, "synchronous_commit="+r.SynchronousCommit)
 		}
