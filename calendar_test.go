@@ -7,7 +7,7 @@ import (
 
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/storetest"
-	"github.com/countlimit/countlimit/internal/testbackend"
+	"github.com/countlimit/countlimit/internal/testkit/testbackend"
 )
 
 // TestCalendarDayBeginsAtTheFirstMidnight: on 2021-10-29 Amman's clocks

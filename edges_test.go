@@ -8,14 +8,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/countlimit/countlimit/internal/tally"
+	"github.com/countlimit/countlimit/internal/testkit/tally"
 
 	"github.com/countlimit/countlimit/internal/expose"
 
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/storetest"
-	"github.com/countlimit/countlimit/internal/leaseforge"
-	"github.com/countlimit/countlimit/internal/testbackend"
+	"github.com/countlimit/countlimit/internal/testkit/leaseforge"
+	"github.com/countlimit/countlimit/internal/testkit/testbackend"
 )
 
 // TestTimesOutsideTheRangeAreInvalid: an instant that no store keeps

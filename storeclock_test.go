@@ -7,7 +7,7 @@ import (
 
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/driver"
-	"github.com/countlimit/countlimit/internal/testbackend"
+	"github.com/countlimit/countlimit/internal/testkit/testbackend"
 )
 
 // TestStoreClocks reads every store's own clock (PostgreSQL's

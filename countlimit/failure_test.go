@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/countlimit/countlimit/internal/tally"
+	"github.com/countlimit/countlimit/internal/testkit/tally"
 
 	"github.com/countlimit/countlimit/internal/expose"
 

@@ -385,7 +385,7 @@ DECLARE
     w text := current_setting('countlimit.lock_wait', true);
 BEGIN
     -- One statement, no branch of PL/pgSQL's: the model tests' coverage
-    -- (internal/coverreport) has none to reach.
+    -- (internal/testkit/coverreport) has none to reach.
     RETURN set_config('lock_timeout', CASE
         WHEN coalesce(w, '') = '' OR w !~ '^\s*[0-9]{1,9}(\.[0-9]{1,6})?\s*(us|ms|s|min|h|d)?\s*$' THEN '2ms'
         ELSE least(greatest(round(coalesce(nullif(extract(epoch FROM (w

@@ -14,8 +14,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/countlimit/countlimit/internal/pgmigrate"
-	"github.com/countlimit/countlimit/internal/testbackend"
+	"github.com/countlimit/countlimit/internal/store/pgmigrate"
+	"github.com/countlimit/countlimit/internal/testkit/testbackend"
 )
 
 var update = flag.Bool("update", false, "write the schema the migrations make to "+schemaFile)

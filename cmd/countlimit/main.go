@@ -12,7 +12,7 @@ import (
 	// finds them on hosts without /usr/share/zoneinfo.
 	_ "time/tzdata"
 
-	"github.com/countlimit/countlimit/internal/cli"
+	"github.com/countlimit/countlimit/internal/service/cli"
 )
 
 func main() {

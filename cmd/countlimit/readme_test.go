@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/countlimit/countlimit/internal/rulefile"
+	"github.com/countlimit/countlimit/internal/service/rulefile"
 )
 
 // exchange is one "$ curl ..." line of a curl session and the output it

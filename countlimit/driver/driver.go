@@ -30,7 +30,7 @@ func Unavailable(err error) error {
 // Store keeps counters and applies checks to them atomically. The stores of
 // this module are memstore, pgstore and redisstore; storetest.Run proves a
 // Store meets the contract below, and the module's reference model
-// (internal/model) spells it out as code.
+// (internal/testkit/model) spells it out as code.
 //
 // A Store holds no policy: the Limiter validates input, reads its clock and
 // turns each rule into explicit bounds before calling Do, and turns the

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/countlimit/countlimit/countlimit/driver"
-	"github.com/countlimit/countlimit/internal/wire"
+	"github.com/countlimit/countlimit/internal/store/wire"
 )
 
 // view is a check's current window as an entry shows it at now.

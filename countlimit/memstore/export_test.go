@@ -5,8 +5,8 @@ import (
 	"slices"
 	"time"
 
-	"github.com/countlimit/countlimit/internal/keystate"
-	"github.com/countlimit/countlimit/internal/model"
+	"github.com/countlimit/countlimit/internal/store/keystate"
+	"github.com/countlimit/countlimit/internal/testkit/model"
 )
 
 // SweepSlice is sweepSlice, for the tests of the janitor's slices.

@@ -338,7 +338,7 @@ const inlineShards = 8
 // It is a copy, kept for speed, of model.Apply, the reference model of
 // the driver.Store contract; docs/ARCHITECTURE.md ("The copies") lists
 // every copy, in each store, and why it stays. A rule changes in
-// model.Apply first, then here and in each copy there. TestModel (internal/modeltest) holds
+// model.Apply first, then here and in each copy there. TestModel (internal/testkit/modeltest) holds
 // memstore and every other store's paths to model.Apply, comparing
 // Results and stored state after each of its seeded steps; it names the
 // copy that was forgotten.

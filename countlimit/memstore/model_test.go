@@ -5,12 +5,12 @@ import (
 	"testing"
 
 	"github.com/countlimit/countlimit/countlimit/memstore"
-	"github.com/countlimit/countlimit/internal/model"
+	"github.com/countlimit/countlimit/internal/testkit/model"
 
-	"github.com/countlimit/countlimit/internal/modeltest"
+	"github.com/countlimit/countlimit/internal/testkit/modeltest"
 )
 
-// TestModel holds memstore to the reference model (internal/modeltest).
+// TestModel holds memstore to the reference model (internal/testkit/modeltest).
 func TestModel(t *testing.T) {
 	s := memstore.New(memstore.WithJanitorInterval(0))
 	defer s.Close()

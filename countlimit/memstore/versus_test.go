@@ -15,7 +15,7 @@ import (
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/countlimit/memstore"
-	"github.com/countlimit/countlimit/internal/model"
+	"github.com/countlimit/countlimit/internal/testkit/model"
 )
 
 // BenchmarkVersusRate runs golang.org/x/time/rate's Allow and Limiter.Allow

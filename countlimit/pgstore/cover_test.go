@@ -15,14 +15,14 @@ import (
 
 	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/countlimit/pgstore"
-	"github.com/countlimit/countlimit/internal/coverreport"
-	"github.com/countlimit/countlimit/internal/keystate"
-	"github.com/countlimit/countlimit/internal/model"
-	"github.com/countlimit/countlimit/internal/modeltest"
+	"github.com/countlimit/countlimit/internal/store/keystate"
+	"github.com/countlimit/countlimit/internal/testkit/coverreport"
+	"github.com/countlimit/countlimit/internal/testkit/model"
+	"github.com/countlimit/countlimit/internal/testkit/modeltest"
 )
 
 // The statements that decide a call of the fast path, as the coverage
-// report names them (internal/coverreport), and countlimit_apply. The
+// report names them (internal/testkit/coverreport), and countlimit_apply. The
 // pool sends a lone call as countlimit_allow_one_pooled, whose first
 // statement decides a row that exists and is free, and whose second,
 // countlimit_allow_one skipping locks, every other; a batch of distinct
@@ -301,7 +301,7 @@ func heldSends(pool *pgxpool.Pool, s *pgstore.Store) (func(context.Context, []*d
 }
 
 // writeProfile writes what plpgsql_check's profiler counted of every
-// function of the schema pool works in, for internal/coverreport, into
+// function of the schema pool works in, for internal/testkit/coverreport, into
 // the directory modeltest.EnvCover names, if it names one. The server
 // must load plpgsql_check at start with its profiler on, and have the
 // extension in the public schema: coverreport's TestReport starts such a

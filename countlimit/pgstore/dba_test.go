@@ -19,7 +19,7 @@ import (
 
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/pgstore"
-	"github.com/countlimit/countlimit/internal/testbackend"
+	"github.com/countlimit/countlimit/internal/testkit/testbackend"
 )
 
 // The DBA functions of the migrations, as docs/operations.md

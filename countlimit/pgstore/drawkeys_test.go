@@ -14,8 +14,8 @@ import (
 
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/driver"
-	"github.com/countlimit/countlimit/internal/keystate"
-	"github.com/countlimit/countlimit/internal/model"
+	"github.com/countlimit/countlimit/internal/store/keystate"
+	"github.com/countlimit/countlimit/internal/testkit/model"
 )
 
 // The view count_limit_status and the DBA functions that write state

@@ -15,7 +15,7 @@ import (
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/pgstore"
 	"github.com/countlimit/countlimit/countlimit/pgstore/pgstoretest"
-	"github.com/countlimit/countlimit/internal/testenv"
+	"github.com/countlimit/countlimit/internal/testkit/testenv"
 )
 
 // A Store on a pool: concurrent checks share commits (group commit). Size

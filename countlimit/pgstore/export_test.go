@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/countlimit/countlimit/countlimit/driver"
-	"github.com/countlimit/countlimit/internal/gather"
+	"github.com/countlimit/countlimit/internal/store/gather"
 )
 
 // AllowBatchForTest sends reqs, in this order, as one group commit and

@@ -15,7 +15,7 @@ import (
 
 	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/internal/db"
-	"github.com/countlimit/countlimit/internal/gather"
+	"github.com/countlimit/countlimit/internal/store/gather"
 )
 
 // fast reports whether r takes the fast path: an allow of one rule whose

@@ -14,8 +14,8 @@ import (
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/pgstore"
 	"github.com/countlimit/countlimit/countlimit/storetest"
-	"github.com/countlimit/countlimit/internal/audit"
-	"github.com/countlimit/countlimit/internal/testbackend"
+	"github.com/countlimit/countlimit/internal/service/audit"
+	"github.com/countlimit/countlimit/internal/testkit/testbackend"
 )
 
 // TestLeasesForDBAs: the status view shows a concurrent key's live leases

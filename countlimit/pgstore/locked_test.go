@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/countlimit/countlimit/internal/tally"
+	"github.com/countlimit/countlimit/internal/testkit/tally"
 
 	"github.com/countlimit/countlimit/internal/expose"
 
@@ -22,7 +22,7 @@ import (
 	"github.com/countlimit/countlimit/countlimit/memstore"
 	"github.com/countlimit/countlimit/countlimit/pgstore"
 	"github.com/countlimit/countlimit/countlimit/storetest"
-	"github.com/countlimit/countlimit/internal/testbackend"
+	"github.com/countlimit/countlimit/internal/testkit/testbackend"
 )
 
 // TestLockedRowHoldsNoOtherIDHostage: another transaction holds one id's

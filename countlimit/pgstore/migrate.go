@@ -6,7 +6,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/countlimit/countlimit/internal/pgmigrate"
+	"github.com/countlimit/countlimit/internal/store/pgmigrate"
 )
 
 // Migrate applies every pending countlimit migration to the database of

@@ -15,15 +15,15 @@ import (
 
 	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/countlimit/pgstore"
-	"github.com/countlimit/countlimit/internal/model"
+	"github.com/countlimit/countlimit/internal/testkit/model"
 
-	"github.com/countlimit/countlimit/internal/keystate"
-	"github.com/countlimit/countlimit/internal/modeltest"
-	"github.com/countlimit/countlimit/internal/testbackend"
+	"github.com/countlimit/countlimit/internal/store/keystate"
+	"github.com/countlimit/countlimit/internal/testkit/modeltest"
+	"github.com/countlimit/countlimit/internal/testkit/testbackend"
 )
 
 // TestModel holds every PostgreSQL path to the reference model
-// (internal/modeltest): a lone call on the pool
+// (internal/testkit/modeltest): a lone call on the pool
 // (countlimit_allow_one_pooled), group commits of distinct and repeated
 // keys (countlimit_allow_distinct_pooled, countlimit_allow_batch_pooled),
 // the same while another transaction holds the row of one call's key
@@ -37,7 +37,7 @@ import (
 // inside a caller's transaction. Each path tallies the cases of the
 // statements it reached (casesOf); with modeltest.EnvCover set, the
 // tallies and plpgsql_check's profile of every function are written for
-// internal/coverreport.
+// internal/testkit/coverreport.
 func TestModel(t *testing.T) {
 	pool := testbackend.Postgres(t)
 	ctx := context.Background()

@@ -128,8 +128,8 @@ import (
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/internal/db"
-	"github.com/countlimit/countlimit/internal/gather"
-	"github.com/countlimit/countlimit/internal/wire"
+	"github.com/countlimit/countlimit/internal/store/gather"
+	"github.com/countlimit/countlimit/internal/store/wire"
 )
 
 var _ driver.Store = (*Store)(nil)

@@ -20,9 +20,9 @@ import (
 	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/countlimit/pgstore"
 	"github.com/countlimit/countlimit/countlimit/storetest"
-	"github.com/countlimit/countlimit/internal/pgmigrate"
-	"github.com/countlimit/countlimit/internal/testbackend"
-	"github.com/countlimit/countlimit/internal/testenv"
+	"github.com/countlimit/countlimit/internal/store/pgmigrate"
+	"github.com/countlimit/countlimit/internal/testkit/testbackend"
+	"github.com/countlimit/countlimit/internal/testkit/testenv"
 )
 
 // ExampleNew needs PostgreSQL: where there is none (and none is required)

@@ -21,8 +21,8 @@ import (
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/pgstore"
 	"github.com/countlimit/countlimit/countlimit/storetest"
-	"github.com/countlimit/countlimit/internal/testbackend"
-	"github.com/countlimit/countlimit/internal/testenv/pgbouncer"
+	"github.com/countlimit/countlimit/internal/testkit/testbackend"
+	"github.com/countlimit/countlimit/internal/testkit/testenv/pgbouncer"
 )
 
 // BenchmarkPooler measures Allow three ways, in one run, alternated

@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/countlimit/countlimit/countlimit/pgstore"
-	"github.com/countlimit/countlimit/internal/testbackend"
+	"github.com/countlimit/countlimit/internal/testkit/testbackend"
 )
 
 // TestSupportQueriesUseIndexes checks, on 200 000 rows, that the queries a

@@ -8,10 +8,10 @@ import (
 	"github.com/pressly/goose/v3"
 
 	"github.com/countlimit/countlimit/countlimit/pgstore"
-	"github.com/countlimit/countlimit/internal/model"
-	"github.com/countlimit/countlimit/internal/modeltest"
-	"github.com/countlimit/countlimit/internal/pgmigrate"
-	"github.com/countlimit/countlimit/internal/testbackend"
+	"github.com/countlimit/countlimit/internal/store/pgmigrate"
+	"github.com/countlimit/countlimit/internal/testkit/model"
+	"github.com/countlimit/countlimit/internal/testkit/modeltest"
+	"github.com/countlimit/countlimit/internal/testkit/testbackend"
 )
 
 // releases are the tagged releases a database may be upgraded from: each

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/countlimit/countlimit/internal/tally"
+	"github.com/countlimit/countlimit/internal/testkit/tally"
 
 	"github.com/prometheus/client_golang/prometheus"
 

@@ -1,6 +1,6 @@
 -- countlimit: one atomic check of one id against one or more rules.
 -- It is one copy of the decision the driver.Store contract spells out as
--- code in model.Apply (internal/model) (docs/ARCHITECTURE.md, "The copies", lists every
+-- code in model.Apply (internal/testkit/model) (docs/ARCHITECTURE.md, "The copies", lists every
 -- copy): change the model first, then every copy there. redisstore's
 -- TestModel holds this script to the model on seeded random steps, every
 -- call it can take; storetest.Run and TestFastScriptIsApplyForOneRule hold

@@ -16,11 +16,11 @@ import (
 	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/countlimit/redisstore"
 	"github.com/countlimit/countlimit/countlimit/storetest"
-	"github.com/countlimit/countlimit/internal/model"
-	"github.com/countlimit/countlimit/internal/modeltest"
-	"github.com/countlimit/countlimit/internal/testbackend"
-	"github.com/countlimit/countlimit/internal/testenv/rediscluster"
-	"github.com/countlimit/countlimit/internal/testenv/redisserver"
+	"github.com/countlimit/countlimit/internal/testkit/model"
+	"github.com/countlimit/countlimit/internal/testkit/modeltest"
+	"github.com/countlimit/countlimit/internal/testkit/testbackend"
+	"github.com/countlimit/countlimit/internal/testkit/testenv/rediscluster"
+	"github.com/countlimit/countlimit/internal/testkit/testenv/redisserver"
 )
 
 // TestCluster starts a three-node Redis Cluster from the local redis-server

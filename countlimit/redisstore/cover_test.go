@@ -13,9 +13,9 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/countlimit/countlimit/countlimit/redisstore"
-	"github.com/countlimit/countlimit/internal/coverreport"
-	"github.com/countlimit/countlimit/internal/coverreport/luacover"
-	"github.com/countlimit/countlimit/internal/testbackend"
+	"github.com/countlimit/countlimit/internal/testkit/coverreport"
+	"github.com/countlimit/countlimit/internal/testkit/coverreport/luacover"
+	"github.com/countlimit/countlimit/internal/testkit/testbackend"
 )
 
 // coverBuild returns the option of a Store whose scripts tally how often
@@ -59,7 +59,7 @@ func coverBuild(t testing.TB, key string) (redisstore.Option, func(context.Conte
 }
 
 // writeLuaTally writes tally (coverBuild's) into the directory
-// modeltest.EnvCover names, for internal/coverreport: a line
+// modeltest.EnvCover names, for internal/testkit/coverreport: a line
 // "file<TAB>branch<TAB>count" a branch, in each file's order.
 func writeLuaTally(t testing.TB, dir string, tally map[string]map[string]int64) {
 	t.Helper()

@@ -12,7 +12,7 @@ import (
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/redisstore"
 	"github.com/countlimit/countlimit/countlimit/redisstore/redisstoretest"
-	"github.com/countlimit/countlimit/internal/testenv"
+	"github.com/countlimit/countlimit/internal/testkit/testenv"
 )
 
 // A Store on a go-redis client; a *redis.ClusterClient works the same way.

@@ -6,7 +6,7 @@ import (
 
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/driver"
-	"github.com/countlimit/countlimit/internal/gather"
+	"github.com/countlimit/countlimit/internal/store/gather"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -34,7 +34,7 @@ func WithUnguarded() Option {
 
 // WithPaddedTTLs builds the Store's scripts to give each key they expire
 // pad more time to live than its end calls for (a grace of ExpiryGrace +
-// pad). A test whose clock is not the real one (internal/modeltest's,
+// pad). A test whose clock is not the real one (internal/testkit/modeltest's,
 // which moves seconds ahead in a microsecond, or stops 1 µs before a
 // window ends) would otherwise see Redis drop a key, in real time, whose
 // window its own clock has not yet seen end. A key kept past its end is

@@ -1,6 +1,6 @@
 -- countlimit: one atomic step on the leases of a Concurrent check.
 -- The twin of memstore's leaseOp and pgstore's lease statements; the
--- contract is driver.Store's, written as code in model.Apply (internal/model), to which
+-- contract is driver.Store's, written as code in model.Apply (internal/testkit/model), to which
 -- redisstore's TestModel holds this script.
 --
 -- KEYS[1] the counter hash (see apply.lua: only its fields d, the denied

@@ -13,14 +13,14 @@ import (
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/countlimit/redisstore"
-	"github.com/countlimit/countlimit/internal/keystate"
-	"github.com/countlimit/countlimit/internal/model"
-	"github.com/countlimit/countlimit/internal/modeltest"
-	"github.com/countlimit/countlimit/internal/testbackend"
+	"github.com/countlimit/countlimit/internal/store/keystate"
+	"github.com/countlimit/countlimit/internal/testkit/model"
+	"github.com/countlimit/countlimit/internal/testkit/modeltest"
+	"github.com/countlimit/countlimit/internal/testkit/testbackend"
 )
 
 // TestModel holds every Redis path to the reference model
-// (internal/modeltest): a lone call (fast.lua for an Allow of one rule,
+// (internal/testkit/modeltest): a lone call (fast.lua for an Allow of one rule,
 // apply.lua, reset.lua or lease.lua for the others), a pipeline whose
 // Allows of one rule share combined fast.lua scripts, a pipeline of a
 // script per call, and apply.lua for every call it can take. The
@@ -30,7 +30,7 @@ import (
 //
 // With modeltest.EnvCover set, the scripts are their test build, which
 // tallies each branch (coverBuild), and the tally is written into that
-// directory for internal/coverreport.
+// directory for internal/testkit/coverreport.
 func TestModel(t *testing.T) {
 	client := testbackend.Redis(t)
 	opts := []redisstore.Option{redisstore.WithPaddedTTLs(time.Minute)}

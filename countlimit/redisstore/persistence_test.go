@@ -14,7 +14,7 @@ import (
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/redisstore"
 	"github.com/countlimit/countlimit/countlimit/storetest"
-	"github.com/countlimit/countlimit/internal/testenv/redisserver"
+	"github.com/countlimit/countlimit/internal/testkit/testenv/redisserver"
 )
 
 // TestRestart runs private servers with each kind of persistence, fills

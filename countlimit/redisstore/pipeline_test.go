@@ -17,7 +17,7 @@ import (
 	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/countlimit/redisstore"
 	"github.com/countlimit/countlimit/countlimit/storetest"
-	"github.com/countlimit/countlimit/internal/testbackend"
+	"github.com/countlimit/countlimit/internal/testkit/testbackend"
 )
 
 // pipeHook records every round trip of scripts a client sends that

@@ -254,8 +254,8 @@ import (
 
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/driver"
-	"github.com/countlimit/countlimit/internal/gather"
-	"github.com/countlimit/countlimit/internal/wire"
+	"github.com/countlimit/countlimit/internal/store/gather"
+	"github.com/countlimit/countlimit/internal/store/wire"
 )
 
 var _ driver.Store = (*Store)(nil)

@@ -19,9 +19,9 @@ import (
 	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/countlimit/redisstore"
 	"github.com/countlimit/countlimit/countlimit/storetest"
-	"github.com/countlimit/countlimit/internal/redisurl"
-	"github.com/countlimit/countlimit/internal/testbackend"
-	"github.com/countlimit/countlimit/internal/testenv"
+	"github.com/countlimit/countlimit/internal/store/redisurl"
+	"github.com/countlimit/countlimit/internal/testkit/testbackend"
+	"github.com/countlimit/countlimit/internal/testkit/testenv"
 )
 
 // ExampleNew needs Redis: where there is none (and none is required) the

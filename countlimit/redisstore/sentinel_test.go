@@ -21,9 +21,9 @@ import (
 	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/countlimit/redisstore"
 	"github.com/countlimit/countlimit/countlimit/storetest"
-	"github.com/countlimit/countlimit/internal/testbackend"
-	"github.com/countlimit/countlimit/internal/testenv"
-	"github.com/countlimit/countlimit/internal/testenv/redisserver"
+	"github.com/countlimit/countlimit/internal/testkit/testbackend"
+	"github.com/countlimit/countlimit/internal/testkit/testenv"
+	"github.com/countlimit/countlimit/internal/testkit/testenv/redisserver"
 )
 
 // sentinelName is the name the tests' Sentinels monitor their master by.

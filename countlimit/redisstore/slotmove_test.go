@@ -18,7 +18,7 @@ import (
 	"github.com/countlimit/countlimit/countlimit/driver"
 	"github.com/countlimit/countlimit/countlimit/redisstore"
 	"github.com/countlimit/countlimit/countlimit/storetest"
-	"github.com/countlimit/countlimit/internal/testenv/rediscluster"
+	"github.com/countlimit/countlimit/internal/testkit/testenv/rediscluster"
 )
 
 // background lets a goroutine other than the test's use a helper that

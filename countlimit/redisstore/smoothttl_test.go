@@ -11,7 +11,7 @@ import (
 
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/redisstore"
-	"github.com/countlimit/countlimit/internal/testenv/redisserver"
+	"github.com/countlimit/countlimit/internal/testkit/testenv/redisserver"
 )
 
 var pexpireCalls = regexp.MustCompile(`(?m)^cmdstat_pexpire:calls=(\d+),`)

@@ -9,9 +9,9 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/countlimit/countlimit/countlimit/redisstore"
-	"github.com/countlimit/countlimit/internal/model"
-	"github.com/countlimit/countlimit/internal/modeltest"
-	"github.com/countlimit/countlimit/internal/testbackend"
+	"github.com/countlimit/countlimit/internal/testkit/model"
+	"github.com/countlimit/countlimit/internal/testkit/modeltest"
+	"github.com/countlimit/countlimit/internal/testkit/testbackend"
 )
 
 // releases are the tagged releases whose keys a Redis may still hold when

@@ -14,7 +14,7 @@ import (
 
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/driver"
-	"github.com/countlimit/countlimit/internal/leaseforge"
+	"github.com/countlimit/countlimit/internal/testkit/leaseforge"
 )
 
 // leaseTests are the cases for Concurrent windows; Run runs them with the

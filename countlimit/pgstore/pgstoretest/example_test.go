@@ -10,7 +10,7 @@ import (
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/pgstore"
 	"github.com/countlimit/countlimit/countlimit/pgstore/pgstoretest"
-	"github.com/countlimit/countlimit/internal/testenv"
+	"github.com/countlimit/countlimit/internal/testkit/testenv"
 )
 
 // A test of yours gets a schema of its own with countlimit's tables, on

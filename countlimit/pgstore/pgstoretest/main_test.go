@@ -3,7 +3,7 @@ package pgstoretest_test
 import (
 	"testing"
 
-	"github.com/countlimit/countlimit/internal/testenv"
+	"github.com/countlimit/countlimit/internal/testkit/testenv"
 )
 
 // Examples cannot skip: where there is no PostgreSQL they are left out, as

@@ -41,8 +41,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/countlimit/countlimit/countlimit/pgstore"
-	"github.com/countlimit/countlimit/internal/testenv"
-	"github.com/countlimit/countlimit/internal/testenv/pgschema"
+	"github.com/countlimit/countlimit/internal/testkit/testenv"
+	"github.com/countlimit/countlimit/internal/testkit/testenv/pgschema"
 )
 
 // Pool returns a pool whose connections work in a new schema with

@@ -3,7 +3,7 @@ package redisstoretest_test
 import (
 	"testing"
 
-	"github.com/countlimit/countlimit/internal/testenv"
+	"github.com/countlimit/countlimit/internal/testkit/testenv"
 )
 
 // Examples cannot skip: where there is no Redis they are left out, as the

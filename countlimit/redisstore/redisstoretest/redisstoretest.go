@@ -51,8 +51,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/countlimit/countlimit/internal/testenv"
-	"github.com/countlimit/countlimit/internal/testenv/redisdb"
+	"github.com/countlimit/countlimit/internal/testkit/testenv"
+	"github.com/countlimit/countlimit/internal/testkit/testenv/redisdb"
 )
 
 // Client returns a client on a logical database leased to t, empty. When t

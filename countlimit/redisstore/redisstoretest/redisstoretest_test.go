@@ -11,9 +11,9 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/countlimit/countlimit/countlimit/redisstore/redisstoretest"
-	"github.com/countlimit/countlimit/internal/redisurl"
-	"github.com/countlimit/countlimit/internal/testenv"
-	"github.com/countlimit/countlimit/internal/testenv/redisdb"
+	"github.com/countlimit/countlimit/internal/store/redisurl"
+	"github.com/countlimit/countlimit/internal/testkit/testenv"
+	"github.com/countlimit/countlimit/internal/testkit/testenv/redisdb"
 )
 
 // Clients in parallel get databases of their own, empty, flushed and
@@ -79,7 +79,7 @@ func TestURL(t *testing.T) {
 }
 
 // When every database is leased, Client waits for one to be released.
-// Other test processes may hold leases of their own (internal/testbackend
+// Other test processes may hold leases of their own (internal/testkit/testbackend
 // takes one per process), so the holder leases every database that is
 // free, and the waiter must get one that was leased when it began to wait.
 func TestClientWaitsForAFreeDatabase(t *testing.T) {
