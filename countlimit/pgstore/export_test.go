@@ -93,3 +93,40 @@ func (s *Store) StatementModeForTest() string {
 		return pgx.QueryExecMode(m).String()
 	}
 }
+
+// ApplyBatchEachForTest sends reqs, in this order, as one group commit of
+// countlimit_apply_batch and writes the state of each request it decided:
+// nil for those, ErrAlone for one it left to be sent alone, or the batch's
+// error.
+func (s *Store) ApplyBatchEachForTest(ctx context.Context, reqs []*driver.Request) []error {
+	calls := make([]*gather.Call, len(reqs))
+	for i, r := range reqs {
+		calls[i] = &gather.Call{Req: *r}
+		calls[i].Req.Checks = append([]driver.Check(nil), r.Checks...)
+	}
+	s.sendApplies(ctx, calls)
+	errs := make([]error, len(reqs))
+	for i, c := range calls {
+		switch {
+		case c.Err != nil:
+			errs[i] = c.Err
+		case c.Retried():
+			errs[i] = errors.New("left for a retry")
+		default:
+			copy(reqs[i].Checks, c.Req.Checks)
+		}
+	}
+	return errs
+}
+
+// ErrAlone is the outcome of a call countlimit_apply_batch did not decide.
+var ErrAlone = errAlone
+
+// AloneForTest sends r on the pool as a statement of its own, as the
+// pool sends a call its group commit did not decide.
+func (s *Store) AloneForTest(ctx context.Context, r *driver.Request) error {
+	return interpretError(s.alone(ctx, r))
+}
+
+// Batched reports whether the pool sends r to countlimit_apply_batch.
+func Batched(r *driver.Request) bool { return batched(r) }

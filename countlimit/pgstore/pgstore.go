@@ -151,6 +151,9 @@ type Store struct {
 	pool   *pgxpool.Pool   // the DBTX, when it is a pool
 	timed  *lockTimed      // on pool
 	gather *gather.Batcher // nil unless db is a pool
+	// applies group-commits the calls batched reports (nil unless db is a
+	// pool).
+	applies *gather.Batcher
 	turns  turns           // of the rows calls on the pool wait for
 	stmt   stmtTimeout     // the pool's statement_timeout, as last read
 }
@@ -196,6 +199,9 @@ func New(d DBTX, opts ...Option) *Store {
 			s.gather.SendAlone()
 			// Two batches in flight never share a row (see gather.Keyed).
 			s.gather.Keyed(rowHash)
+			s.applies = gather.New(s.sendApplies, cfg.maxBatch, cfg.maxInFlight)
+			s.applies.SendAlone()
+			s.applies.Keyed(idHash)
 		}
 	}
 	return s
@@ -212,22 +218,22 @@ func (s *Store) Do(ctx context.Context, r *driver.Request) error {
 }
 
 // pooled runs one request on the pool: the fast path in a group commit, or
-// on its own skipping a locked row, and every other statement with a short
-// lock_timeout (lockTimed). A row another transaction holds makes it
-// errBusy.
+// on its own skipping a locked row; allows, peeks and refunds of every
+// other kind in a group commit of their own, or alone when it did not
+// decide them; and every other statement alone with a short lock_timeout
+// (lockTimed). A row another transaction holds makes it errBusy.
 func (s *Store) pooled(ctx context.Context, r *driver.Request) error {
 	switch {
 	case fast(r) && s.gather != nil:
 		return s.gather.Do(ctx, r)
 	case fast(r):
 		return s.allowOne(ctx, s.db, r, onePooled)
+	case s.applies != nil && batched(r):
+		if err := s.applies.Do(ctx, r); err != errAlone {
+			return err
+		}
 	}
-	sent := time.Now()
-	err := s.do(ctx, s.timed, r)
-	if s.busy(ctx, err, sent) {
-		return errBusy
-	}
-	return err
+	return s.alone(ctx, r)
 }
 
 // do runs one request on d, a statement of its own.
@@ -249,36 +255,23 @@ func (s *Store) reset(ctx context.Context, d DBTX, r *driver.Request) error {
 
 // apply runs a request through countlimit_apply.
 func (s *Store) apply(ctx context.Context, d DBTX, r *driver.Request) error {
-	p := db.ApplyParams{
-		Op:       r.Op.String(),
-		UniqueID: r.ID,
-		Now:      timestamptz(r.Now),
-		N:        r.N,
-		UseTypes: useTypes(r),
-		Limits:   make([]int64, len(r.Checks)),
-		Begins:   make([]pgtype.Timestamptz, len(r.Checks)),
-		Lengths:  make([]int64, len(r.Checks)),
-		Spans:    make([]int64, len(r.Checks)),
-		Blocks:   make([]int64, len(r.Checks)),
-		Kinds:    make([]string, len(r.Checks)),
-		// A smooth check's emission interval (µs) and burst; 0 for every
-		// other kind.
-		Intervals: make([]int64, len(r.Checks)),
-		Bursts:    make([]int64, len(r.Checks)),
-	}
-	for i := range r.Checks {
-		c := &r.Checks[i]
-		begin, length := wire.Window(c)
-		p.Limits[i] = c.Limit
-		p.Begins[i] = nullTime(begin) // NULL for a sliding check
-		p.Lengths[i] = length
-		p.Spans[i] = c.Span.Microseconds()
-		p.Blocks[i] = c.Block.Microseconds()
-		p.Kinds[i] = c.Kind
-		p.Intervals[i] = c.Interval.Microseconds()
-		p.Bursts[i] = c.Burst
-	}
-	rows, err := s.q.Apply(ctx, d, p)
+	var a applyChecks
+	a.add(r)
+	rows, err := s.q.Apply(ctx, d, db.ApplyParams{
+		Op:        r.Op.String(),
+		UniqueID:  r.ID,
+		Now:       timestamptz(r.Now),
+		N:         r.N,
+		UseTypes:  a.useTypes,
+		Limits:    a.limits,
+		Begins:    a.begins,
+		Lengths:   a.lengths,
+		Spans:     a.spans,
+		Blocks:    a.blocks,
+		Kinds:     a.kinds,
+		Intervals: a.intervals,
+		Bursts:    a.bursts,
+	})
 	if err != nil {
 		return err
 	}
@@ -286,18 +279,60 @@ func (s *Store) apply(ctx context.Context, d DBTX, r *driver.Request) error {
 		return fmt.Errorf("pgstore: countlimit_apply returned %d rows for %d checks", len(rows), len(r.Checks))
 	}
 	for _, row := range rows {
-		k := int(row.Ord) - 1
-		if k < 0 || k >= len(r.Checks) {
-			return fmt.Errorf("pgstore: countlimit_apply returned check %d of %d", row.Ord, len(r.Checks))
+		if err := setApplied(r, row.Ord, row.Allowed, row.Used, row.WindowBegin, row.WindowEnd, row.BlockedUntil, row.FreeAt); err != nil {
+			return err
 		}
-		r.Checks[k].State = driver.State{
-			Allowed:      row.Allowed,
-			Used:         row.Used,
-			Begin:        timeOf(row.WindowBegin),
-			End:          timeOf(row.WindowEnd),
-			BlockedUntil: timeOf(row.BlockedUntil),
-			FreeAt:       timeOf(row.FreeAt),
-		}
+	}
+	return nil
+}
+
+// applyChecks are requests' checks as countlimit_apply and
+// countlimit_apply_batch take them, one array a field.
+type applyChecks struct {
+	useTypes []string
+	limits   []int64
+	begins   []pgtype.Timestamptz
+	lengths  []int64
+	spans    []int64
+	blocks   []int64
+	kinds    []string
+	// A smooth check's emission interval (µs) and burst; 0 for every
+	// other kind.
+	intervals []int64
+	bursts    []int64
+}
+
+// add appends r's checks.
+func (a *applyChecks) add(r *driver.Request) {
+	for i := range r.Checks {
+		c := &r.Checks[i]
+		begin, length := wire.Window(c)
+		a.useTypes = append(a.useTypes, string(c.UseType))
+		a.limits = append(a.limits, c.Limit)
+		a.begins = append(a.begins, nullTime(begin)) // NULL for a sliding check
+		a.lengths = append(a.lengths, length)
+		a.spans = append(a.spans, c.Span.Microseconds())
+		a.blocks = append(a.blocks, c.Block.Microseconds())
+		a.kinds = append(a.kinds, c.Kind)
+		a.intervals = append(a.intervals, c.Interval.Microseconds())
+		a.bursts = append(a.bursts, c.Burst)
+	}
+}
+
+// setApplied writes the state of r's check ord (1-based) from a row of
+// countlimit_apply's.
+func setApplied(r *driver.Request, ord int32, allowed bool, used int64, begin, end, blocked, freeAt pgtype.Timestamptz) error {
+	k := int(ord) - 1
+	if k < 0 || k >= len(r.Checks) {
+		return fmt.Errorf("pgstore: countlimit_apply returned check %d of %d", ord, len(r.Checks))
+	}
+	r.Checks[k].State = driver.State{
+		Allowed:      allowed,
+		Used:         used,
+		Begin:        timeOf(begin),
+		End:          timeOf(end),
+		BlockedUntil: timeOf(blocked),
+		FreeAt:       timeOf(freeAt),
 	}
 	return nil
 }
