@@ -9,7 +9,8 @@
 // nor smooth, the common case, is countlimit_allow_one, or on a pool
 // countlimit_allow_batch or countlimit_allow_distinct for concurrent calls
 // together (group commit); sliding and smooth windows, AllowAll over
-// several rules, Peek and Refund call countlimit_apply. Give New a pgx.Tx
+// several rules, Peek and Refund call countlimit_apply, or on a pool
+// countlimit_apply_batch for concurrent calls together. Give New a pgx.Tx
 // and the check commits or rolls back with your business write:
 //
 //	tx, _ := pool.Begin(ctx)
@@ -25,25 +26,34 @@
 //
 // # Group commit
 //
-// A Store on a *pgxpool.Pool gathers concurrent Allow, AllowN and CheckLimit
-// calls of a rule whose window is neither sliding nor smooth into
-// batches, with no timers: a call that finds no batch in flight goes at
-// once, with any calls that are waiting; calls that arrive while batches
-// are in flight leave together in the next batch. A second batch (see WithMaxInFlight) leaves beside the
+// A Store on a *pgxpool.Pool gathers concurrent calls into batches, with
+// no timers, in two batchers: one for Allow, AllowN and CheckLimit of a
+// rule whose window is neither sliding nor smooth (countlimit_allow_batch
+// and countlimit_allow_distinct), one for every other Allow, AllowN,
+// AllowAll, Peek and Refund (countlimit_apply_batch). In each, a call that
+// finds no batch in flight goes at once, with any calls that are waiting;
+// calls that arrive while batches are in flight leave together in the
+// next batch. A second batch (see WithMaxInFlight) leaves beside the
 // first only when it shares no row with it and carries as many calls: two
-// batches of one Store never lock the same row. A batch is one statement,
-// one transaction and one commit, so one WAL flush serves many calls; if it
-// fails, every call in it gets countlimit.ErrUnavailable and nothing of it
-// is committed. Calls for the same id and use type in one batch are decided
-// one after another in arrival order by a single row update, and each gets
-// the Result it would have had alone. A call whose context ends while it
-// waits leaves the batch and is never counted. A call that may leave at once
-// and finds no call waiting runs its statement on its caller's goroutine,
-// with its caller's context: a lone call costs no hand-off between
-// goroutines.
+// batches of one batcher never lock the same row (countlimit_apply_batch's
+// share no id). A batch is one statement, one transaction and one commit,
+// so one WAL flush serves many calls; if it fails, every call in it gets
+// countlimit.ErrUnavailable and nothing of it is committed. Calls for the
+// same id and use type in one batch are decided one after another in
+// arrival order, and each gets the Result it would have had alone; in
+// countlimit_apply_batch the calls of one id are, each seeing the writes of
+// those before it. A call countlimit_apply_batch cannot decide there,
+// because a row of it is absent (a new key) or another transaction holds
+// one, is sent alone, and so are the later calls of its id in that batch:
+// nothing of them was written, and each is then a statement of its own
+// (countlimit_apply, which creates rows and waits for locks as below). A
+// call whose context ends while it waits leaves the batch and is never
+// counted. A call that may leave at once and finds no call waiting runs
+// its statement on its caller's goroutine, with its caller's context: a
+// lone call costs no hand-off between goroutines.
 //
-// Other calls (sliding and smooth windows, AllowAll over several rules, Peek, Refund,
-// Reset, leases) are not batched: each is one statement in its own
+// Reset and the calls of a Concurrent rule (Acquire, Lease.Release,
+// Lease.Extend, Peek) are not batched: each is one statement in its own
 // transaction. A Store on a *pgx.Conn or a pgx.Tx never batches.
 //
 // # Rows another transaction holds
@@ -154,8 +164,8 @@ type Store struct {
 	// applies group-commits the calls batched reports (nil unless db is a
 	// pool).
 	applies *gather.Batcher
-	turns  turns           // of the rows calls on the pool wait for
-	stmt   stmtTimeout     // the pool's statement_timeout, as last read
+	turns   turns       // of the rows calls on the pool wait for
+	stmt    stmtTimeout // the pool's statement_timeout, as last read
 }
 
 // Option configures a Store.
@@ -169,9 +179,9 @@ type config struct {
 // 1 turns group commit off: every call is then its own transaction.
 func WithMaxBatch(n int) Option { return func(c *config) { c.maxBatch = n } }
 
-// WithMaxInFlight sets how many group commits may be in flight at once, each
-// on its own connection (default 2, and never more than the pool's
-// MaxConns). Calls gather while batches run and leave together when a slot
+// WithMaxInFlight sets how many group commits of each batcher (the fast
+// path's, countlimit_apply_batch's) may be in flight at once, each on its
+// own connection (default 2, and never more than the pool's MaxConns). Calls gather while batches run and leave together when a slot
 // is free. Batches in flight never share a row, so none waits behind
 // another's row locks, and a second batch leaves only as big as the one it
 // overlaps; docs/benchmarks.md has how the default was chosen. 1 makes one
