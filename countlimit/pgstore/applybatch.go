@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"hash/maphash"
-	"slices"
 	"strings"
 	"time"
 
@@ -47,21 +46,12 @@ func (s *Store) alone(ctx context.Context, r *driver.Request) error {
 // callers send them alone.
 func (s *Store) sendApplies(ctx context.Context, calls []*gather.Call) {
 	if len(calls) == 1 {
-		c := calls[0]
-		if err := s.alone(ctx, &c.Req); err != errBusy {
-			c.Err = interpretError(err)
-		} else {
-			c.Err = errBusy
-		}
+		calls[0].Err = outcome(s.alone(ctx, &calls[0].Req))
 		return
 	}
 	// Ids in lock order; calls of one id in arrival order, as every call
 	// of an id may lock the rows of another of its calls.
-	order := make([]int, len(calls))
-	for i := range order {
-		order[i] = i
-	}
-	slices.SortStableFunc(order, func(a, b int) int { return strings.Compare(calls[a].Req.ID, calls[b].Req.ID) })
+	order := lockOrder(calls, func(a, b *driver.Request) int { return strings.Compare(a.ID, b.ID) })
 	p := db.ApplyBatchParams{
 		Ops:       make([]string, len(order)),
 		UniqueIds: make([]string, len(order)),

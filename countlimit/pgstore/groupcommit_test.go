@@ -30,13 +30,7 @@ func TestGroupCommitIsExact(t *testing.T) {
 // groupCommitIsExact runs the test on a pool of cfg, and reads the row
 // through admin.
 func groupCommitIsExact(t *testing.T, cfg *pgxpool.Config, admin *pgxpool.Pool) {
-	tracer := &counter{}
-	cfg.ConnConfig.Tracer = tracer
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	pool, tracer := tracedPool(t, cfg)
 	l := countlimit.New(pgstore.New(pool))
 	rule := countlimit.Rule{UseType: storetest.UseType(t, "exact"), Limit: 100, Window: countlimit.Rolling(time.Hour)}
 
@@ -46,7 +40,7 @@ func groupCommitIsExact(t *testing.T, cfg *pgxpool.Config, admin *pgxpool.Pool) 
 	denied := testbackend.AllAtOnce(t, callers, each, 100, func(int) (countlimit.Result, error) { return l.Allow(ctx, rule, "hot") })
 	// What the DBA sees of the row the batches wrote.
 	var used, remaining, den int64
-	err = admin.QueryRow(ctx, `SELECT used, remaining, denied_count FROM count_limit_status
+	err := admin.QueryRow(ctx, `SELECT used, remaining, denied_count FROM count_limit_status
 		WHERE use_type = $1 AND unique_id = 'hot'`, string(rule.UseType)).Scan(&used, &remaining, &den)
 	if err != nil || used != 100 || remaining != 0 || den != int64(denied) {
 		t.Errorf("count_limit_status: used %d remaining %d denied %d (%v); want 100, 0, %d", used, remaining, den, err, denied)
@@ -477,14 +471,7 @@ func TestSecondBatchNeverSharesARow(t *testing.T) {
 // smooth, AllowAll of two rules): exactly 100 are allowed, each Used
 // once, and the calls share statements.
 func TestEveryKindGroupCommitIsExact(t *testing.T) {
-	cfg := testbackend.PoolConfig(t)
-	tracer := &counter{}
-	cfg.ConnConfig.Tracer = tracer
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	pool, tracer := tracedPool(t, testbackend.PoolConfig(t))
 	l := countlimit.New(pgstore.New(pool))
 	ctx := context.Background()
 	sliding := countlimit.Rule{UseType: storetest.UseType(t, "sliding"), Limit: 100, Window: countlimit.Sliding(time.Hour)}
