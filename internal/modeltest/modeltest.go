@@ -635,7 +635,7 @@ func gen(seed uint64, n int, smooth bool) []Step {
 						bn = b.Limit + 1 // more than the rule ever allows: denied, however empty the window
 					}
 				}
-				if !hot && !allFocus && mix.IntN(3) == 0 {
+				if !hot && focus == nil && mix.IntN(3) == 0 {
 					// A call of another kind beside them, as concurrent
 					// callers send every kind: PostgreSQL's group commit of
 					// countlimit_apply_batch takes it.
