@@ -1279,27 +1279,9 @@ CREATE FUNCTION countlimit_apply(p_op text, p_unique_id text, p_now timestamp wi
     AS $$
 DECLARE
     cnt     int := coalesce(array_length(p_use_types, 1), 0);
-    need    bigint := CASE WHEN p_op = 'allow' THEN p_n ELSE 1 END;
     us      interval := interval '1 microsecond';
-    rec     count_limit;
-    found_  boolean[] := array_fill(NULL::boolean, ARRAY[cnt]);
     created boolean[] := array_fill(false, ARRAY[cnt]);
     rc      bigint;
-    used    bigint[] := array_fill(NULL::bigint, ARRAY[cnt]);
-    wbegin  timestamptz[] := array_fill(NULL::timestamptz, ARRAY[cnt]);
-    wend    timestamptz[] := array_fill(NULL::timestamptz, ARRAY[cnt]);
-    blocked timestamptz[] := array_fill(NULL::timestamptz, ARRAY[cnt]);
-    fits    boolean[] := array_fill(NULL::boolean, ARRAY[cnt]);
-    freeat  timestamptz[] := array_fill(NULL::timestamptz, ARRAY[cnt]);
-    ahead   bigint[] := array_fill(0::bigint, ARRAY[cnt]); -- a smooth check's max(TAT, now) - now, in µs
-    carried boolean[] := array_fill(false, ARRAY[cnt]); -- a sliding or smooth check reads another kind's count
-    held_to timestamptz[] := array_fill(NULL::timestamptz, ARRAY[cnt]); -- the end of the window that holds it
-    counts  boolean;
-    t       bigint;
-    b       bigint;
-    live    timestamptz[];
-    span    interval;
-    all_ok  boolean := true;
     locked  boolean := false;
     got     text[] := '{}';
     k       int;
@@ -1361,13 +1343,109 @@ BEGIN
         END IF;
     END IF;
 
-    -- Every row is now locked (peek: read) and, for allow, exists: see
-    -- each one's window, in use_type order.
+    RETURN QUERY SELECT * FROM countlimit_apply_locked(p_op, p_unique_id, p_now, p_n, p_use_types, p_limits, p_begins,
+        p_lengths, p_spans, p_blocks, p_kinds, p_intervals, p_bursts, got, created);
+END
+$$;
+
+-- Name: FUNCTION countlimit_apply(p_op text, p_unique_id text, p_now timestamp with time zone, p_n bigint, p_use_types text[], p_limits bigint[], p_begins timestamp with time zone[], p_lengths bigint[], p_spans bigint[], p_blocks bigint[], p_kinds text[], p_intervals bigint[], p_bursts bigint[]); Type: COMMENT
+
+COMMENT ON FUNCTION countlimit_apply(p_op text, p_unique_id text, p_now timestamp with time zone, p_n bigint, p_use_types text[], p_limits bigint[], p_begins timestamp with time zone[], p_lengths bigint[], p_spans bigint[], p_blocks bigint[], p_kinds text[], p_intervals bigint[], p_bursts bigint[]) IS 'countlimit: one atomic check of one id against one or more rules (allow, peek or refund), smooth rules (GCRA) included, taking row locks in key order (existing rows, then new ones, then writes) so that concurrent checks cannot deadlock. Reset is a plain DELETE.';
+
+-- Name: countlimit_apply_batch(text[], text[], timestamp with time zone[], bigint[], integer[], text[], bigint[], timestamp with time zone[], bigint[], bigint[], bigint[], text[], bigint[], bigint[]); Type: FUNCTION
+
+CREATE FUNCTION countlimit_apply_batch(p_ops text[], p_unique_ids text[], p_nows timestamp with time zone[], p_ns bigint[], p_firsts integer[], p_use_types text[], p_limits bigint[], p_begins timestamp with time zone[], p_lengths bigint[], p_spans bigint[], p_blocks bigint[], p_kinds text[], p_intervals bigint[], p_bursts bigint[]) RETURNS TABLE(o_call integer, o_ord integer, o_allowed boolean, o_used bigint, o_begin timestamp with time zone, o_end timestamp with time zone, o_blocked_until timestamp with time zone, o_free_at timestamp with time zone)
+    LANGUAGE plpgsql
+    SET enable_seqscan TO 'off'
+    AS $$
+DECLARE
+    lo     int;
+    hi     int;
+    uts    text[];
+    got    text[];
+    ok     boolean;
+    undone text[] := '{}'; -- ids with a call not decided
+BEGIN
+    FOR i IN 1 .. coalesce(array_length(p_ops, 1), 0) LOOP
+        lo := p_firsts[i];
+        hi := p_firsts[i + 1] - 1;
+        uts := p_use_types[lo:hi];
+        got := '{}';
+        IF p_unique_ids[i] = ANY (undone) THEN
+            ok := false;
+        ELSIF p_ops[i] = 'peek' THEN
+            ok := true;
+        ELSE
+            got := ARRAY(SELECT c.use_type FROM count_limit c
+                WHERE c.use_type = ANY (uts) AND c.unique_id = p_unique_ids[i]
+                ORDER BY c.use_type COLLATE "C"
+                FOR UPDATE SKIP LOCKED);
+            IF p_ops[i] = 'allow' THEN
+                ok := cardinality(got) = cardinality(uts);
+            ELSE
+                -- A refund gives back nothing of a row that is absent,
+                -- but must wait for one that is held.
+                ok := NOT EXISTS (SELECT FROM count_limit c
+                    WHERE c.use_type = ANY (uts) AND c.unique_id = p_unique_ids[i] AND c.use_type <> ALL (got));
+            END IF;
+        END IF;
+        IF NOT ok THEN
+            undone := undone || p_unique_ids[i];
+            o_call := i;
+            o_ord := 0;
+            RETURN NEXT;
+            CONTINUE;
+        END IF;
+        RETURN QUERY SELECT i, r.* FROM countlimit_apply_locked(p_ops[i], p_unique_ids[i], p_nows[i], p_ns[i], uts,
+            p_limits[lo:hi], p_begins[lo:hi], p_lengths[lo:hi], p_spans[lo:hi], p_blocks[lo:hi], p_kinds[lo:hi],
+            p_intervals[lo:hi], p_bursts[lo:hi], got, array_fill(false, ARRAY[hi - lo + 1])) AS r;
+    END LOOP;
+END
+$$;
+
+-- Name: FUNCTION countlimit_apply_batch(p_ops text[], p_unique_ids text[], p_nows timestamp with time zone[], p_ns bigint[], p_firsts integer[], p_use_types text[], p_limits bigint[], p_begins timestamp with time zone[], p_lengths bigint[], p_spans bigint[], p_blocks bigint[], p_kinds text[], p_intervals bigint[], p_bursts bigint[]); Type: COMMENT
+
+COMMENT ON FUNCTION countlimit_apply_batch(p_ops text[], p_unique_ids text[], p_nows timestamp with time zone[], p_ns bigint[], p_firsts integer[], p_use_types text[], p_limits bigint[], p_begins timestamp with time zone[], p_lengths bigint[], p_spans bigint[], p_blocks bigint[], p_kinds text[], p_intervals bigint[], p_bursts bigint[]) IS 'countlimit: many checks of countlimit_apply in one statement (pgstore''s group commit): calls whose rows all exist and are free are decided in order; the others come back with o_ord 0, nothing written, to be sent to countlimit_apply.';
+
+-- Name: countlimit_apply_locked(text, text, timestamp with time zone, bigint, text[], bigint[], timestamp with time zone[], bigint[], bigint[], bigint[], text[], bigint[], bigint[], text[], boolean[]); Type: FUNCTION
+
+CREATE FUNCTION countlimit_apply_locked(p_op text, p_unique_id text, p_now timestamp with time zone, p_n bigint, p_use_types text[], p_limits bigint[], p_begins timestamp with time zone[], p_lengths bigint[], p_spans bigint[], p_blocks bigint[], p_kinds text[], p_intervals bigint[], p_bursts bigint[], p_got text[], p_created boolean[]) RETURNS TABLE(o_ord integer, o_allowed boolean, o_used bigint, o_begin timestamp with time zone, o_end timestamp with time zone, o_blocked_until timestamp with time zone, o_free_at timestamp with time zone)
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    cnt     int := coalesce(array_length(p_use_types, 1), 0);
+    need    bigint := CASE WHEN p_op = 'allow' THEN p_n ELSE 1 END;
+    us      interval := interval '1 microsecond';
+    rec     count_limit;
+    found_  boolean[] := array_fill(NULL::boolean, ARRAY[cnt]);
+    used    bigint[] := array_fill(NULL::bigint, ARRAY[cnt]);
+    wbegin  timestamptz[] := array_fill(NULL::timestamptz, ARRAY[cnt]);
+    wend    timestamptz[] := array_fill(NULL::timestamptz, ARRAY[cnt]);
+    blocked timestamptz[] := array_fill(NULL::timestamptz, ARRAY[cnt]);
+    fits    boolean[] := array_fill(NULL::boolean, ARRAY[cnt]);
+    freeat  timestamptz[] := array_fill(NULL::timestamptz, ARRAY[cnt]);
+    ahead   bigint[] := array_fill(0::bigint, ARRAY[cnt]); -- a smooth check's max(TAT, now) - now, in µs
+    carried boolean[] := array_fill(false, ARRAY[cnt]); -- a sliding or smooth check reads another kind's count
+    held_to timestamptz[] := array_fill(NULL::timestamptz, ARRAY[cnt]); -- the end of the window that holds it
+    counts  boolean;
+    t       bigint;
+    b       bigint;
+    live    timestamptz[];
+    span    interval;
+    all_ok  boolean := true;
+    k       int;
+BEGIN
+    IF p_op NOT IN ('allow', 'peek', 'refund') THEN
+        RAISE EXCEPTION 'countlimit_apply: unknown op %', p_op USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    -- Every row is locked (peek: read) and, for allow, exists: see each
+    -- one's window, in use_type order.
     FOR k IN SELECT i FROM generate_subscripts(p_use_types, 1) AS i ORDER BY p_use_types[i] COLLATE "C" LOOP
         SELECT * INTO rec FROM count_limit c WHERE c.use_type = p_use_types[k] AND c.unique_id = p_unique_id;
         -- A row that appeared after phase 1 and that this call did not
         -- create is not locked: this call runs as if before it.
-        found_[k] := FOUND AND (p_op = 'peek' OR p_use_types[k] = ANY (got) OR created[k]);
+        found_[k] := FOUND AND (p_op = 'peek' OR p_use_types[k] = ANY (p_got) OR p_created[k]);
         IF NOT found_[k] THEN
             rec := NULL;
         END IF;
@@ -1536,7 +1614,7 @@ BEGIN
                     updated_at = now()
                 WHERE c.use_type = p_use_types[k] AND c.unique_id = p_unique_id;
             ELSIF fits[k] THEN
-                IF created[k] THEN
+                IF p_created[k] THEN
                     -- Another rule denied: this check counts nothing and
                     -- leaves no row behind.
                     DELETE FROM count_limit c WHERE c.use_type = p_use_types[k] AND c.unique_id = p_unique_id;
@@ -1568,9 +1646,9 @@ BEGIN
 END
 $$;
 
--- Name: FUNCTION countlimit_apply(p_op text, p_unique_id text, p_now timestamp with time zone, p_n bigint, p_use_types text[], p_limits bigint[], p_begins timestamp with time zone[], p_lengths bigint[], p_spans bigint[], p_blocks bigint[], p_kinds text[], p_intervals bigint[], p_bursts bigint[]); Type: COMMENT
+-- Name: FUNCTION countlimit_apply_locked(p_op text, p_unique_id text, p_now timestamp with time zone, p_n bigint, p_use_types text[], p_limits bigint[], p_begins timestamp with time zone[], p_lengths bigint[], p_spans bigint[], p_blocks bigint[], p_kinds text[], p_intervals bigint[], p_bursts bigint[], p_got text[], p_created boolean[]); Type: COMMENT
 
-COMMENT ON FUNCTION countlimit_apply(p_op text, p_unique_id text, p_now timestamp with time zone, p_n bigint, p_use_types text[], p_limits bigint[], p_begins timestamp with time zone[], p_lengths bigint[], p_spans bigint[], p_blocks bigint[], p_kinds text[], p_intervals bigint[], p_bursts bigint[]) IS 'countlimit: one atomic check of one id against one or more rules (allow, peek or refund), smooth rules (GCRA) included, taking row locks in key order (existing rows, then new ones, then writes) so that concurrent checks cannot deadlock. Reset is a plain DELETE.';
+COMMENT ON FUNCTION countlimit_apply_locked(p_op text, p_unique_id text, p_now timestamp with time zone, p_n bigint, p_use_types text[], p_limits bigint[], p_begins timestamp with time zone[], p_lengths bigint[], p_spans bigint[], p_blocks bigint[], p_kinds text[], p_intervals bigint[], p_bursts bigint[], p_got text[], p_created boolean[]) IS 'countlimit: the decision of countlimit_apply over rows its caller has locked (p_got: the use types of the rows it locked; p_created: which of them it inserted); called by countlimit_apply and countlimit_apply_batch, which set enable_seqscan = off for it.';
 
 -- Name: countlimit_claim_keys(text[], text[], timestamp with time zone[], text[]); Type: FUNCTION
 

@@ -51,13 +51,13 @@ COMMENT ON COLUMN count_limit.end_time IS
 
 -- 2. The checks.
 
--- countlimit_apply with p_intervals and p_bursts: v0.1.0's
--- countlimit_apply, and smooth checks (p_intervals[k] > 0, the emission
--- interval in µs, and p_bursts[k]; 0 for both otherwise), and counts
--- carried over from a rule of another kind. v0.1.0's overload stays for
--- v0.1.0 binaries.
+-- countlimit_apply_locked: the decision of a check (allow, peek or
+-- refund, any rules) once its rows are locked, or read for a peek: what
+-- countlimit_apply does after it has locked and created them, and what
+-- countlimit_apply_batch does for each call whose rows all exist and were
+-- free. No subtransaction: a batch of many calls takes none.
 -- +goose StatementBegin
-CREATE FUNCTION countlimit_apply(
+CREATE FUNCTION countlimit_apply_locked(
     p_op        text,
     p_unique_id text,
     p_now       timestamptz,
@@ -70,7 +70,9 @@ CREATE FUNCTION countlimit_apply(
     p_blocks    bigint[],
     p_kinds     text[],
     p_intervals bigint[],
-    p_bursts    bigint[]
+    p_bursts    bigint[],
+    p_got       text[],
+    p_created   boolean[]
 ) RETURNS TABLE (
     o_ord           int,
     o_allowed       boolean,
@@ -79,15 +81,13 @@ CREATE FUNCTION countlimit_apply(
     o_end           timestamptz,
     o_blocked_until timestamptz,
     o_free_at       timestamptz
-) LANGUAGE plpgsql SET enable_seqscan = off AS $fn$
+) LANGUAGE plpgsql AS $fn$
 DECLARE
     cnt     int := coalesce(array_length(p_use_types, 1), 0);
     need    bigint := CASE WHEN p_op = 'allow' THEN p_n ELSE 1 END;
     us      interval := interval '1 microsecond';
     rec     count_limit;
     found_  boolean[] := array_fill(NULL::boolean, ARRAY[cnt]);
-    created boolean[] := array_fill(false, ARRAY[cnt]);
-    rc      bigint;
     used    bigint[] := array_fill(NULL::bigint, ARRAY[cnt]);
     wbegin  timestamptz[] := array_fill(NULL::timestamptz, ARRAY[cnt]);
     wend    timestamptz[] := array_fill(NULL::timestamptz, ARRAY[cnt]);
@@ -103,74 +103,19 @@ DECLARE
     live    timestamptz[];
     span    interval;
     all_ok  boolean := true;
-    locked  boolean := false;
-    got     text[] := '{}';
     k       int;
 BEGIN
     IF p_op NOT IN ('allow', 'peek', 'refund') THEN
         RAISE EXCEPTION 'countlimit_apply: unknown op %', p_op USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
-    -- Phases 1 and 2, for allow and refund; peek locks nothing.
-    IF p_op = 'refund' THEN
-        got := ARRAY(SELECT c.use_type FROM count_limit c
-            WHERE c.use_type = ANY (p_use_types) AND c.unique_id = p_unique_id
-            ORDER BY c.use_type COLLATE "C"
-            FOR UPDATE);
-    ELSIF p_op = 'allow' THEN
-        FOR attempt IN 1 .. 8 LOOP
-            BEGIN
-                got := ARRAY(SELECT c.use_type FROM count_limit c
-                    WHERE c.use_type = ANY (p_use_types) AND c.unique_id = p_unique_id
-                    ORDER BY c.use_type COLLATE "C"
-                    FOR UPDATE);
-                FOR k IN SELECT i FROM generate_subscripts(p_use_types, 1) AS i ORDER BY p_use_types[i] COLLATE "C" LOOP
-                    CONTINUE WHEN p_use_types[k] = ANY (got);
-                    -- An empty window (begin = end) that only a counted
-                    -- event opens; for a smooth check, a TAT drained
-                    -- before any clock reading (the epoch), not at p_now:
-                    -- a check whose clock reads earlier than this one's
-                    -- would find one event there that was never counted,
-                    -- should this check be denied and leave the row.
-                    INSERT INTO count_limit (use_type, unique_id, begin_time, end_time, limit_value, window_kind,
-                        smooth_interval, smooth_burst)
-                    VALUES (p_use_types[k], p_unique_id,
-                        CASE WHEN p_intervals[k] > 0 THEN 'epoch' ELSE p_now END,
-                        CASE WHEN p_intervals[k] > 0 THEN 'epoch' ELSE p_now END,
-                        p_limits[k], nullif(p_kinds[k], ''),
-                        CASE WHEN p_intervals[k] > 0 THEN p_intervals[k] * us END,
-                        CASE WHEN p_intervals[k] > 0 THEN p_bursts[k] END)
-                    ON CONFLICT DO NOTHING;
-                    GET DIAGNOSTICS rc = ROW_COUNT;
-                    IF rc = 0 THEN
-                        -- Created concurrently: undo this attempt (its locks
-                        -- and inserts) and start again.
-                        RAISE EXCEPTION USING ERRCODE = 'CL001';
-                    END IF;
-                    created[k] := true;
-                END LOOP;
-                locked := true;
-            EXCEPTION WHEN SQLSTATE 'CL001' THEN
-                created := array_fill(false, ARRAY[cnt]);
-                got := '{}';
-            END;
-            EXIT WHEN locked;
-        END LOOP;
-        IF NOT locked THEN
-            -- Under REPEATABLE READ or SERIALIZABLE the rows created since
-            -- this transaction's snapshot stay invisible to it.
-            RAISE EXCEPTION 'countlimit_apply: rows of % were created concurrently 8 times over', p_unique_id
-                USING ERRCODE = 'serialization_failure';
-        END IF;
-    END IF;
-
-    -- Every row is now locked (peek: read) and, for allow, exists: see
-    -- each one's window, in use_type order.
+    -- Every row is locked (peek: read) and, for allow, exists: see each
+    -- one's window, in use_type order.
     FOR k IN SELECT i FROM generate_subscripts(p_use_types, 1) AS i ORDER BY p_use_types[i] COLLATE "C" LOOP
         SELECT * INTO rec FROM count_limit c WHERE c.use_type = p_use_types[k] AND c.unique_id = p_unique_id;
         -- A row that appeared after phase 1 and that this call did not
         -- create is not locked: this call runs as if before it.
-        found_[k] := FOUND AND (p_op = 'peek' OR p_use_types[k] = ANY (got) OR created[k]);
+        found_[k] := FOUND AND (p_op = 'peek' OR p_use_types[k] = ANY (p_got) OR p_created[k]);
         IF NOT found_[k] THEN
             rec := NULL;
         END IF;
@@ -339,7 +284,7 @@ BEGIN
                     updated_at = now()
                 WHERE c.use_type = p_use_types[k] AND c.unique_id = p_unique_id;
             ELSIF fits[k] THEN
-                IF created[k] THEN
+                IF p_created[k] THEN
                     -- Another rule denied: this check counts nothing and
                     -- leaves no row behind.
                     DELETE FROM count_limit c WHERE c.use_type = p_use_types[k] AND c.unique_id = p_unique_id;
@@ -371,6 +316,110 @@ BEGIN
 END
 $fn$;
 -- +goose StatementEnd
+COMMENT ON FUNCTION countlimit_apply_locked(text, text, timestamptz, bigint, text[], bigint[], timestamptz[], bigint[], bigint[], bigint[], text[], bigint[], bigint[], text[], boolean[]) IS
+    'countlimit: the decision of countlimit_apply over rows its caller has locked (p_got: the use types of the rows it locked; p_created: which of them it inserted); called by countlimit_apply and countlimit_apply_batch, which set enable_seqscan = off for it.';
+
+-- countlimit_apply with p_intervals and p_bursts: v0.1.0's
+-- countlimit_apply, and smooth checks (p_intervals[k] > 0, the emission
+-- interval in µs, and p_bursts[k]; 0 for both otherwise), and counts
+-- carried over from a rule of another kind. v0.1.0's overload stays for
+-- v0.1.0 binaries. It locks (or creates) the rows, then
+-- countlimit_apply_locked decides.
+-- +goose StatementBegin
+CREATE FUNCTION countlimit_apply(
+    p_op        text,
+    p_unique_id text,
+    p_now       timestamptz,
+    p_n         bigint,
+    p_use_types text[],
+    p_limits    bigint[],
+    p_begins    timestamptz[],
+    p_lengths   bigint[],
+    p_spans     bigint[],
+    p_blocks    bigint[],
+    p_kinds     text[],
+    p_intervals bigint[],
+    p_bursts    bigint[]
+) RETURNS TABLE (
+    o_ord           int,
+    o_allowed       boolean,
+    o_used          bigint,
+    o_begin         timestamptz,
+    o_end           timestamptz,
+    o_blocked_until timestamptz,
+    o_free_at       timestamptz
+) LANGUAGE plpgsql SET enable_seqscan = off AS $fn$
+DECLARE
+    cnt     int := coalesce(array_length(p_use_types, 1), 0);
+    us      interval := interval '1 microsecond';
+    created boolean[] := array_fill(false, ARRAY[cnt]);
+    rc      bigint;
+    locked  boolean := false;
+    got     text[] := '{}';
+    k       int;
+BEGIN
+    IF p_op NOT IN ('allow', 'peek', 'refund') THEN
+        RAISE EXCEPTION 'countlimit_apply: unknown op %', p_op USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    -- Phases 1 and 2, for allow and refund; peek locks nothing.
+    IF p_op = 'refund' THEN
+        got := ARRAY(SELECT c.use_type FROM count_limit c
+            WHERE c.use_type = ANY (p_use_types) AND c.unique_id = p_unique_id
+            ORDER BY c.use_type COLLATE "C"
+            FOR UPDATE);
+    ELSIF p_op = 'allow' THEN
+        FOR attempt IN 1 .. 8 LOOP
+            BEGIN
+                got := ARRAY(SELECT c.use_type FROM count_limit c
+                    WHERE c.use_type = ANY (p_use_types) AND c.unique_id = p_unique_id
+                    ORDER BY c.use_type COLLATE "C"
+                    FOR UPDATE);
+                FOR k IN SELECT i FROM generate_subscripts(p_use_types, 1) AS i ORDER BY p_use_types[i] COLLATE "C" LOOP
+                    CONTINUE WHEN p_use_types[k] = ANY (got);
+                    -- An empty window (begin = end) that only a counted
+                    -- event opens; for a smooth check, a TAT drained
+                    -- before any clock reading (the epoch), not at p_now:
+                    -- a check whose clock reads earlier than this one's
+                    -- would find one event there that was never counted,
+                    -- should this check be denied and leave the row.
+                    INSERT INTO count_limit (use_type, unique_id, begin_time, end_time, limit_value, window_kind,
+                        smooth_interval, smooth_burst)
+                    VALUES (p_use_types[k], p_unique_id,
+                        CASE WHEN p_intervals[k] > 0 THEN 'epoch' ELSE p_now END,
+                        CASE WHEN p_intervals[k] > 0 THEN 'epoch' ELSE p_now END,
+                        p_limits[k], nullif(p_kinds[k], ''),
+                        CASE WHEN p_intervals[k] > 0 THEN p_intervals[k] * us END,
+                        CASE WHEN p_intervals[k] > 0 THEN p_bursts[k] END)
+                    ON CONFLICT DO NOTHING;
+                    GET DIAGNOSTICS rc = ROW_COUNT;
+                    IF rc = 0 THEN
+                        -- Created concurrently: undo this attempt (its locks
+                        -- and inserts) and start again.
+                        RAISE EXCEPTION USING ERRCODE = 'CL001';
+                    END IF;
+                    created[k] := true;
+                END LOOP;
+                locked := true;
+            EXCEPTION WHEN SQLSTATE 'CL001' THEN
+                created := array_fill(false, ARRAY[cnt]);
+                got := '{}';
+            END;
+            EXIT WHEN locked;
+        END LOOP;
+        IF NOT locked THEN
+            -- Under REPEATABLE READ or SERIALIZABLE the rows created since
+            -- this transaction's snapshot stay invisible to it.
+            RAISE EXCEPTION 'countlimit_apply: rows of % were created concurrently 8 times over', p_unique_id
+                USING ERRCODE = 'serialization_failure';
+        END IF;
+    END IF;
+
+    RETURN QUERY SELECT * FROM countlimit_apply_locked(p_op, p_unique_id, p_now, p_n, p_use_types, p_limits, p_begins,
+        p_lengths, p_spans, p_blocks, p_kinds, p_intervals, p_bursts, got, created);
+END
+$fn$;
+-- +goose StatementEnd
 COMMENT ON FUNCTION countlimit_apply(text, text, timestamptz, bigint, text[], bigint[], timestamptz[], bigint[], bigint[], bigint[], text[], bigint[], bigint[]) IS
     'countlimit: one atomic check of one id against one or more rules (allow, peek or refund), smooth rules (GCRA) included, taking row locks in key order (existing rows, then new ones, then writes) so that concurrent checks cannot deadlock. Reset is a plain DELETE.';
 COMMENT ON FUNCTION countlimit_apply(text, text, timestamptz, bigint, text[], bigint[], timestamptz[], bigint[], bigint[], bigint[], text[]) IS
@@ -394,6 +443,95 @@ BEGIN
 END
 $fn$;
 -- +goose StatementEnd
+
+-- countlimit_apply_batch: many checks of countlimit_apply's (allow, peek
+-- or refund, any rules) in one statement, one transaction: pgstore's
+-- group commit for every kind the fast path does not take. Call i is
+-- p_ops[i], p_unique_ids[i], p_nows[i], p_ns[i], and its checks are
+-- elements p_firsts[i] .. p_firsts[i + 1] - 1 of the check arrays, as
+-- countlimit_apply takes them. Calls come in lock order (by id), calls
+-- of one id in arrival order, and are decided in that order, each
+-- seeing the writes of those before it. A call whose rows do not all
+-- exist (allow), or one of whose rows another transaction holds (allow,
+-- refund), is not decided: nothing of it is written, it comes back as
+-- one row with o_ord 0, and so does every later call of its id, which
+-- would otherwise go before it; the caller sends them to countlimit_apply,
+-- which creates rows and waits for locks. Rows are locked with SKIP
+-- LOCKED, so one held row never delays the other ids' calls, and no
+-- subtransaction is taken.
+-- +goose StatementBegin
+CREATE FUNCTION countlimit_apply_batch(
+    p_ops        text[],
+    p_unique_ids text[],
+    p_nows       timestamptz[],
+    p_ns         bigint[],
+    p_firsts     int[],
+    p_use_types  text[],
+    p_limits     bigint[],
+    p_begins     timestamptz[],
+    p_lengths    bigint[],
+    p_spans      bigint[],
+    p_blocks     bigint[],
+    p_kinds      text[],
+    p_intervals  bigint[],
+    p_bursts     bigint[]
+) RETURNS TABLE (
+    o_call          int,
+    o_ord           int,
+    o_allowed       boolean,
+    o_used          bigint,
+    o_begin         timestamptz,
+    o_end           timestamptz,
+    o_blocked_until timestamptz,
+    o_free_at       timestamptz
+) LANGUAGE plpgsql SET enable_seqscan = off AS $fn$
+DECLARE
+    lo     int;
+    hi     int;
+    uts    text[];
+    got    text[];
+    ok     boolean;
+    undone text[] := '{}'; -- ids with a call not decided
+BEGIN
+    FOR i IN 1 .. coalesce(array_length(p_ops, 1), 0) LOOP
+        lo := p_firsts[i];
+        hi := p_firsts[i + 1] - 1;
+        uts := p_use_types[lo:hi];
+        got := '{}';
+        IF p_unique_ids[i] = ANY (undone) THEN
+            ok := false;
+        ELSIF p_ops[i] = 'peek' THEN
+            ok := true;
+        ELSE
+            got := ARRAY(SELECT c.use_type FROM count_limit c
+                WHERE c.use_type = ANY (uts) AND c.unique_id = p_unique_ids[i]
+                ORDER BY c.use_type COLLATE "C"
+                FOR UPDATE SKIP LOCKED);
+            IF p_ops[i] = 'allow' THEN
+                ok := cardinality(got) = cardinality(uts);
+            ELSE
+                -- A refund gives back nothing of a row that is absent,
+                -- but must wait for one that is held.
+                ok := NOT EXISTS (SELECT FROM count_limit c
+                    WHERE c.use_type = ANY (uts) AND c.unique_id = p_unique_ids[i] AND c.use_type <> ALL (got));
+            END IF;
+        END IF;
+        IF NOT ok THEN
+            undone := undone || p_unique_ids[i];
+            o_call := i;
+            o_ord := 0;
+            RETURN NEXT;
+            CONTINUE;
+        END IF;
+        RETURN QUERY SELECT i, r.* FROM countlimit_apply_locked(p_ops[i], p_unique_ids[i], p_nows[i], p_ns[i], uts,
+            p_limits[lo:hi], p_begins[lo:hi], p_lengths[lo:hi], p_spans[lo:hi], p_blocks[lo:hi], p_kinds[lo:hi],
+            p_intervals[lo:hi], p_bursts[lo:hi], got, array_fill(false, ARRAY[hi - lo + 1])) AS r;
+    END LOOP;
+END
+$fn$;
+-- +goose StatementEnd
+COMMENT ON FUNCTION countlimit_apply_batch(text[], text[], timestamptz[], bigint[], int[], text[], bigint[], timestamptz[], bigint[], bigint[], bigint[], text[], bigint[], bigint[]) IS
+    'countlimit: many checks of countlimit_apply in one statement (pgstore''s group commit): calls whose rows all exist and are free are decided in order; the others come back with o_ord 0, nothing written, to be sent to countlimit_apply.';
 
 -- countlimit_allow_one_pooled: countlimit_allow_one with p_skip_locked
 -- (pgstore's pool), after one statement that decides a call whose row
@@ -830,7 +968,7 @@ FROM (
     ) m
     CROSS JOIN LATERAL (
         -- A smooth row's TAT - now() and its interval in whole microseconds,
-        -- as the checks count them (driver.Apply); epoch arithmetic keeps
+        -- as the checks count them (model.Apply); epoch arithmetic keeps
         -- DST out of it.
         SELECT CASE WHEN m.smooth THEN ((extract(epoch FROM c.end_time) - extract(epoch FROM now())) * 1000000)::bigint END AS ahead,
                CASE WHEN m.smooth THEN (extract(epoch FROM c.smooth_interval) * 1000000)::bigint END AS t
@@ -1139,6 +1277,8 @@ COMMENT ON COLUMN count_limit_status.window_end IS 'When the current window ends
 COMMENT ON COLUMN count_limit_status.resets_in IS 'How long until the window ends and its count goes, while something is counted; NULL otherwise and for lifetime limits. For concurrent limits, until the last live lease expires.';
 
 DROP FUNCTION countlimit_apply(text, text, timestamptz, bigint, text[], bigint[], timestamptz[], bigint[], bigint[], bigint[], text[], bigint[], bigint[]);
+DROP FUNCTION countlimit_apply_batch(text[], text[], timestamptz[], bigint[], int[], text[], bigint[], timestamptz[], bigint[], bigint[], bigint[], text[], bigint[], bigint[]);
+DROP FUNCTION countlimit_apply_locked(text, text, timestamptz, bigint, text[], bigint[], timestamptz[], bigint[], bigint[], bigint[], text[], bigint[], bigint[], text[], boolean[]);
 COMMENT ON FUNCTION countlimit_apply(text, text, timestamptz, bigint, text[], bigint[], timestamptz[], bigint[], bigint[], bigint[], text[]) IS
     'countlimit: one atomic check of one id against one or more rules (allow, peek or refund), taking row locks in key order (existing rows, then new ones, then writes) so that concurrent checks cannot deadlock. Reset is a plain DELETE.';
 

@@ -17,6 +17,27 @@ FROM countlimit_apply(
     @intervals::bigint[], @bursts::bigint[]
 ) AS r;
 
+-- name: ApplyBatch :many
+-- ApplyBatch is Apply for many calls at once, group commit
+-- (countlimit_apply_batch): call i's checks are elements firsts[i] ..
+-- firsts[i+1]-1 of the check arrays. A call it did not decide (its rows
+-- absent or held) comes back as one row with ord 0: send it to Apply.
+SELECT
+    r.o_call::int                  AS call,
+    r.o_ord::int                   AS ord,
+    coalesce(r.o_allowed, false)::boolean AS allowed,
+    coalesce(r.o_used, 0)::bigint  AS used,
+    r.o_begin::timestamptz         AS window_begin,
+    r.o_end::timestamptz           AS window_end,
+    r.o_blocked_until::timestamptz AS blocked_until,
+    r.o_free_at::timestamptz       AS free_at
+FROM countlimit_apply_batch(
+    @ops::text[], @unique_ids::text[], @nows::timestamptz[], @ns::bigint[], @firsts::int[],
+    @use_types::text[], @limits::bigint[], @begins::timestamptz[],
+    @lengths::bigint[], @spans::bigint[], @blocks::bigint[], @kinds::text[],
+    @intervals::bigint[], @bursts::bigint[]
+) AS r;
+
 -- name: Reset :exec
 -- Reset deletes one id's rows for the given use types, leases with them
 -- (countlimit_reset).

@@ -31,11 +31,18 @@ func (s *Store) AllowBatchForTest(ctx context.Context, reqs []*driver.Request) e
 // another transaction holds, an error saying so for one left for a
 // retry, or the batch's error.
 func (s *Store) AllowBatchEachForTest(ctx context.Context, reqs []*driver.Request) []error {
+	return eachForTest(ctx, reqs, s.sendBatch)
+}
+
+// eachForTest sends reqs as one batch with send and returns each call's
+// outcome, writing the states of those it decided.
+func eachForTest(ctx context.Context, reqs []*driver.Request, send gather.Send) []error {
 	calls := make([]*gather.Call, len(reqs))
 	for i, r := range reqs {
 		calls[i] = &gather.Call{Req: *r}
+		calls[i].Req.Checks = append([]driver.Check(nil), r.Checks...)
 	}
-	s.sendBatch(ctx, calls)
+	send(ctx, calls)
 	errs := make([]error, len(reqs))
 	for i, c := range calls {
 		switch {
@@ -44,7 +51,7 @@ func (s *Store) AllowBatchEachForTest(ctx context.Context, reqs []*driver.Reques
 		case c.Retried():
 			errs[i] = errors.New("left for a retry")
 		default:
-			reqs[i].Checks[0].State = c.Req.Checks[0].State
+			copy(reqs[i].Checks, c.Req.Checks)
 		}
 	}
 	return errs
@@ -93,3 +100,23 @@ func (s *Store) StatementModeForTest() string {
 		return pgx.QueryExecMode(m).String()
 	}
 }
+
+// ApplyBatchEachForTest sends reqs, in this order, as one group commit of
+// countlimit_apply_batch and writes the state of each request it decided:
+// nil for those, ErrAlone for one it left to be sent alone, or the batch's
+// error.
+func (s *Store) ApplyBatchEachForTest(ctx context.Context, reqs []*driver.Request) []error {
+	return eachForTest(ctx, reqs, s.sendApplies)
+}
+
+// ErrAlone is the outcome of a call countlimit_apply_batch did not decide.
+var ErrAlone = errAlone
+
+// AloneForTest sends r on the pool as a statement of its own, as the
+// pool sends a call its group commit did not decide.
+func (s *Store) AloneForTest(ctx context.Context, r *driver.Request) error {
+	return interpretError(s.alone(ctx, r))
+}
+
+// Batched reports whether the pool sends r to countlimit_apply_batch.
+func Batched(r *driver.Request) bool { return batched(r) }

@@ -119,22 +119,11 @@ func state(allowed bool, used int64, begin, end, blocked pgtype.Timestamptz) dri
 // another transaction created meanwhile are sent again.
 func (s *Store) sendBatch(ctx context.Context, calls []*gather.Call) {
 	if len(calls) == 1 {
-		c := calls[0]
-		if err := s.allowOne(ctx, s.db, &c.Req, onePooled); err != errBusy {
-			c.Err = interpretError(err)
-		} else {
-			c.Err = errBusy
-		}
+		calls[0].Err = outcome(s.allowOne(ctx, s.db, &calls[0].Req, onePooled))
 		return
 	}
 	// Keys in lock order; calls of one key in arrival order.
-	order := make([]int, len(calls))
-	for i := range order {
-		order[i] = i
-	}
-	slices.SortStableFunc(order, func(a, b int) int {
-		return compareKeys(firstKey(&calls[a].Req), firstKey(&calls[b].Req))
-	})
+	order := lockOrder(calls, func(a, b *driver.Request) int { return compareKeys(firstKey(a), firstKey(b)) })
 	distinct := true
 	for j := 1; j < len(order) && distinct; j++ {
 		distinct = compareKeys(firstKey(&calls[order[j-1]].Req), firstKey(&calls[order[j]].Req)) != 0
@@ -277,6 +266,26 @@ func settle(calls []*gather.Call, done []bool, err error, busy bool) {
 			c.Retry()
 		}
 	}
+}
+
+// outcome is a call's Err from its statement's error: errBusy as it is,
+// any other through interpretError.
+func outcome(err error) error {
+	if err == errBusy {
+		return errBusy
+	}
+	return interpretError(err)
+}
+
+// lockOrder returns the positions of calls sorted by cmp of their
+// requests, calls that compare equal in arrival order.
+func lockOrder(calls []*gather.Call, cmp func(a, b *driver.Request) int) []int {
+	order := make([]int, len(calls))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(a, b int) int { return cmp(&calls[a].Req, &calls[b].Req) })
+	return order
 }
 
 // key is a row's primary key, in the order statements lock rows: by

@@ -30,13 +30,7 @@ func TestGroupCommitIsExact(t *testing.T) {
 // groupCommitIsExact runs the test on a pool of cfg, and reads the row
 // through admin.
 func groupCommitIsExact(t *testing.T, cfg *pgxpool.Config, admin *pgxpool.Pool) {
-	tracer := &counter{}
-	cfg.ConnConfig.Tracer = tracer
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	pool, tracer := tracedPool(t, cfg)
 	l := countlimit.New(pgstore.New(pool))
 	rule := countlimit.Rule{UseType: storetest.UseType(t, "exact"), Limit: 100, Window: countlimit.Rolling(time.Hour)}
 
@@ -46,7 +40,7 @@ func groupCommitIsExact(t *testing.T, cfg *pgxpool.Config, admin *pgxpool.Pool) 
 	denied := testbackend.AllAtOnce(t, callers, each, 100, func(int) (countlimit.Result, error) { return l.Allow(ctx, rule, "hot") })
 	// What the DBA sees of the row the batches wrote.
 	var used, remaining, den int64
-	err = admin.QueryRow(ctx, `SELECT used, remaining, denied_count FROM count_limit_status
+	err := admin.QueryRow(ctx, `SELECT used, remaining, denied_count FROM count_limit_status
 		WHERE use_type = $1 AND unique_id = 'hot'`, string(rule.UseType)).Scan(&used, &remaining, &den)
 	if err != nil || used != 100 || remaining != 0 || den != int64(denied) {
 		t.Errorf("count_limit_status: used %d remaining %d denied %d (%v); want 100, 0, %d", used, remaining, den, err, denied)
@@ -469,5 +463,115 @@ func TestSecondBatchNeverSharesARow(t *testing.T) {
 		if o := <-ch; o.err != nil || o.res.Used != int64(i+1) {
 			t.Errorf("z call %d: %+v, %v; want Used %d, in arrival order", i+1, o.res, o.err, i+1)
 		}
+	}
+}
+
+// TestEveryKindGroupCommitIsExact sends 64 concurrent callers at one id
+// with limit 100 for each kind countlimit_apply_batch takes (sliding,
+// smooth, AllowAll of two rules): exactly 100 are allowed, each Used
+// once, and the calls share statements.
+func TestEveryKindGroupCommitIsExact(t *testing.T) {
+	pool, tracer := tracedPool(t, testbackend.PoolConfig(t))
+	// One instant for every call: a smooth key drains as a clock moves,
+	// and callers' readings of one would reach the store out of order.
+	at := time.Now()
+	l := countlimit.New(pgstore.New(pool), countlimit.WithClock(func() time.Time { return at }))
+	ctx := context.Background()
+	sliding := countlimit.Rule{UseType: storetest.UseType(t, "sliding"), Limit: 100, Window: countlimit.Sliding(time.Hour)}
+	smooth := countlimit.Rule{UseType: storetest.UseType(t, "smooth"), Limit: 100, Window: countlimit.Smooth(time.Hour, 100)}
+	fixed := countlimit.Rule{UseType: storetest.UseType(t, "fixed"), Limit: 1000, Window: countlimit.Fixed(time.Hour)}
+	const callers, each = 64, 4
+	for name, allow := range map[string]func() (countlimit.Result, error){
+		"sliding": func() (countlimit.Result, error) { return l.Allow(ctx, sliding, "hot") },
+		"smooth":  func() (countlimit.Result, error) { return l.Allow(ctx, smooth, "hot") },
+		"AllowAll": func() (countlimit.Result, error) {
+			rs, err := l.AllowAll(ctx, "hot", fixed, sliding)
+			if err != nil {
+				return countlimit.Result{}, err
+			}
+			return rs[1], nil
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			if name == "AllowAll" {
+				if err := l.Reset(ctx, sliding, "hot"); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if _, err := l.Peek(ctx, sliding, "hot"); err != nil {
+				t.Fatal(err)
+			}
+			sending := tracer.n.Load()
+			testbackend.AllAtOnce(t, callers, each, 100, func(int) (countlimit.Result, error) { return allow() })
+			if n := tracer.n.Load() - sending; n >= callers*each {
+				t.Errorf("%d calls sent %d statements: nothing was batched", callers*each, n)
+			} else {
+				t.Logf("%d calls in %d statements", callers*each, n)
+			}
+		})
+	}
+}
+
+// TestEveryKindGroupCommitIsolatesIds holds one id's row in a transaction
+// of its own: the calls of every kind on other ids, which countlimit_apply_batch
+// takes, are all answered while it is held, and the held id's call is
+// answered once it is let go, counted once.
+func TestEveryKindGroupCommitIsolatesIds(t *testing.T) {
+	pool := testbackend.Postgres(t)
+	l := countlimit.New(pgstore.New(pool))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	sliding := countlimit.Rule{UseType: storetest.UseType(t, "sliding"), Limit: 10, Window: countlimit.Sliding(time.Hour)}
+	smooth := countlimit.Rule{UseType: storetest.UseType(t, "smooth"), Limit: 10, Window: countlimit.Smooth(time.Hour, 10)}
+	const ids = 32
+	for i := range ids {
+		for _, r := range []countlimit.Rule{sliding, smooth} {
+			if _, err := l.Allow(ctx, r, fmt.Sprint("id", i)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if _, err := l.Allow(ctx, sliding, "held"); err != nil {
+		t.Fatal(err)
+	}
+	b := lockRows(t, pool, sliding.UseType, "held")
+	heldDone := make(chan error, 1)
+	go func() {
+		res, err := l.Allow(ctx, sliding, "held")
+		if err == nil && res.Used != 2 {
+			err = fmt.Errorf("Used %d, want 2", res.Used)
+		}
+		heldDone <- err
+	}()
+	var wg sync.WaitGroup
+	errs := make(chan error, 5*ids)
+	for i := range ids {
+		id := fmt.Sprint("id", i)
+		for _, call := range []func() error{
+			func() error { _, err := l.Allow(ctx, sliding, id); return err },
+			func() error { _, err := l.Allow(ctx, smooth, id); return err },
+			func() error { _, err := l.AllowAll(ctx, id, sliding, smooth); return err },
+			func() error { _, err := l.Refund(ctx, sliding, id, 1); return err },
+			func() error { _, err := l.Peek(ctx, smooth, id); return err },
+		} {
+			wg.Add(1)
+			go func() { defer wg.Done(); errs <- call() }()
+		}
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case err := <-heldDone:
+		t.Fatalf("the call on the held row was answered while it was held: %v", err)
+	default:
+	}
+	b.release(t)
+	if err := <-heldDone; err != nil {
+		t.Fatal(err)
 	}
 }

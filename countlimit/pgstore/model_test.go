@@ -68,7 +68,8 @@ func TestModel(t *testing.T) {
 	modeltest.Run(t, []modeltest.Path{
 		{Name: "pool", Do: poolEach, Read: read,
 			Cases: casesOf(eachPooled, nil), AllCases: fastCases},
-		{Name: "group commit", Do: onPool.AllowBatchForTest, Read: read, Skip: fastOnly, Fallback: poolEach,
+		{Name: "group commit", Do: mixedSends(onPool), Read: read,
+			Skip: func(reqs []*driver.Request) bool { return !separable(reqs) }, Fallback: poolEach,
 			Cases: casesOf(together, nil), AllCases: fastCases},
 		{Name: "group commit, a row held", Do: held, Read: read, Skip: fastOnly, Fallback: poolEach,
 			Cases: casesOf(together, heldCalls), AllCases: fastCases},

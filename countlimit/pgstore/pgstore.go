@@ -9,7 +9,8 @@
 // nor smooth, the common case, is countlimit_allow_one, or on a pool
 // countlimit_allow_batch or countlimit_allow_distinct for concurrent calls
 // together (group commit); sliding and smooth windows, AllowAll over
-// several rules, Peek and Refund call countlimit_apply. Give New a pgx.Tx
+// several rules, Peek and Refund call countlimit_apply, or on a pool
+// countlimit_apply_batch for concurrent calls together. Give New a pgx.Tx
 // and the check commits or rolls back with your business write:
 //
 //	tx, _ := pool.Begin(ctx)
@@ -25,25 +26,34 @@
 //
 // # Group commit
 //
-// A Store on a *pgxpool.Pool gathers concurrent Allow, AllowN and CheckLimit
-// calls of a rule whose window is neither sliding nor smooth into
-// batches, with no timers: a call that finds no batch in flight goes at
-// once, with any calls that are waiting; calls that arrive while batches
-// are in flight leave together in the next batch. A second batch (see WithMaxInFlight) leaves beside the
+// A Store on a *pgxpool.Pool gathers concurrent calls into batches, with
+// no timers, in two batchers: one for Allow, AllowN and CheckLimit of a
+// rule whose window is neither sliding nor smooth (countlimit_allow_batch
+// and countlimit_allow_distinct), one for every other Allow, AllowN,
+// AllowAll, Peek and Refund (countlimit_apply_batch). In each, a call that
+// finds no batch in flight goes at once, with any calls that are waiting;
+// calls that arrive while batches are in flight leave together in the
+// next batch. A second batch (see WithMaxInFlight) leaves beside the
 // first only when it shares no row with it and carries as many calls: two
-// batches of one Store never lock the same row. A batch is one statement,
-// one transaction and one commit, so one WAL flush serves many calls; if it
-// fails, every call in it gets countlimit.ErrUnavailable and nothing of it
-// is committed. Calls for the same id and use type in one batch are decided
-// one after another in arrival order by a single row update, and each gets
-// the Result it would have had alone. A call whose context ends while it
-// waits leaves the batch and is never counted. A call that may leave at once
-// and finds no call waiting runs its statement on its caller's goroutine,
-// with its caller's context: a lone call costs no hand-off between
-// goroutines.
+// batches of one batcher never lock the same row (countlimit_apply_batch's
+// share no id). A batch is one statement, one transaction and one commit,
+// so one WAL flush serves many calls; if it fails, every call in it gets
+// countlimit.ErrUnavailable and nothing of it is committed. Calls for the
+// same id and use type in one batch are decided one after another in
+// arrival order, and each gets the Result it would have had alone; in
+// countlimit_apply_batch the calls of one id are, each seeing the writes of
+// those before it. A call countlimit_apply_batch cannot decide there,
+// because a row of it is absent (a new key) or another transaction holds
+// one, is sent alone, and so are the later calls of its id in that batch:
+// nothing of them was written, and each is then a statement of its own
+// (countlimit_apply, which creates rows and waits for locks as below). A
+// call whose context ends while it waits leaves the batch and is never
+// counted. A call that may leave at once and finds no call waiting runs
+// its statement on its caller's goroutine, with its caller's context: a
+// lone call costs no hand-off between goroutines.
 //
-// Other calls (sliding and smooth windows, AllowAll over several rules, Peek, Refund,
-// Reset, leases) are not batched: each is one statement in its own
+// Reset and the calls of a Concurrent rule (Acquire, Lease.Release,
+// Lease.Extend, Peek) are not batched: each is one statement in its own
 // transaction. A Store on a *pgx.Conn or a pgx.Tx never batches.
 //
 // # Rows another transaction holds
@@ -151,8 +161,11 @@ type Store struct {
 	pool   *pgxpool.Pool   // the DBTX, when it is a pool
 	timed  *lockTimed      // on pool
 	gather *gather.Batcher // nil unless db is a pool
-	turns  turns           // of the rows calls on the pool wait for
-	stmt   stmtTimeout     // the pool's statement_timeout, as last read
+	// applies group-commits the calls batched reports (nil unless db is a
+	// pool).
+	applies *gather.Batcher
+	turns   turns       // of the rows calls on the pool wait for
+	stmt    stmtTimeout // the pool's statement_timeout, as last read
 }
 
 // Option configures a Store.
@@ -166,9 +179,9 @@ type config struct {
 // 1 turns group commit off: every call is then its own transaction.
 func WithMaxBatch(n int) Option { return func(c *config) { c.maxBatch = n } }
 
-// WithMaxInFlight sets how many group commits may be in flight at once, each
-// on its own connection (default 2, and never more than the pool's
-// MaxConns). Calls gather while batches run and leave together when a slot
+// WithMaxInFlight sets how many group commits of each batcher (the fast
+// path's, countlimit_apply_batch's) may be in flight at once, each on its
+// own connection (default 2, and never more than the pool's MaxConns). Calls gather while batches run and leave together when a slot
 // is free. Batches in flight never share a row, so none waits behind
 // another's row locks, and a second batch leaves only as big as the one it
 // overlaps; docs/benchmarks.md has how the default was chosen. 1 makes one
@@ -196,6 +209,9 @@ func New(d DBTX, opts ...Option) *Store {
 			s.gather.SendAlone()
 			// Two batches in flight never share a row (see gather.Keyed).
 			s.gather.Keyed(rowHash)
+			s.applies = gather.New(s.sendApplies, cfg.maxBatch, cfg.maxInFlight)
+			s.applies.SendAlone()
+			s.applies.Keyed(idHash)
 		}
 	}
 	return s
@@ -212,22 +228,22 @@ func (s *Store) Do(ctx context.Context, r *driver.Request) error {
 }
 
 // pooled runs one request on the pool: the fast path in a group commit, or
-// on its own skipping a locked row, and every other statement with a short
-// lock_timeout (lockTimed). A row another transaction holds makes it
-// errBusy.
+// on its own skipping a locked row; allows, peeks and refunds of every
+// other kind in a group commit of their own, or alone when it did not
+// decide them; and every other statement alone with a short lock_timeout
+// (lockTimed). A row another transaction holds makes it errBusy.
 func (s *Store) pooled(ctx context.Context, r *driver.Request) error {
 	switch {
 	case fast(r) && s.gather != nil:
 		return s.gather.Do(ctx, r)
 	case fast(r):
 		return s.allowOne(ctx, s.db, r, onePooled)
+	case s.applies != nil && batched(r):
+		if err := s.applies.Do(ctx, r); err != errAlone {
+			return err
+		}
 	}
-	sent := time.Now()
-	err := s.do(ctx, s.timed, r)
-	if s.busy(ctx, err, sent) {
-		return errBusy
-	}
-	return err
+	return s.alone(ctx, r)
 }
 
 // do runs one request on d, a statement of its own.
@@ -249,36 +265,23 @@ func (s *Store) reset(ctx context.Context, d DBTX, r *driver.Request) error {
 
 // apply runs a request through countlimit_apply.
 func (s *Store) apply(ctx context.Context, d DBTX, r *driver.Request) error {
-	p := db.ApplyParams{
-		Op:       r.Op.String(),
-		UniqueID: r.ID,
-		Now:      timestamptz(r.Now),
-		N:        r.N,
-		UseTypes: useTypes(r),
-		Limits:   make([]int64, len(r.Checks)),
-		Begins:   make([]pgtype.Timestamptz, len(r.Checks)),
-		Lengths:  make([]int64, len(r.Checks)),
-		Spans:    make([]int64, len(r.Checks)),
-		Blocks:   make([]int64, len(r.Checks)),
-		Kinds:    make([]string, len(r.Checks)),
-		// A smooth check's emission interval (µs) and burst; 0 for every
-		// other kind.
-		Intervals: make([]int64, len(r.Checks)),
-		Bursts:    make([]int64, len(r.Checks)),
-	}
-	for i := range r.Checks {
-		c := &r.Checks[i]
-		begin, length := wire.Window(c)
-		p.Limits[i] = c.Limit
-		p.Begins[i] = nullTime(begin) // NULL for a sliding check
-		p.Lengths[i] = length
-		p.Spans[i] = c.Span.Microseconds()
-		p.Blocks[i] = c.Block.Microseconds()
-		p.Kinds[i] = c.Kind
-		p.Intervals[i] = c.Interval.Microseconds()
-		p.Bursts[i] = c.Burst
-	}
-	rows, err := s.q.Apply(ctx, d, p)
+	var a applyChecks
+	a.add(r)
+	rows, err := s.q.Apply(ctx, d, db.ApplyParams{
+		Op:        r.Op.String(),
+		UniqueID:  r.ID,
+		Now:       timestamptz(r.Now),
+		N:         r.N,
+		UseTypes:  a.useTypes,
+		Limits:    a.limits,
+		Begins:    a.begins,
+		Lengths:   a.lengths,
+		Spans:     a.spans,
+		Blocks:    a.blocks,
+		Kinds:     a.kinds,
+		Intervals: a.intervals,
+		Bursts:    a.bursts,
+	})
 	if err != nil {
 		return err
 	}
@@ -286,18 +289,60 @@ func (s *Store) apply(ctx context.Context, d DBTX, r *driver.Request) error {
 		return fmt.Errorf("pgstore: countlimit_apply returned %d rows for %d checks", len(rows), len(r.Checks))
 	}
 	for _, row := range rows {
-		k := int(row.Ord) - 1
-		if k < 0 || k >= len(r.Checks) {
-			return fmt.Errorf("pgstore: countlimit_apply returned check %d of %d", row.Ord, len(r.Checks))
+		if err := setApplied(r, row.Ord, row.Allowed, row.Used, row.WindowBegin, row.WindowEnd, row.BlockedUntil, row.FreeAt); err != nil {
+			return err
 		}
-		r.Checks[k].State = driver.State{
-			Allowed:      row.Allowed,
-			Used:         row.Used,
-			Begin:        timeOf(row.WindowBegin),
-			End:          timeOf(row.WindowEnd),
-			BlockedUntil: timeOf(row.BlockedUntil),
-			FreeAt:       timeOf(row.FreeAt),
-		}
+	}
+	return nil
+}
+
+// applyChecks are requests' checks as countlimit_apply and
+// countlimit_apply_batch take them, one array a field.
+type applyChecks struct {
+	useTypes []string
+	limits   []int64
+	begins   []pgtype.Timestamptz
+	lengths  []int64
+	spans    []int64
+	blocks   []int64
+	kinds    []string
+	// A smooth check's emission interval (µs) and burst; 0 for every
+	// other kind.
+	intervals []int64
+	bursts    []int64
+}
+
+// add appends r's checks.
+func (a *applyChecks) add(r *driver.Request) {
+	for i := range r.Checks {
+		c := &r.Checks[i]
+		begin, length := wire.Window(c)
+		a.useTypes = append(a.useTypes, string(c.UseType))
+		a.limits = append(a.limits, c.Limit)
+		a.begins = append(a.begins, nullTime(begin)) // NULL for a sliding check
+		a.lengths = append(a.lengths, length)
+		a.spans = append(a.spans, c.Span.Microseconds())
+		a.blocks = append(a.blocks, c.Block.Microseconds())
+		a.kinds = append(a.kinds, c.Kind)
+		a.intervals = append(a.intervals, c.Interval.Microseconds())
+		a.bursts = append(a.bursts, c.Burst)
+	}
+}
+
+// setApplied writes the state of r's check ord (1-based) from a row of
+// countlimit_apply's.
+func setApplied(r *driver.Request, ord int32, allowed bool, used int64, begin, end, blocked, freeAt pgtype.Timestamptz) error {
+	k := int(ord) - 1
+	if k < 0 || k >= len(r.Checks) {
+		return fmt.Errorf("pgstore: countlimit_apply returned check %d of %d", ord, len(r.Checks))
+	}
+	r.Checks[k].State = driver.State{
+		Allowed:      allowed,
+		Used:         used,
+		Begin:        timeOf(begin),
+		End:          timeOf(end),
+		BlockedUntil: timeOf(blocked),
+		FreeAt:       timeOf(freeAt),
 	}
 	return nil
 }

@@ -61,15 +61,22 @@ func (c *counter) TraceBatchQuery(_ context.Context, _ *pgx.Conn, d pgx.TraceBat
 }
 func (c *counter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
 
-func TestOneStatementPerCall(t *testing.T) {
-	cfg := testbackend.PoolConfig(t)
+// tracedPool returns a pool of cfg whose statements tracer counts,
+// closed when the test ends.
+func tracedPool(t *testing.T, cfg *pgxpool.Config) (*pgxpool.Pool, *counter) {
+	t.Helper()
 	tracer := &counter{}
 	cfg.ConnConfig.Tracer = tracer
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer pool.Close()
+	t.Cleanup(pool.Close)
+	return pool, tracer
+}
+
+func TestOneStatementPerCall(t *testing.T) {
+	pool, tracer := tracedPool(t, testbackend.PoolConfig(t))
 	ctx := context.Background()
 	if err := pool.Ping(ctx); err != nil {
 		t.Fatal(err)

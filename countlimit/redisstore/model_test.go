@@ -48,8 +48,8 @@ func TestModel(t *testing.T) {
 	lone := modeltest.Each(s.Do)
 	modeltest.Run(t, []modeltest.Path{
 		{Name: "lone", Do: lone, Read: read, Expires: true},
-		{Name: "pipeline, combined", Do: s.CombinedForTest, Read: read, Expires: true},
-		{Name: "pipeline, a script each", Do: s.PipelineForTest, Read: read, Expires: true},
+		{Name: "pipeline, combined", Do: s.CombinedForTest, Read: read, Expires: true, Skip: mixedOnOneID, Fallback: lone},
+		{Name: "pipeline, a script each", Do: s.PipelineForTest, Read: read, Expires: true, Skip: mixedOnOneID, Fallback: lone},
 		{Name: "apply.lua", Do: modeltest.Each(s.ApplyForTest), Read: read, Expires: true,
 			Skip: func(reqs []*driver.Request) bool {
 				for _, r := range reqs {
@@ -61,6 +61,26 @@ func TestModel(t *testing.T) {
 			},
 			Fallback: lone},
 	})
+}
+
+// mixedOnOneID reports whether a batch has two calls on one id of which
+// one is not an allow of one rule of a window: a pipeline may decide
+// those out of the batch's order (a combined fast.lua script goes where
+// its first call is; a call sent again goes after the pipeline), which the
+// contract allows for concurrent calls and the model, deciding in order,
+// does not follow.
+func mixedOnOneID(reqs []*driver.Request) bool {
+	plain := func(r *driver.Request) bool {
+		return r.Op == driver.OpAllow && len(r.Checks) == 1 && r.Checks[0].Span == 0 && !r.Checks[0].Smooth() && r.Checks[0].TTL == 0
+	}
+	for i, a := range reqs {
+		for _, b := range reqs[i+1:] {
+			if a.ID == b.ID && !(plain(a) && plain(b)) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // TestContract runs storetest's contract cases on a Store: seeded keys,

@@ -99,6 +99,100 @@ func (q *Queries) Apply(ctx context.Context, db DBTX, arg ApplyParams) ([]ApplyR
 	return items, nil
 }
 
+const applyBatch = `-- name: ApplyBatch :many
+SELECT
+    r.o_call::int                  AS call,
+    r.o_ord::int                   AS ord,
+    coalesce(r.o_allowed, false)::boolean AS allowed,
+    coalesce(r.o_used, 0)::bigint  AS used,
+    r.o_begin::timestamptz         AS window_begin,
+    r.o_end::timestamptz           AS window_end,
+    r.o_blocked_until::timestamptz AS blocked_until,
+    r.o_free_at::timestamptz       AS free_at
+FROM countlimit_apply_batch(
+    $1::text[], $2::text[], $3::timestamptz[], $4::bigint[], $5::int[],
+    $6::text[], $7::bigint[], $8::timestamptz[],
+    $9::bigint[], $10::bigint[], $11::bigint[], $12::text[],
+    $13::bigint[], $14::bigint[]
+) AS r
+`
+
+type ApplyBatchParams struct {
+	Ops       []string
+	UniqueIds []string
+	Nows      []pgtype.Timestamptz
+	Ns        []int64
+	Firsts    []int32
+	UseTypes  []string
+	Limits    []int64
+	Begins    []pgtype.Timestamptz
+	Lengths   []int64
+	Spans     []int64
+	Blocks    []int64
+	Kinds     []string
+	Intervals []int64
+	Bursts    []int64
+}
+
+type ApplyBatchRow struct {
+	Call         int32
+	Ord          int32
+	Allowed      bool
+	Used         int64
+	WindowBegin  pgtype.Timestamptz
+	WindowEnd    pgtype.Timestamptz
+	BlockedUntil pgtype.Timestamptz
+	FreeAt       pgtype.Timestamptz
+}
+
+// ApplyBatch is Apply for many calls at once, group commit
+// (countlimit_apply_batch): call i's checks are elements firsts[i] ..
+// firsts[i+1]-1 of the check arrays. A call it did not decide (its rows
+// absent or held) comes back as one row with ord 0: send it to Apply.
+func (q *Queries) ApplyBatch(ctx context.Context, db DBTX, arg ApplyBatchParams) ([]ApplyBatchRow, error) {
+	rows, err := db.Query(ctx, applyBatch,
+		arg.Ops,
+		arg.UniqueIds,
+		arg.Nows,
+		arg.Ns,
+		arg.Firsts,
+		arg.UseTypes,
+		arg.Limits,
+		arg.Begins,
+		arg.Lengths,
+		arg.Spans,
+		arg.Blocks,
+		arg.Kinds,
+		arg.Intervals,
+		arg.Bursts,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []ApplyBatchRow
+	for rows.Next() {
+		var i ApplyBatchRow
+		if err := rows.Scan(
+			&i.Call,
+			&i.Ord,
+			&i.Allowed,
+			&i.Used,
+			&i.WindowBegin,
+			&i.WindowEnd,
+			&i.BlockedUntil,
+			&i.FreeAt,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const purgeLeases = `-- name: PurgeLeases :one
 SELECT countlimit_purge_leases($1::timestamptz, $2::int)::bigint AS deleted
 `

@@ -357,6 +357,9 @@ func vary(rng *rand.Rand, r countlimit.Rule) countlimit.Rule {
 // steps for the same seed, every time (TestGenIsDeterministic).
 func gen(seed uint64, n int, smooth bool) []Step {
 	rng := rand.New(rand.NewPCG(seed, 0x636c))
+	// mix draws the calls of other kinds in batches (otherCall), apart
+	// from rng.
+	mix := rand.New(rand.NewPCG(seed, 0x6d6978))
 	rec := newRecorder(seed)
 	loc, now, ids := setting(seed)
 	rs := rules(loc, smooth)
@@ -636,6 +639,13 @@ func gen(seed uint64, n int, smooth bool) []Step {
 						bn = b.Limit + 1 // more than the rule ever allows: denied, however empty the window
 					}
 				}
+				if !hot && focus == nil && mix.IntN(3) == 0 {
+					// A call of another kind beside them, as concurrent
+					// callers send every kind: PostgreSQL's group commit of
+					// countlimit_apply_batch takes it.
+					parts = append(parts, otherCall(ctx, mix, l, rs, bid, &leases))
+					continue
+				}
 				l.AllowN(ctx, b, bid, bn)
 				parts = append(parts, fmt.Sprintf("%s/%s", b.UseType, bid))
 			}
@@ -716,6 +726,44 @@ func gen(seed uint64, n int, smooth bool) []Step {
 		steps = append(steps, Step{Desc: at.UTC().Format("2006-01-02 15:04:05.000000 ") + desc, Reqs: rec.reqs})
 	}
 	return steps
+}
+
+// otherCall makes, through l, one call on id of a kind other than an
+// allow of a window's rule, for a batch: an allow of any rule (sliding,
+// smooth), a Peek, a Refund, an AllowAll of two or three rules, or an
+// Acquire of slots (its lease joins leases). It returns its description.
+func otherCall(ctx context.Context, rng *rand.Rand, l *countlimit.Limiter, rs []countlimit.Rule, id string, leases *[]countlimit.Lease) string {
+	r := vary(rng, rs[rng.IntN(len(rs))])
+	if expose.WindowOf(r.Window).Concurrent {
+		if ls, _, _ := l.Acquire(ctx, r, id); ls.String() != "" {
+			*leases = append(*leases, ls)
+		}
+		return fmt.Sprintf("Acquire(%s, %s)", r.UseType, id)
+	}
+	n := int64(1 + rng.IntN(2))
+	switch rng.IntN(5) {
+	case 0:
+		l.Peek(ctx, r, id)
+		return fmt.Sprintf("Peek(%s, %s)", r.UseType, id)
+	case 1:
+		l.Refund(ctx, r, id, n)
+		return fmt.Sprintf("Refund(%s, %s, %d)", r.UseType, id, n)
+	case 2:
+		all := []countlimit.Rule{r}
+		for _, j := range rng.Perm(len(rs))[:1+rng.IntN(2)] {
+			if o := rs[j]; !expose.WindowOf(o.Window).Concurrent && o.UseType != r.UseType {
+				all = append(all, o)
+			}
+		}
+		uts := make([]string, len(all))
+		for i, a := range all {
+			uts[i] = string(a.UseType)
+		}
+		l.AllowAll(ctx, id, all...)
+		return fmt.Sprintf("AllowAll(%s/%s)", strings.Join(uts, "+"), id)
+	}
+	l.AllowN(ctx, r, id, n)
+	return fmt.Sprintf("AllowN(%s %v, %s, %d)", r.UseType, r.Window, id, n)
 }
 
 // keyRule is a key, with a rule of a window on its use type.
