@@ -15,6 +15,7 @@ import (
 	"github.com/countlimit/countlimit/countlimit/pgstore"
 	"github.com/countlimit/countlimit/internal/db"
 	"github.com/countlimit/countlimit/internal/service/audit"
+	"github.com/countlimit/countlimit/internal/service/clikit"
 )
 
 // openPostgres opens the --store that must be PostgreSQL.
@@ -23,25 +24,25 @@ func openPostgres(ctx context.Context, verb string, storeURL func() (string, err
 	if err != nil {
 		return nil, err
 	}
-	if !isPostgres(url) {
-		return nil, usageErrorf("%s: --store must be a postgres:// URL, got %q (Redis keys expire on their own; memory is per process)", verb, redactURL(url))
+	if !clikit.IsPostgres(url) {
+		return nil, clikit.UsageErrorf("%s: --store must be a postgres:// URL, got %q (Redis keys expire on their own; memory is per process)", verb, clikit.RedactURL(url))
 	}
 	return openStore(ctx, url, false, nil)
 }
 
 func top(ctx context.Context, args []string, stdout io.Writer) error {
-	fs := newFlagSet("top")
-	storeURL := storeFlag(fs, "", "postgres://...")
+	fs := clikit.NewFlagSet("top")
+	storeURL := clikit.StoreFlag(fs, "", "postgres://...")
 	n := fs.Int("n", 20, "`N` rows per table")
 	asJSON := fs.Bool("json", false, "print the three tables as one JSON object")
-	if err := parse(fs, args); err != nil {
+	if err := clikit.Parse(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
-		return usageErrorf("top: unexpected argument %q", fs.Arg(0))
+		return clikit.UsageErrorf("top: unexpected argument %q", fs.Arg(0))
 	}
 	if *n < 1 {
-		return usageErrorf("top: -n must be at least 1, got %d", *n)
+		return clikit.UsageErrorf("top: -n must be at least 1, got %d", *n)
 	}
 	st, err := openPostgres(ctx, "top", storeURL)
 	if err != nil {
@@ -147,17 +148,17 @@ func human(d time.Duration) string {
 }
 
 func purge(ctx context.Context, args []string, stdout io.Writer) error {
-	fs := newFlagSet("purge")
-	storeURL := storeFlag(fs, "", "postgres://...")
+	fs := clikit.NewFlagSet("purge")
+	storeURL := clikit.StoreFlag(fs, "", "postgres://...")
 	batch := fs.Int("batch", pgstore.DefaultPurgeBatchSize, "`N` rows per batch (each batch is one short statement)")
-	if err := parse(fs, args); err != nil {
+	if err := clikit.Parse(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
-		return usageErrorf("purge: unexpected argument %q", fs.Arg(0))
+		return clikit.UsageErrorf("purge: unexpected argument %q", fs.Arg(0))
 	}
 	if *batch < 1 || *batch > pgstore.MaxBatchSize {
-		return usageErrorf("purge: --batch must be 1 to %d, got %d", pgstore.MaxBatchSize, *batch)
+		return clikit.UsageErrorf("purge: --batch must be 1 to %d, got %d", pgstore.MaxBatchSize, *batch)
 	}
 	st, err := openPostgres(ctx, "purge", storeURL)
 	if err != nil {
@@ -167,7 +168,7 @@ func purge(ctx context.Context, args []string, stdout io.Writer) error {
 	tty := isTerminal(stdout)
 	var progress func(int64)
 	if tty {
-		progress = func(total int64) { fmt.Fprintf(stdout, "\rpurged %s", plural(int(total), "row", "rows")) }
+		progress = func(total int64) { fmt.Fprintf(stdout, "\rpurged %s", clikit.Plural(int(total), "row", "rows")) }
 	}
 	total, err := st.pg.PurgeEach(ctx, time.Now(), *batch, progress)
 	if tty {
@@ -179,7 +180,7 @@ func purge(ctx context.Context, args []string, stdout io.Writer) error {
 		}
 		return err
 	}
-	fmt.Fprintf(stdout, "purged %s\n", plural(int(total), "expired row", "expired rows"))
+	fmt.Fprintf(stdout, "purged %s\n", clikit.Plural(int(total), "expired row", "expired rows"))
 	return nil
 }
 

@@ -13,24 +13,18 @@ import (
 
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/driver"
+	"github.com/countlimit/countlimit/internal/service/clikit"
 	"github.com/countlimit/countlimit/internal/service/rulefile"
 	"github.com/countlimit/countlimit/internal/service/ruleops"
 )
-
-func loadRules(path string) (*rulefile.File, error) {
-	if path == "" {
-		return rulefile.Default(), nil
-	}
-	return rulefile.Load(path)
-}
 
 // check runs allow, peek, refund, reset or acquire for one id and reports
 // whether the answer was a denial: allow or acquire denied, or peek saying
 // the next allow would be. A refund or reset that is done is never one.
 func check(ctx context.Context, verb string, args []string, stdout io.Writer) (denied bool, err error) {
 	o, _ := ruleops.ParseOp(verb)
-	fs := newFlagSet(verb)
-	storeURL := storeFlag(fs, "", "postgres://... or redis://...")
+	fs := clikit.NewFlagSet(verb)
+	storeURL := clikit.StoreFlag(fs, "", "postgres://... or redis://...")
 	rulesPath := fs.String("rules", "", "YAML rule `FILE` (default: the built-in example rules)")
 	cost := fs.Int64("cost", 1, "allow: the event's weight `N`; refund: how many to give back")
 	tier := fs.String("tier", "", "the tier `T` whose limit applies")
@@ -44,7 +38,7 @@ func check(ctx context.Context, verb string, args []string, stdout io.Writer) (d
 		return false, err
 	}
 	if len(pos) != 2 {
-		return false, usageErrorf("%s: want RULE ID, got %s", verb, plural(len(pos), "argument", "arguments"))
+		return false, clikit.UsageErrorf("%s: want RULE ID, got %s", verb, clikit.Plural(len(pos), "argument", "arguments"))
 	}
 	name, id := pos[0], pos[1]
 	url, err := storeURL()
@@ -52,9 +46,9 @@ func check(ctx context.Context, verb string, args []string, stdout io.Writer) (d
 		return false, err
 	}
 	if url == "memory" {
-		return false, usageErrorf("%s: --store memory would forget the count when the command exits, so every run would start from zero; name postgres://... or redis://...", verb)
+		return false, clikit.UsageErrorf("%s: --store memory would forget the count when the command exits, so every run would start from zero; name postgres://... or redis://...", verb)
 	}
-	rf, err := loadRules(*rulesPath)
+	rf, err := clikit.LoadRules(*rulesPath)
 	if err != nil {
 		return false, err
 	}
@@ -65,8 +59,8 @@ func check(ctx context.Context, verb string, args []string, stdout io.Writer) (d
 		}
 	}
 	var ce *ruleops.CostError
-	if err := ruleops.CheckCost(rf, o, name, *cost, isSet(fs, "cost")); errors.As(err, &ce) {
-		return false, usageErrorf("%s: %s", verb, ce.Named("--cost"))
+	if err := ruleops.CheckCost(rf, o, name, *cost, clikit.IsSet(fs, "cost")); errors.As(err, &ce) {
+		return false, clikit.UsageErrorf("%s: %s", verb, ce.Named("--cost"))
 	}
 	rules, err := ruleops.Resolve(rf, o, name, *tier)
 	if err != nil {
@@ -162,8 +156,8 @@ func check(ctx context.Context, verb string, args []string, stdout io.Writer) (d
 // done).
 func leaseCmd(ctx context.Context, verb string, args []string, stdout io.Writer) (notHeld bool, err error) {
 	o, _ := ruleops.ParseOp(verb)
-	fs := newFlagSet(verb)
-	storeURL := storeFlag(fs, "", "postgres://... or redis://...")
+	fs := clikit.NewFlagSet(verb)
+	storeURL := clikit.StoreFlag(fs, "", "postgres://... or redis://...")
 	rulesPath := fs.String("rules", "", "YAML rule `FILE` that holds the lease's rule, whose ttl the lease lives by (default: the built-in example rules)")
 	asJSON := fs.Bool("json", false, "print the result as the HTTP API's JSON")
 	leaseKey := leaseKeyFlag(fs)
@@ -172,16 +166,16 @@ func leaseCmd(ctx context.Context, verb string, args []string, stdout io.Writer)
 		return false, err
 	}
 	if len(pos) != 1 {
-		return false, usageErrorf("%s: want LEASE (the string acquire printed), got %s", verb, plural(len(pos), "argument", "arguments"))
+		return false, clikit.UsageErrorf("%s: want LEASE (the string acquire printed), got %s", verb, clikit.Plural(len(pos), "argument", "arguments"))
 	}
 	url, err := storeURL()
 	if err != nil {
 		return false, err
 	}
 	if url == "memory" {
-		return false, usageErrorf("%s: --store memory holds no lease taken by another process; name postgres://... or redis://...", verb)
+		return false, clikit.UsageErrorf("%s: --store memory holds no lease taken by another process; name postgres://... or redis://...", verb)
 	}
-	rf, err := loadRules(*rulesPath)
+	rf, err := clikit.LoadRules(*rulesPath)
 	if err != nil {
 		return false, err
 	}

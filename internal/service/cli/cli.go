@@ -5,6 +5,8 @@
 // extend) go through internal/service/ruleops, as the service's endpoints do; the
 // CLI never goes through the HTTP service to reach them. Only serve, which
 // starts that service, imports internal/service/server (a test holds this).
+// bench is internal/service/bench, which Run calls; what the two share
+// (flag sets, usage errors, store URLs) is internal/service/clikit.
 package cli
 
 import (
@@ -13,11 +15,12 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net/url"
 	"os"
 	"strings"
 
 	"github.com/countlimit/countlimit/internal/expose"
+	"github.com/countlimit/countlimit/internal/service/bench"
+	"github.com/countlimit/countlimit/internal/service/clikit"
 
 	"github.com/countlimit/countlimit/countlimit"
 )
@@ -77,7 +80,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			if _, ok := commands[args[1]]; ok {
 				return Run(ctx, []string{args[1], "-h"}, stdout, stderr)
 			}
-			err = usageErrorf("help: unknown command %q", args[1])
+			err = clikit.UsageErrorf("help: unknown command %q", args[1])
 			break
 		}
 		fmt.Fprint(stdout, usage)
@@ -106,18 +109,18 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case "purge":
 		err = purge(ctx, args[1:], stdout)
 	case "bench":
-		err = bench(ctx, args[1:], stdout, stderr)
+		err = bench.Run(ctx, args[1:], stdout, stderr, bench.Env{Open: openBenchStore})
 	case "rules":
 		err = rules(args[1:], stdout)
 	default:
-		err = usageErrorf("unknown command %q", cmd)
+		err = clikit.UsageErrorf("unknown command %q", cmd)
 	}
 	if err == nil {
 		return ExitOK
 	}
-	var he *helpRequest
+	var he *clikit.HelpRequest
 	if errors.As(err, &he) {
-		printHelp(stdout, he.fs)
+		printHelp(stdout, he.FS)
 		return ExitOK
 	}
 	msg := err.Error()
@@ -125,8 +128,8 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		msg = "countlimit: " + msg
 	}
 	fmt.Fprintln(stderr, msg)
-	var ue *usageError
-	if errors.As(err, &ue) && !ue.noHint {
+	var ue *clikit.UsageError
+	if errors.As(err, &ue) && !ue.NoHint {
 		if _, ok := commands[cmd]; ok {
 			fmt.Fprintf(stderr, "run 'countlimit %s -h' for its %s\n", cmd, commands[cmd].hint())
 		} else {
@@ -134,43 +137,6 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	return ExitError
-}
-
-// usageError is a command line the command cannot run: Run prints it with
-// a hint pointing at the command's help, unless noHint says the message
-// already tells what to do.
-type usageError struct {
-	msg    string
-	noHint bool
-}
-
-func (e *usageError) Error() string { return e.msg }
-
-func usageErrorf(format string, args ...any) error {
-	return &usageError{msg: fmt.Sprintf(format, args...)}
-}
-
-// storeFlag adds --store to fs. The func it returns, called once fs is
-// parsed, gives the store's URL: --store, else $COUNTLIMIT_STORE, else
-// fallback. With no fallback ("") a store is required: neither set is a
-// usage error naming both, and want says what the command takes.
-func storeFlag(fs *flag.FlagSet, fallback, want string) func() (string, error) {
-	def := "$COUNTLIMIT_STORE"
-	if fallback != "" {
-		def += ", else " + fallback
-	}
-	u := fs.String("store", "", "the store `URL`: "+want+" (default "+def+")")
-	return func() (string, error) {
-		switch {
-		case *u != "":
-			return *u, nil
-		case os.Getenv("COUNTLIMIT_STORE") != "":
-			return os.Getenv("COUNTLIMIT_STORE"), nil
-		case fallback != "":
-			return fallback, nil
-		}
-		return "", &usageError{noHint: true, msg: fmt.Sprintf("%s: no store: pass --store %s, or set $COUNTLIMIT_STORE", fs.Name(), want)}
-	}
 }
 
 // leaseKeyFlag adds --lease-key-file to fs and returns a function that
@@ -214,29 +180,12 @@ func trimNewline(s string) string {
 	return s
 }
 
-func newFlagSet(name string) *flag.FlagSet {
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	return fs
-}
-
-func parse(fs *flag.FlagSet, args []string) error {
-	err := fs.Parse(args)
-	switch {
-	case errors.Is(err, flag.ErrHelp):
-		return &helpRequest{fs}
-	case err != nil:
-		return usageErrorf("%s: %v", fs.Name(), err)
-	}
-	return nil
-}
-
 // parseMixed parses flags that may come before, between or after the
 // positional arguments, and returns the positional ones.
 func parseMixed(fs *flag.FlagSet, args []string) ([]string, error) {
 	var pos []string
 	for {
-		if err := parse(fs, args); err != nil {
+		if err := clikit.Parse(fs, args); err != nil {
 			return nil, err
 		}
 		args = fs.Args()
@@ -246,30 +195,6 @@ func parseMixed(fs *flag.FlagSet, args []string) ([]string, error) {
 		pos = append(pos, args[0])
 		args = args[1:]
 	}
-}
-
-func isPostgres(url string) bool {
-	return strings.HasPrefix(url, "postgres://") || strings.HasPrefix(url, "postgresql://")
-}
-
-// redactURL hides the passwords in a store URL: in its user info and in
-// any query parameter whose name holds "password" (password, sslpassword).
-func redactURL(raw string) string {
-	if !strings.Contains(raw, "://") {
-		return raw // "memory", or not a URL at all
-	}
-	u, err := url.Parse(raw)
-	if err != nil {
-		return "(a URL that does not parse)"
-	}
-	q := u.Query()
-	for k := range q {
-		if strings.Contains(strings.ToLower(k), "password") {
-			q.Set(k, "xxxxx")
-			u.RawQuery = q.Encode()
-		}
-	}
-	return u.Redacted()
 }
 
 // isHelpFlag reports whether arg asks for help: countlimit help -h is

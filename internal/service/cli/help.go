@@ -202,11 +202,6 @@ your own.`,
 	},
 }
 
-// helpRequest is what parse returns for -h: Run prints the command's help.
-type helpRequest struct{ fs *flag.FlagSet }
-
-func (h *helpRequest) Error() string { return "help requested" }
-
 // printHelp prints the help of the command fs parses: its usage, what it
 // does and its flags.
 func printHelp(w io.Writer, fs *flag.FlagSet) {
@@ -238,12 +233,4 @@ func printHelp(w io.Writer, fs *flag.FlagSet) {
 		fmt.Fprintf(tw, "  %s\t%s\n", name, text)
 	})
 	tw.Flush()
-}
-
-// plural returns "1 rule" or "n rules".
-func plural(n int, one, many string) string {
-	if n == 1 {
-		return "1 " + one
-	}
-	return fmt.Sprintf("%d %s", n, many)
 }

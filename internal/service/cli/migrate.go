@@ -10,33 +10,34 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/pressly/goose/v3"
 
+	"github.com/countlimit/countlimit/internal/service/clikit"
 	"github.com/countlimit/countlimit/internal/store/pgmigrate"
 )
 
 func migrate(ctx context.Context, args []string, stdout io.Writer) error {
-	fs := newFlagSet("migrate")
-	storeURL := storeFlag(fs, "", "postgres://...")
+	fs := clikit.NewFlagSet("migrate")
+	storeURL := clikit.StoreFlag(fs, "", "postgres://...")
 	pos, err := parseMixed(fs, args)
 	if err != nil {
 		return err
 	}
 	if len(pos) != 1 || (pos[0] != "up" && pos[0] != "down" && pos[0] != "status") {
 		if len(pos) == 0 {
-			return usageErrorf("migrate: want up, down or status")
+			return clikit.UsageErrorf("migrate: want up, down or status")
 		}
-		return usageErrorf("migrate: want up, down or status, got %q", strings.Join(pos, " "))
+		return clikit.UsageErrorf("migrate: want up, down or status, got %q", strings.Join(pos, " "))
 	}
 	dir := pos[0]
 	url, err := storeURL()
 	if err != nil {
 		return err
 	}
-	if !isPostgres(url) {
-		return usageErrorf("migrate: --store must be a postgres:// URL (migrations are for PostgreSQL), got %q", redactURL(url))
+	if !clikit.IsPostgres(url) {
+		return clikit.UsageErrorf("migrate: --store must be a postgres:// URL (migrations are for PostgreSQL), got %q", clikit.RedactURL(url))
 	}
 	pool, err := pgxpool.New(ctx, url)
 	if err != nil {
-		return badStoreURL(url, err)
+		return clikit.BadStoreURL(url, err)
 	}
 	defer pool.Close()
 	p, closeDB, err := pgmigrate.NewProvider(pool)

@@ -16,6 +16,7 @@ import (
 
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/pgstore"
+	"github.com/countlimit/countlimit/internal/service/clikit"
 	"github.com/countlimit/countlimit/internal/service/rulefile"
 	"github.com/countlimit/countlimit/internal/service/server"
 )
@@ -39,13 +40,13 @@ const DefaultPurgeInterval = 5 * time.Minute
 const startTimeout = 5 * time.Second
 
 func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("serve")
+	fs := clikit.NewFlagSet("serve")
 	def := os.Getenv("COUNTLIMIT_ADDR")
 	if def == "" {
 		def = DefaultAddr
 	}
 	addr := fs.String("addr", def, "listen `ADDR` (default $COUNTLIMIT_ADDR, else "+DefaultAddr+")")
-	storeURL := storeFlag(fs, "memory", "postgres://..., redis://... or memory")
+	storeURL := clikit.StoreFlag(fs, "memory", "postgres://..., redis://... or memory")
 	rulesPath := fs.String("rules", "", "YAML rule `FILE` (default: the built-in example rules)")
 	migrate := fs.Bool("migrate", false, "apply the PostgreSQL migrations at start")
 	level := fs.String("log-level", "info", "log `LEVEL`: debug, info, warn or error")
@@ -60,11 +61,11 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	purgeInterval := fs.Duration("purge-interval", DefaultPurgeInterval, "on PostgreSQL, purge expired rows and leases in the background about every `duration`; 0: never")
 	requirePersistence := fs.Bool("require-redis-persistence", false, "on Redis, answer /healthz 503 while the server persists nothing (neither AOF nor RDB snapshots), not only warn")
 	purgeBatch := fs.Int("purge-batch", pgstore.DefaultPurgeBatchSize, fmt.Sprintf("delete at most `N` rows per purge statement (1 to %d)", pgstore.MaxBatchSize))
-	if err := parse(fs, args); err != nil {
+	if err := clikit.Parse(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
-		return usageErrorf("serve: unexpected argument %q", fs.Arg(0))
+		return clikit.UsageErrorf("serve: unexpected argument %q", fs.Arg(0))
 	}
 	url, err := storeURL()
 	if err != nil {
@@ -72,21 +73,21 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	switch {
 	case *storeTimeout < 0:
-		return usageErrorf("serve: --store-timeout must not be negative, got %v", *storeTimeout)
+		return clikit.UsageErrorf("serve: --store-timeout must not be negative, got %v", *storeTimeout)
 	case *breakerFailures < 0:
-		return usageErrorf("serve: --breaker-failures must not be negative, got %d", *breakerFailures)
+		return clikit.UsageErrorf("serve: --breaker-failures must not be negative, got %d", *breakerFailures)
 	case *breakerCoolDown <= 0:
-		return usageErrorf("serve: --breaker-cooldown must be positive, got %v", *breakerCoolDown)
+		return clikit.UsageErrorf("serve: --breaker-cooldown must be positive, got %v", *breakerCoolDown)
 	case *maxConns < 0:
-		return usageErrorf("serve: --max-conns must not be negative, got %d", *maxConns)
+		return clikit.UsageErrorf("serve: --max-conns must not be negative, got %d", *maxConns)
 	case *purgeInterval < 0:
-		return usageErrorf("serve: --purge-interval must not be negative (0 turns the purge off), got %v", *purgeInterval)
+		return clikit.UsageErrorf("serve: --purge-interval must not be negative (0 turns the purge off), got %v", *purgeInterval)
 	case *purgeBatch < 1 || *purgeBatch > pgstore.MaxBatchSize:
-		return usageErrorf("serve: --purge-batch must be 1 to %d, got %d", pgstore.MaxBatchSize, *purgeBatch)
+		return clikit.UsageErrorf("serve: --purge-batch must be 1 to %d, got %d", pgstore.MaxBatchSize, *purgeBatch)
 	}
 	var lvl slog.Level
 	if err := lvl.UnmarshalText([]byte(*level)); err != nil {
-		return usageErrorf("serve: --log-level: %v", err)
+		return clikit.UsageErrorf("serve: --log-level: %v", err)
 	}
 	token, err := loadToken(*tokenFile)
 	if err != nil {
@@ -100,7 +101,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: lvl}))
-	rf, err := loadRules(*rulesPath)
+	rf, err := clikit.LoadRules(*rulesPath)
 	if err != nil {
 		return err
 	}
@@ -224,7 +225,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		from = "the built-in example rules"
 	}
 	fmt.Fprintf(stdout, "countlimit: serving http://%s (store %s; %s and %s from %s)\n", ln.Addr(), st.desc,
-		plural(len(rf.Rules), "rule", "rules"), plural(len(rf.Groups), "group", "groups"), from)
+		clikit.Plural(len(rf.Rules), "rule", "rules"), clikit.Plural(len(rf.Groups), "group", "groups"), from)
 	attrs := []any{"addr", ln.Addr().String(), "store", st.desc, "rules", rf.Name, "token", token != ""}
 	if metricsLn != nil {
 		attrs = append(attrs, "metrics_addr", metricsLn.Addr().String())

@@ -21,6 +21,8 @@ import (
 	"github.com/countlimit/countlimit/countlimit/memstore"
 	"github.com/countlimit/countlimit/countlimit/pgstore"
 	"github.com/countlimit/countlimit/countlimit/redisstore"
+	"github.com/countlimit/countlimit/internal/service/bench"
+	"github.com/countlimit/countlimit/internal/service/clikit"
 	"github.com/countlimit/countlimit/internal/store/pgmigrate"
 	"github.com/countlimit/countlimit/internal/store/redisurl"
 )
@@ -58,7 +60,7 @@ func openStore(ctx context.Context, url string, migrate bool, log *slog.Logger) 
 // PostgreSQL store that answers but lacks migrations is returned with
 // behind set, instead of failing.
 func openStoreMaybeDown(ctx context.Context, url string, migrate bool, log *slog.Logger, down *error) (*opened, error) {
-	desc := redactURL(url)
+	desc := clikit.RedactURL(url)
 	tolerated := func(err error) bool {
 		if down == nil || !unreachable(err) {
 			return false
@@ -66,17 +68,17 @@ func openStoreMaybeDown(ctx context.Context, url string, migrate bool, log *slog
 		*down = fmt.Errorf("--store %s: %w", desc, err)
 		return true
 	}
-	if migrate && !isPostgres(url) {
-		return nil, usageErrorf("--migrate is for postgres:// stores, got %q", desc)
+	if migrate && !clikit.IsPostgres(url) {
+		return nil, clikit.UsageErrorf("--migrate is for postgres:// stores, got %q", desc)
 	}
 	switch {
 	case url == "" || url == "memory":
 		s := memstore.New()
 		return &opened{store: s, close: func() { s.Close() }, desc: "memory"}, nil
-	case isPostgres(url):
+	case clikit.IsPostgres(url):
 		pool, err := pgxpool.New(ctx, url)
 		if err != nil {
-			return nil, badStoreURL(url, err)
+			return nil, clikit.BadStoreURL(url, err)
 		}
 		if err := pool.Ping(ctx); err != nil {
 			if tolerated(err) {
@@ -107,11 +109,11 @@ func openStoreMaybeDown(ctx context.Context, url string, migrate bool, log *slog
 	case strings.HasPrefix(url, "redis://"), strings.HasPrefix(url, "rediss://"), strings.HasPrefix(url, "unix://"):
 		clientURL, opts, err := redisStoreOptions(url)
 		if err != nil {
-			return nil, badStoreURL(url, err)
+			return nil, clikit.BadStoreURL(url, err)
 		}
 		c, err := redisurl.Open(clientURL, failFast)
 		if err != nil {
-			return nil, badStoreURL(url, err)
+			return nil, clikit.BadStoreURL(url, err)
 		}
 		redisLogOnce.Do(func() { redis.SetLogger(&redisLog{}) })
 		redisLogTo.Store(log)
@@ -123,7 +125,7 @@ func openStoreMaybeDown(ctx context.Context, url string, migrate bool, log *slog
 		s := redisstore.New(c, opts...)
 		return &opened{store: s, redis: c, ping: ping, eviction: s.CheckEviction, persistence: s.CheckPersistence, close: func() { c.Close() }, desc: desc}, nil
 	}
-	return nil, usageErrorf("--store: want memory, postgres://... or redis://..., got %q", desc)
+	return nil, clikit.UsageErrorf("--store: want memory, postgres://... or redis://..., got %q", desc)
 }
 
 // schemaReady is server.Config.Schema for a PostgreSQL store: nil when
@@ -247,31 +249,6 @@ func (l *redisLog) Printf(ctx context.Context, format string, v ...any) {
 	}
 }
 
-// badStoreURL is the error for a --store URL that its driver rejects. The
-// drivers' errors quote the URL: net/url's (so go-redis's) as given,
-// password and all; pgx's with the passwords masked only as well as a
-// broken URL lets it. So the quoted URL is cut out, and the only URL shown
-// is redactURL's.
-func badStoreURL(rawURL string, err error) error {
-	msg := err.Error()
-	var pe *pgconn.ParseConfigError
-	if errors.As(err, &pe) {
-		s := pe.Error()
-		if rest, ok := strings.CutPrefix(s, "cannot parse `"); ok {
-			if _, reason, ok := strings.Cut(rest, "`: "); ok {
-				msg = strings.ReplaceAll(msg, s, "cannot parse: "+reason)
-			}
-		}
-	}
-	var ue *neturl.Error
-	if errors.As(err, &ue) {
-		msg = strings.ReplaceAll(msg, ue.Error(), ue.Err.Error())
-	}
-	msg = strings.ReplaceAll(msg, strconv.Quote(rawURL), "the URL")
-	msg = strings.ReplaceAll(msg, rawURL, "the URL")
-	return usageErrorf("--store %s: %s", redactURL(rawURL), msg)
-}
-
 // unreachable reports whether err, from a store's first ping, says that the
 // store did not answer, or is not ready yet (starting, loading, shutting
 // down), rather than that it answered no (bad password, no such database).
@@ -296,4 +273,14 @@ func unreachable(err error) bool {
 		return false
 	}
 	return true
+}
+
+// openBenchStore is bench.Env.Open: the store as openStore opens it
+// without migrating.
+func openBenchStore(ctx context.Context, url string) (*bench.Store, error) {
+	st, err := openStore(ctx, url, false, nil)
+	if err != nil {
+		return nil, err
+	}
+	return &bench.Store{Store: st.store, Pool: st.pool, Redis: st.redis, Desc: st.desc, Close: st.close}, nil
 }

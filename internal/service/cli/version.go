@@ -4,15 +4,17 @@ import (
 	"fmt"
 	"io"
 	"runtime/debug"
+
+	"github.com/countlimit/countlimit/internal/service/clikit"
 )
 
 func version(args []string, stdout io.Writer) error {
-	fs := newFlagSet("version")
-	if err := parse(fs, args); err != nil {
+	fs := clikit.NewFlagSet("version")
+	if err := clikit.Parse(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
-		return usageErrorf("version: takes no arguments, got %q", fs.Arg(0))
+		return clikit.UsageErrorf("version: takes no arguments, got %q", fs.Arg(0))
 	}
 	bi, _ := debug.ReadBuildInfo() // nil when it has none
 	writeVersion(stdout, bi)

@@ -1,4 +1,4 @@
-package cli
+package bench
 
 import (
 	"encoding/csv"

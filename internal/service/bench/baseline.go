@@ -1,4 +1,4 @@
-package cli
+package bench
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/countlimit/countlimit/internal/expose"
+	"github.com/countlimit/countlimit/internal/service/clikit"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -79,7 +80,7 @@ func parseRows(s string) ([]string, error) {
 				out = append(out, f)
 			}
 		default:
-			return nil, usageErrorf("bench --baseline: --rows wants a list of existing, new and random (e.g. existing,new), got %q", s)
+			return nil, clikit.UsageErrorf("bench --baseline: --rows wants a list of existing, new and random (e.g. existing,new), got %q", s)
 		}
 	}
 	return out, nil
@@ -124,8 +125,8 @@ func fillTables(ctx context.Context, pool *pgxpool.Pool, table string, n int, li
 // in a schema of its own, made and dropped here, so it neither reads nor
 // writes the database's own count_limit, and may TRUNCATE its tables.
 func benchBaseline(ctx context.Context, url string, checks []baselineCheck, callers []int, d time.Duration, ids, tableRows int, rows []string, out *benchOutput) error {
-	if !isPostgres(url) {
-		return usageErrorf("bench --baseline: the baseline is PostgreSQL's hand-written upsert; --store must be postgres://..., got %q", redactURL(url))
+	if !clikit.IsPostgres(url) {
+		return clikit.UsageErrorf("bench --baseline: the baseline is PostgreSQL's hand-written upsert; --store must be postgres://..., got %q", clikit.RedactURL(url))
 	}
 	var b [4]byte
 	_, _ = rand.Read(b[:])
@@ -134,15 +135,15 @@ func benchBaseline(ctx context.Context, url string, checks []baselineCheck, call
 	table := pgx.Identifier{schema, "baseline"}.Sanitize()
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
-		return badStoreURL(url, err)
+		return clikit.BadStoreURL(url, err)
 	}
 	admin, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
-		return badStoreURL(url, err)
+		return clikit.BadStoreURL(url, err)
 	}
 	defer admin.Close()
 	if err := admin.Ping(ctx); err != nil {
-		return fmt.Errorf("--store %s: %w", redactURL(url), driver.Unavailable(err))
+		return fmt.Errorf("--store %s: %w", clikit.RedactURL(url), driver.Unavailable(err))
 	}
 	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()); err != nil {
 		return fmt.Errorf("bench: creating the schema of the run: %w", err)
@@ -181,7 +182,7 @@ func benchBaseline(ctx context.Context, url string, checks []baselineCheck, call
 	}
 
 	names := benchIDs(ids)
-	out.report = benchReport{Mode: "bench --baseline", Store: redactURL(url), SynchronousCommit: sync, RunSeconds: d.Seconds(), Started: time.Now().UTC()}
+	out.report = benchReport{Mode: "bench --baseline", Store: clikit.RedactURL(url), SynchronousCommit: sync, RunSeconds: d.Seconds(), Started: time.Now().UTC()}
 	for _, ck := range checks {
 		out.report.Checks = append(out.report.Checks, ck.name)
 		for _, r := range ck.rules {
@@ -190,7 +191,7 @@ func benchBaseline(ctx context.Context, url string, checks []baselineCheck, call
 	}
 
 	fmt.Fprintf(out.human, "countlimit bench --baseline: %s, synchronous_commit=%s, %v per cell, in schema %s (dropped at the end)\n",
-		redactURL(url), sync, d, schema)
+		clikit.RedactURL(url), sync, d, schema)
 	fmt.Fprintf(out.human, "baseline: one INSERT ... ON CONFLICT DO UPDATE ... WHERE count < limit RETURNING on a 4-column table\n")
 	upsert := fmt.Sprintf(baselineUpsert, table)
 	limit := int64(expose.MaxLimit)
@@ -355,7 +356,7 @@ func benchBaseline(ctx context.Context, url string, checks []baselineCheck, call
 				ours.stalled(out.warn, ck.label, cell.callers)
 				for _, m := range []*measurement{base, ours} {
 					if m.errs > 0 {
-						return fmt.Errorf("bench: %s failed, the first: %w", plural(m.errs, "call", "calls"), m.firstErr)
+						return fmt.Errorf("bench: %s failed, the first: %w", clikit.Plural(m.errs, "call", "calls"), m.firstErr)
 					}
 				}
 				nids, idsCol := len(names), strconv.Itoa(len(names))
@@ -404,7 +405,7 @@ func parseCallers(cmd, flag, s string) ([]int, error) {
 	for _, f := range strings.Split(s, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
 		if err != nil || n < 1 || n > 10000 {
-			return nil, usageErrorf("%s: %s wants numbers from 1 to 10000 separated by commas, got %q", cmd, flag, s)
+			return nil, clikit.UsageErrorf("%s: %s wants numbers from 1 to 10000 separated by commas, got %q", cmd, flag, s)
 		}
 		out = append(out, n)
 	}

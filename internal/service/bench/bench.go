@@ -1,11 +1,10 @@
-package cli
+package bench
 
 import (
 	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -18,16 +17,19 @@ import (
 
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/countlimit/driver"
+	"github.com/countlimit/countlimit/internal/service/clikit"
 	"github.com/countlimit/countlimit/internal/service/ruleops"
 )
 
-// bench runs concurrent Allow calls against a store for a while and reports
-// throughput and latency: the numbers the README records come from here and
-// from the testing.B benchmarks. With --baseline it compares Allow with the
-// hand-written SQL a user would otherwise write.
-func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("bench")
-	storeURL := storeFlag(fs, "", "memory, postgres://... or redis://...")
+// Run runs "countlimit bench" with args (those after "bench"): it runs
+// concurrent Allow calls against a store for a while and reports
+// throughput and latency: the numbers the README records come from here
+// and from the testing.B benchmarks. With --baseline it compares Allow with
+// the hand-written SQL a user would otherwise write. A bad command line is
+// a clikit.UsageError, -h a clikit.HelpRequest.
+func Run(ctx context.Context, args []string, stdout, stderr io.Writer, env Env) error {
+	fs := clikit.NewFlagSet("bench")
+	storeURL := clikit.StoreFlag(fs, "", "memory, postgres://... or redis://...")
 	rulesPath := fs.String("rules", "", "the YAML rule `FILE` of --rule (default: the built-in example rules)")
 	ruleName := fs.String("rule", "", "check the rule or group `NAME` (a group with AllowAll; default: a fixed 1m window no call fills)")
 	tier := fs.String("tier", "", "the tier `T` of --rule whose limits apply")
@@ -42,7 +44,7 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	asJSON := fs.Bool("json", false, "print the results as JSON (the table goes to stderr)")
 	asCSV := fs.Bool("csv", false, "print the results as CSV, one row per run and side (the table goes to stderr)")
 	plot := fs.String("plot", "", "also draw calls/s and p50/p99 latency against callers, as SVG, into `FILE.svg`")
-	if err := parse(fs, args); err != nil {
+	if err := clikit.Parse(fs, args); err != nil {
 		return err
 	}
 	mode := "bench"
@@ -51,33 +53,33 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	switch {
 	case fs.NArg() > 0:
-		return usageErrorf("bench: unexpected argument %q", fs.Arg(0))
+		return clikit.UsageErrorf("bench: unexpected argument %q", fs.Arg(0))
 	case *asJSON && *asCSV:
-		return usageErrorf("bench: --json and --csv both print to stdout; pick one")
+		return clikit.UsageErrorf("bench: --json and --csv both print to stdout; pick one")
 	case *plot != "" && !strings.HasSuffix(strings.ToLower(*plot), ".svg"):
-		return usageErrorf("bench: --plot writes SVG: name a FILE.svg, got %q", *plot)
-	case isSet(fs, "concurrency") && isSet(fs, "callers"):
-		return usageErrorf("%s: --concurrency is the old name of --callers; give one", mode)
-	case !*baseline && isSet(fs, "check"):
-		return usageErrorf("bench: --check goes with --baseline")
-	case !*baseline && isSet(fs, "rows"):
-		return usageErrorf("bench: --rows goes with --baseline")
+		return clikit.UsageErrorf("bench: --plot writes SVG: name a FILE.svg, got %q", *plot)
+	case clikit.IsSet(fs, "concurrency") && clikit.IsSet(fs, "callers"):
+		return clikit.UsageErrorf("%s: --concurrency is the old name of --callers; give one", mode)
+	case !*baseline && clikit.IsSet(fs, "check"):
+		return clikit.UsageErrorf("bench: --check goes with --baseline")
+	case !*baseline && clikit.IsSet(fs, "rows"):
+		return clikit.UsageErrorf("bench: --rows goes with --baseline")
 	case *baseline && (*ruleName != "" || *tier != "" || *rulesPath != ""):
-		return usageErrorf("bench --baseline: compares a fixed 1m window; it takes no --rule, --tier or --rules")
+		return clikit.UsageErrorf("bench --baseline: compares a fixed 1m window; it takes no --rule, --tier or --rules")
 	case *tier != "" && *ruleName == "":
-		return usageErrorf("bench: --tier goes with --rule")
+		return clikit.UsageErrorf("bench: --tier goes with --rule")
 	case *duration <= 0:
-		return usageErrorf("%s: --duration must be positive, got %v", mode, *duration)
+		return clikit.UsageErrorf("%s: --duration must be positive, got %v", mode, *duration)
 	case *ids < 1:
-		return usageErrorf("%s: --ids must be at least 1, got %d", mode, *ids)
-	case isSet(fs, "table-rows") && !*baseline:
-		return usageErrorf("bench: --table-rows goes with --baseline --rows existing")
-	case isSet(fs, "table-rows") && (*tableRows < 1 || *tableRows > maxTableRows):
-		return usageErrorf("bench --baseline: --table-rows must be from 1 to %d, got %d", maxTableRows, *tableRows)
-	case isSet(fs, "table-rows") && strings.TrimSpace(*rowsFlag) != rowsExisting:
-		return usageErrorf("bench --baseline: --table-rows fills the tables of --rows existing alone; give --rows existing, got --rows %q", *rowsFlag)
-	case isSet(fs, "table-rows") && isSet(fs, "ids"):
-		return usageErrorf("bench --baseline: --table-rows draws the ids from the rows it fills; give no --ids")
+		return clikit.UsageErrorf("%s: --ids must be at least 1, got %d", mode, *ids)
+	case clikit.IsSet(fs, "table-rows") && !*baseline:
+		return clikit.UsageErrorf("bench: --table-rows goes with --baseline --rows existing")
+	case clikit.IsSet(fs, "table-rows") && (*tableRows < 1 || *tableRows > maxTableRows):
+		return clikit.UsageErrorf("bench --baseline: --table-rows must be from 1 to %d, got %d", maxTableRows, *tableRows)
+	case clikit.IsSet(fs, "table-rows") && strings.TrimSpace(*rowsFlag) != rowsExisting:
+		return clikit.UsageErrorf("bench --baseline: --table-rows fills the tables of --rows existing alone; give --rows existing, got --rows %q", *rowsFlag)
+	case clikit.IsSet(fs, "table-rows") && clikit.IsSet(fs, "ids"):
+		return clikit.UsageErrorf("bench --baseline: --table-rows draws the ids from the rows it fills; give no --ids")
 	}
 	var checks []baselineCheck
 	if *baseline {
@@ -86,22 +88,22 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 		switch {
-		case isSet(fs, "table-rows") && (len(checks) != 1 || checks[0].name != "fixed"):
-			return usageErrorf("bench --baseline: --table-rows fills the tables with fixed-window rows; it goes with --check fixed alone, got --check %q", *checkFlag)
+		case clikit.IsSet(fs, "table-rows") && (len(checks) != 1 || checks[0].name != "fixed"):
+			return clikit.UsageErrorf("bench --baseline: --table-rows fills the tables with fixed-window rows; it goes with --check fixed alone, got --check %q", *checkFlag)
 		case *plot != "" && len(checks) != 1:
-			return usageErrorf("bench --baseline: --plot draws one kind of check; give --check one kind, got %q", *checkFlag)
+			return clikit.UsageErrorf("bench --baseline: --plot draws one kind of check; give --check one kind, got %q", *checkFlag)
 		}
 	}
 	list, flagName := cmp.Or(*callers, "16"), "--callers"
-	if isSet(fs, "concurrency") {
+	if clikit.IsSet(fs, "concurrency") {
 		list, flagName = *concurrency, "--concurrency"
 	}
 	if *baseline {
 		list = cmp.Or(*callers, *concurrency, "1,4,16,64")
-		if !isSet(fs, "ids") {
+		if !clikit.IsSet(fs, "ids") {
 			*ids = 10000
 		}
-		if !isSet(fs, "duration") {
+		if !clikit.IsSet(fs, "duration") {
 			*duration = 5 * time.Second
 		}
 	}
@@ -140,7 +142,7 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 		return out.finish()
 	}
-	rf, err := loadRules(*rulesPath)
+	rf, err := clikit.LoadRules(*rulesPath)
 	if err != nil {
 		return err
 	}
@@ -154,11 +156,11 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 		b = benchRules{name: *ruleName, tier: *tier, names: rf.Members(*ruleName), rules: rs}
 	}
-	st, err := openStore(ctx, url, false, nil)
+	st, err := env.Open(ctx, url)
 	if err != nil {
 		return err
 	}
-	defer st.close()
+	defer st.Close()
 	return benchStore(ctx, st, b, cs, *duration, *ids, &out)
 }
 
@@ -187,22 +189,22 @@ func (b benchRules) forRun(prefix string, run int) []countlimit.Rule {
 
 // benchStore runs one plain bench per number of callers against st, then
 // deletes the counters it made.
-func benchStore(ctx context.Context, st *opened, b benchRules, callers []int, d time.Duration, ids int, out *benchOutput) error {
+func benchStore(ctx context.Context, st *Store, b benchRules, callers []int, d time.Duration, ids int, out *benchOutput) error {
 	var rnd [4]byte
 	_, _ = rand.Read(rnd[:])
 	prefix := "bench." + hex.EncodeToString(rnd[:])
-	l := countlimit.New(st.store)
+	l := countlimit.New(st.Store)
 	names := benchIDs(ids)
 	call := "allow"
 	if len(b.rules) > 1 {
 		call = "allow_all"
 	}
-	out.report = benchReport{Mode: "bench", Store: st.desc, Rule: b.name, Tier: b.tier, RunSeconds: d.Seconds(), Started: time.Now().UTC()}
+	out.report = benchReport{Mode: "bench", Store: st.Desc, Rule: b.name, Tier: b.tier, RunSeconds: d.Seconds(), Started: time.Now().UTC()}
 	for i, r := range b.rules {
 		out.report.Rules = append(out.report.Rules, benchRule{Name: b.names[i], Window: r.Window.String(), Limit: r.Limit, BlockSeconds: r.Block.Seconds()})
 	}
 	what := "rule " + b.describe()
-	fmt.Fprintf(out.human, "countlimit bench: store %s, %s, over %s, %v per run\n", st.desc, what, plural(ids, "id", "ids"), d)
+	fmt.Fprintf(out.human, "countlimit bench: store %s, %s, over %s, %v per run\n", st.Desc, what, clikit.Plural(ids, "id", "ids"), d)
 	out.header()
 	var used []countlimit.Rule
 	defer func() {
@@ -235,7 +237,7 @@ func benchStore(ctx context.Context, st *opened, b benchRules, callers []int, d 
 		return err
 	}
 	if failed != nil {
-		return fmt.Errorf("bench: %s failed, the first: %w", plural(failed.errs, "call", "calls"), failed.firstErr)
+		return fmt.Errorf("bench: %s failed, the first: %w", clikit.Plural(failed.errs, "call", "calls"), failed.firstErr)
 	}
 	return nil
 }
@@ -266,12 +268,12 @@ func (b benchRules) describe() string {
 // short at the end of a run returns while the batch or pipeline it joined
 // goes on (it is sent on for the calls that still wait): one that landed
 // after cleanUp would leave a counter behind.
-func settle(ctx context.Context, st *opened) {
+func settle(ctx context.Context, st *Store) {
 	busy := func() bool {
-		if st.pool != nil {
-			return st.pool.Stat().AcquiredConns() > 0
+		if st.Pool != nil {
+			return st.Pool.Stat().AcquiredConns() > 0
 		}
-		s := st.redis.PoolStats()
+		s := st.Redis.PoolStats()
 		return s.TotalConns > s.IdleConns
 	}
 	for busy() && ctx.Err() == nil {
@@ -282,22 +284,22 @@ func settle(ctx context.Context, st *opened) {
 // cleanUp deletes the counters of rules for ids: with one statement on
 // PostgreSQL, with Reset on Redis (a Redis key with a lifetime or calendar
 // window would stay for long). A memory store goes with the process.
-func cleanUp(ctx context.Context, st *opened, l *countlimit.Limiter, rules []countlimit.Rule, ids []string) error {
-	if len(rules) == 0 || st.pool == nil && st.redis == nil {
+func cleanUp(ctx context.Context, st *Store, l *countlimit.Limiter, rules []countlimit.Rule, ids []string) error {
+	if len(rules) == 0 || st.Pool == nil && st.Redis == nil {
 		return nil
 	}
 	// Clean up even when ctx was cancelled (Ctrl-C).
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 	defer cancel()
 	settle(ctx, st)
-	if st.pool != nil {
+	if st.Pool != nil {
 		uts := make([]string, len(rules))
 		for i, r := range rules {
 			uts[i] = string(r.UseType)
 		}
 		// Unprepared: a transaction pooler between here and the database
 		// keeps no prepared statement for the next command.
-		_, err := st.pool.Exec(ctx, "DELETE FROM count_limit WHERE use_type = ANY($1)", pgx.QueryExecModeExec, uts)
+		_, err := st.Pool.Exec(ctx, "DELETE FROM count_limit WHERE use_type = ANY($1)", pgx.QueryExecModeExec, uts)
 		return err
 	}
 	var (
@@ -472,12 +474,5 @@ func (m *measurement) stalled(w io.Writer, what string, callers int) {
 		return
 	}
 	fmt.Fprintf(w, "countlimit: bench: %s finished no call at %d callers in %v: %s cut short when the time ran out, the longest after %v; the store stalled, and the rate of 0 (and a ratio of 0) measures the stall\n",
-		what, callers, m.elapsed.Round(time.Millisecond), plural(m.cut, "call was", "calls were"), m.longestCut.Round(time.Millisecond))
-}
-
-// isSet reports whether the flag name was given on the command line.
-func isSet(fs *flag.FlagSet, name string) bool {
-	set := false
-	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
-	return set
+		what, callers, m.elapsed.Round(time.Millisecond), clikit.Plural(m.cut, "call was", "calls were"), m.longestCut.Round(time.Millisecond))
 }

@@ -1,4 +1,4 @@
-package cli
+package bench
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 
 	"github.com/countlimit/countlimit/countlimit"
 	"github.com/countlimit/countlimit/internal/expose"
+	"github.com/countlimit/countlimit/internal/service/clikit"
 )
 
 // baselineCheck is a kind of check bench --baseline sets beside the
@@ -53,7 +54,7 @@ func parseChecks(s string) ([]baselineCheck, error) {
 		}
 		i := slices.IndexFunc(baselineChecks, func(c baselineCheck) bool { return c.name == f })
 		if i < 0 {
-			return nil, usageErrorf("bench --baseline: --check wants a list of fixed, smooth, sliding, allowall and lease, or all (e.g. fixed,smooth), got %q", s)
+			return nil, clikit.UsageErrorf("bench --baseline: --check wants a list of fixed, smooth, sliding, allowall and lease, or all (e.g. fixed,smooth), got %q", s)
 		}
 		out = append(out, baselineChecks[i])
 	}

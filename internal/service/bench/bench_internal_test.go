@@ -1,4 +1,4 @@
-package cli
+package bench
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/countlimit/countlimit/countlimit"
+	"github.com/countlimit/countlimit/countlimit/pgstore"
 	"github.com/countlimit/countlimit/internal/testkit/testbackend"
 )
 
@@ -17,13 +18,13 @@ import (
 // callers left behind) cannot write a row after the DELETE.
 func TestCleanUpWaitsForCallsInFlight(t *testing.T) {
 	ctx := context.Background()
-	st, err := openStore(ctx, testbackend.FreshSchemaURL(t), true, nil)
-	if err != nil {
+	pool := testbackend.FreshSchema(t)
+	if err := pgstore.Migrate(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
-	defer st.close()
+	st := &Store{Store: pgstore.New(pool), Pool: pool}
 	rule := countlimit.Rule{UseType: "bench.cleanup.test", Limit: 10, Window: countlimit.Fixed(time.Minute)}
-	conn, err := st.pool.Acquire(ctx) // the batch in flight
+	conn, err := st.Pool.Acquire(ctx) // the batch in flight
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -35,14 +36,14 @@ func TestCleanUpWaitsForCallsInFlight(t *testing.T) {
 			VALUES ($1, 'late', 1, now(), now() + interval '1 minute')`, string(rule.UseType))
 		landed <- err
 	}()
-	if err := cleanUp(ctx, st, countlimit.New(st.store), []countlimit.Rule{rule}, []string{"late"}); err != nil {
+	if err := cleanUp(ctx, st, countlimit.New(st.Store), []countlimit.Rule{rule}, []string{"late"}); err != nil {
 		t.Fatal(err)
 	}
 	if err := <-landed; err != nil {
 		t.Fatal(err)
 	}
 	var left int
-	if err := st.pool.QueryRow(ctx, `SELECT count(*) FROM count_limit WHERE use_type = $1`, string(rule.UseType)).Scan(&left); err != nil || left != 0 {
+	if err := st.Pool.QueryRow(ctx, `SELECT count(*) FROM count_limit WHERE use_type = $1`, string(rule.UseType)).Scan(&left); err != nil || left != 0 {
 		t.Errorf("after cleanUp: %d rows left (%v), want 0", left, err)
 	}
 }

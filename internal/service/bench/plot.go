@@ -1,4 +1,4 @@
-package cli
+package bench
 
 import (
 	"bytes"
@@ -8,6 +8,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/countlimit/countlimit/internal/service/clikit"
 )
 
 // The chart bench --plot draws: one column per number of ids (and, for
@@ -140,14 +142,14 @@ func writePlot(w io.Writer, r benchReport) error {
 	for ci, col := range cols {
 		ids := col.ids
 		x0 := plotLeft + float64(ci)*(panelW+plotGapX)
-		colTitle := "over " + plural(ids, "id", "ids")
+		colTitle := "over " + clikit.Plural(ids, "id", "ids")
 		switch {
 		case ids == 0:
 			colTitle = "over new ids"
 		case ids == 1:
 			colTitle = "on 1 id (every call on one hot counter)"
 		case col.rows == rowsRandom:
-			colTitle = fmt.Sprintf("over %s at random, run %d", plural(ids, "id", "ids"), col.run)
+			colTitle = fmt.Sprintf("over %s at random, run %d", clikit.Plural(ids, "id", "ids"), col.run)
 		}
 		if len(cols) > 1 || ids > 1 {
 			p(`<text x="%.1f" y="%.1f" font-size="15" font-weight="bold" fill="%s">%s</text>`+"\n", x0, top-18, plotInk, esc(thousands(colTitle)))
@@ -225,8 +227,8 @@ func writePlot(w io.Writer, r benchReport) error {
 							fill = "#fff"
 						}
 						p(`<circle cx="%.1f" cy="%.1f" r="%.1f" fill="%s" stroke="%s" stroke-width="1.6"><title>%s, %s, %s: %s %s</title></circle>`+"\n",
-							xAt(run.Callers), yAt(v), plotPointR, fill, color, esc(label), plural(run.Callers, "caller", "callers"),
-							thousands(plural(run.IDs, "id", "ids")), esc(ax.value(v)), ln.name)
+							xAt(run.Callers), yAt(v), plotPointR, fill, color, esc(label), clikit.Plural(run.Callers, "caller", "callers"),
+							thousands(clikit.Plural(run.IDs, "id", "ids")), esc(ax.value(v)), ln.name)
 					}
 					p("</g>\n")
 				}
