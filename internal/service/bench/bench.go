@@ -393,10 +393,14 @@ func inTurn(ids []string) func(w, i int) string {
 	return func(_, i int) string { return ids[i%len(ids)] }
 }
 
-// measure runs call from workers goroutines for d, worker w's i-th call on
-// the id pick(w, i) (i counts every worker's calls, w's being w, w+workers,
-// ...), and records what happened. Calls cut short by the end of the run
-// are not counted.
+// firstCall is how long past the end of a run a caller's first call may
+// take.
+const firstCall = 30 * time.Second
+
+// measure runs call from workers goroutines for d, and until each has
+// finished its first call, worker w's i-th call on the id pick(w, i) (i
+// counts every worker's calls, w's being w, w+workers, ...), and records
+// what happened. Calls cut short by the end of the run are not counted.
 func measure(ctx context.Context, workers int, d time.Duration, pick func(w, i int) string, call func(context.Context, string) (bool, error)) *measurement {
 	tallies := make([]measurement, workers)
 	start := time.Now()
@@ -406,20 +410,30 @@ func measure(ctx context.Context, workers int, d time.Duration, pick func(w, i i
 	// A store may derive its own deadline from the run's and fail on it a
 	// moment before runCtx's timer fires: the clock says when the run is over.
 	over := func() bool { return runCtx.Err() != nil || !time.Now().Before(end) }
+	// A caller's first call is never cut short by the end of the run (a
+	// cell shorter than a new connection's first statement, on a loaded
+	// machine, would otherwise finish none): it may take until firstCall
+	// past the end, and the run lasts until every caller has finished one.
+	firstCtx, cancelFirst := context.WithDeadline(ctx, end.Add(firstCall))
+	defer cancelFirst()
 	var wg sync.WaitGroup
 	for w := range workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			t := &tallies[w]
-			for i := w; !over(); i += workers {
+			for i := w; i == w || !over(); i += workers {
 				id := pick(w, i)
+				callCtx, cut := runCtx, over
+				if i == w {
+					callCtx, cut = firstCtx, func() bool { return firstCtx.Err() != nil }
+				}
 				t0 := time.Now()
-				allowed, err := call(runCtx, id)
+				allowed, err := call(callCtx, id)
 				t1 := time.Now()
 				lat := t1.Sub(t0)
 				switch {
-				case err != nil && over():
+				case err != nil && cut():
 					// Cut short by the end of the run: not counted, but a
 					// run that ends with nothing else finished says so.
 					t.cut++

@@ -649,15 +649,13 @@ func TestBenchBaselineChecks(t *testing.T) {
 	for _, r := range report.Runs {
 		gotRuns = append(gotRuns, fmt.Sprintf("%s %d %s", r.Check, r.IDs, r.Call))
 		calls[r.Check+" "+r.Call] += r.Calls
-		if r.Errors != 0 {
+		if r.Errors != 0 || r.Calls < 2 { // each of the 2 callers finishes its first call, however long it takes
 			t.Errorf("bench --baseline --check all --json: %+v", r)
 		}
 	}
 	if !slices.Equal(report.Checks, wantChecks) || !slices.Equal(gotRuns, wantRuns) {
 		t.Errorf("bench --baseline --check all --json: checks %q runs %q, want %q and %q", report.Checks, gotRuns, wantChecks, wantRuns)
 	}
-	// A short cell may see no call end on a loaded machine; each check's
-	// cells as a whole must see both sides work.
 	for _, k := range kinds {
 		if calls[k.check+" upsert"] == 0 || calls[k.check+" "+k.call] == 0 {
 			t.Errorf("bench --baseline --check %s: %v calls, want both sides working", k.check, calls)
