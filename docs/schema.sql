@@ -1716,6 +1716,58 @@ BEGIN
 END
 $$;
 
+-- Name: countlimit_lease_batch(text[], text[], text[], timestamp with time zone[], text[], bigint[], timestamp with time zone[], timestamp with time zone[]); Type: FUNCTION
+
+CREATE FUNCTION countlimit_lease_batch(p_ops text[], p_use_types text[], p_unique_ids text[], p_nows timestamp with time zone[], p_lease_tokens text[], p_limits bigint[], p_expires_ats timestamp with time zone[], p_penalty_ends timestamp with time zone[]) RETURNS TABLE(o_call integer, o_done boolean, o_allowed boolean, o_used bigint, o_first_expiry timestamp with time zone, o_last_expiry timestamp with time zone, o_blocked_until timestamp with time zone)
+    LANGUAGE plpgsql
+    SET enable_seqscan TO 'off'
+    AS $$
+DECLARE
+    ok     boolean;
+    undone text[] := '{}'; -- ids with a call not decided
+BEGIN
+    FOR i IN 1 .. coalesce(array_length(p_ops, 1), 0) LOOP
+        ok := NOT p_unique_ids[i] = ANY (undone);
+        IF ok AND p_ops[i] IN ('acquire', 'extend') THEN
+            PERFORM FROM count_limit c
+            WHERE c.use_type = p_use_types[i] AND c.unique_id = p_unique_ids[i]
+            FOR NO KEY UPDATE SKIP LOCKED;
+            ok := FOUND;
+        END IF;
+        IF ok AND p_ops[i] IN ('release', 'extend') THEN
+            -- A lease that is gone is answered (not live); one held waits.
+            PERFORM FROM count_limit_lease l
+            WHERE l.use_type = p_use_types[i] AND l.unique_id = p_unique_ids[i] AND l.lease_token = p_lease_tokens[i]
+            FOR UPDATE SKIP LOCKED;
+            ok := FOUND OR NOT EXISTS (SELECT FROM count_limit_lease l
+                WHERE l.use_type = p_use_types[i] AND l.unique_id = p_unique_ids[i] AND l.lease_token = p_lease_tokens[i]);
+        END IF;
+        IF NOT ok THEN
+            undone := undone || p_unique_ids[i];
+            o_call := i;
+            o_done := false;
+            RETURN NEXT;
+        ELSIF p_ops[i] = 'acquire' THEN
+            RETURN QUERY SELECT i, true, r.* FROM countlimit_acquire(p_use_types[i], p_unique_ids[i], p_nows[i],
+                p_lease_tokens[i], p_limits[i], p_expires_ats[i], p_penalty_ends[i], false) AS r;
+        ELSIF p_ops[i] = 'release' THEN
+            RETURN QUERY SELECT i, true, r.* FROM countlimit_release_lease(p_use_types[i], p_unique_ids[i], p_nows[i],
+                p_lease_tokens[i]) AS r;
+        ELSIF p_ops[i] = 'extend' THEN
+            RETURN QUERY SELECT i, true, r.* FROM countlimit_extend_lease(p_use_types[i], p_unique_ids[i], p_nows[i],
+                p_lease_tokens[i], p_expires_ats[i]) AS r;
+        ELSE
+            RETURN QUERY SELECT i, true, r.* FROM countlimit_peek_leases(p_use_types[i], p_unique_ids[i], p_nows[i],
+                p_limits[i]) AS r;
+        END IF;
+    END LOOP;
+END
+$$;
+
+-- Name: FUNCTION countlimit_lease_batch(p_ops text[], p_use_types text[], p_unique_ids text[], p_nows timestamp with time zone[], p_lease_tokens text[], p_limits bigint[], p_expires_ats timestamp with time zone[], p_penalty_ends timestamp with time zone[]); Type: COMMENT
+
+COMMENT ON FUNCTION countlimit_lease_batch(p_ops text[], p_use_types text[], p_unique_ids text[], p_nows timestamp with time zone[], p_lease_tokens text[], p_limits bigint[], p_expires_ats timestamp with time zone[], p_penalty_ends timestamp with time zone[]) IS 'countlimit: many calls of concurrency limits (acquire, release, extend, peek) in one statement (pgstore''s group commit): calls whose rows exist (acquire, extend) and are free are decided in order by the function each would call alone; the others come back with o_done false, nothing written, to be sent alone.';
+
 -- Name: countlimit_lift_penalty(text, text); Type: FUNCTION
 
 CREATE FUNCTION countlimit_lift_penalty(unique_id text, use_type text DEFAULT NULL::text) RETURNS bigint

@@ -533,6 +533,86 @@ $fn$;
 COMMENT ON FUNCTION countlimit_apply_batch(text[], text[], timestamptz[], bigint[], int[], text[], bigint[], timestamptz[], bigint[], bigint[], bigint[], text[], bigint[], bigint[]) IS
     'countlimit: many checks of countlimit_apply in one statement (pgstore''s group commit): calls whose rows all exist and are free are decided in order; the others come back with o_ord 0, nothing written, to be sent to countlimit_apply.';
 
+-- countlimit_lease_batch: many calls of a concurrency limit (acquire,
+-- release, extend, peek) in one statement, one transaction: pgstore's
+-- group commit of leases. Call i is p_ops[i] of (p_use_types[i],
+-- p_unique_ids[i]) at p_nows[i], with p_lease_tokens[i], p_limits[i],
+-- p_expires_ats[i] and p_penalty_ends[i] as countlimit_acquire,
+-- countlimit_release_lease, countlimit_extend_lease and
+-- countlimit_peek_leases take them. Calls come in lock order (by id),
+-- calls of one id in arrival order, and each is decided by that one
+-- function, in that order, seeing the writes of those before it. Acquire
+-- and Extend first lock the key's count_limit row, Release and Extend the
+-- lease row, with SKIP LOCKED, so the functions then wait for no lock. A
+-- call whose key row is absent (a new key's Acquire, an Extend of a key
+-- gone) or held, or whose lease row is held, is not decided: nothing of it
+-- is written, it comes back as one row with o_done false, and so does
+-- every later call of its id; the caller sends them alone. No denial here
+-- is a lazy tally: the batch's commit waits for its flush.
+-- +goose StatementBegin
+CREATE FUNCTION countlimit_lease_batch(
+    p_ops          text[],
+    p_use_types    text[],
+    p_unique_ids   text[],
+    p_nows         timestamptz[],
+    p_lease_tokens text[],
+    p_limits       bigint[],
+    p_expires_ats  timestamptz[],
+    p_penalty_ends timestamptz[]
+) RETURNS TABLE (
+    o_call          int,
+    o_done          boolean,
+    o_allowed       boolean,
+    o_used          bigint,
+    o_first_expiry  timestamptz,
+    o_last_expiry   timestamptz,
+    o_blocked_until timestamptz
+) LANGUAGE plpgsql SET enable_seqscan = off AS $fn$
+DECLARE
+    ok     boolean;
+    undone text[] := '{}'; -- ids with a call not decided
+BEGIN
+    FOR i IN 1 .. coalesce(array_length(p_ops, 1), 0) LOOP
+        ok := NOT p_unique_ids[i] = ANY (undone);
+        IF ok AND p_ops[i] IN ('acquire', 'extend') THEN
+            PERFORM FROM count_limit c
+            WHERE c.use_type = p_use_types[i] AND c.unique_id = p_unique_ids[i]
+            FOR NO KEY UPDATE SKIP LOCKED;
+            ok := FOUND;
+        END IF;
+        IF ok AND p_ops[i] IN ('release', 'extend') THEN
+            -- A lease that is gone is answered (not live); one held waits.
+            PERFORM FROM count_limit_lease l
+            WHERE l.use_type = p_use_types[i] AND l.unique_id = p_unique_ids[i] AND l.lease_token = p_lease_tokens[i]
+            FOR UPDATE SKIP LOCKED;
+            ok := FOUND OR NOT EXISTS (SELECT FROM count_limit_lease l
+                WHERE l.use_type = p_use_types[i] AND l.unique_id = p_unique_ids[i] AND l.lease_token = p_lease_tokens[i]);
+        END IF;
+        IF NOT ok THEN
+            undone := undone || p_unique_ids[i];
+            o_call := i;
+            o_done := false;
+            RETURN NEXT;
+        ELSIF p_ops[i] = 'acquire' THEN
+            RETURN QUERY SELECT i, true, r.* FROM countlimit_acquire(p_use_types[i], p_unique_ids[i], p_nows[i],
+                p_lease_tokens[i], p_limits[i], p_expires_ats[i], p_penalty_ends[i], false) AS r;
+        ELSIF p_ops[i] = 'release' THEN
+            RETURN QUERY SELECT i, true, r.* FROM countlimit_release_lease(p_use_types[i], p_unique_ids[i], p_nows[i],
+                p_lease_tokens[i]) AS r;
+        ELSIF p_ops[i] = 'extend' THEN
+            RETURN QUERY SELECT i, true, r.* FROM countlimit_extend_lease(p_use_types[i], p_unique_ids[i], p_nows[i],
+                p_lease_tokens[i], p_expires_ats[i]) AS r;
+        ELSE
+            RETURN QUERY SELECT i, true, r.* FROM countlimit_peek_leases(p_use_types[i], p_unique_ids[i], p_nows[i],
+                p_limits[i]) AS r;
+        END IF;
+    END LOOP;
+END
+$fn$;
+-- +goose StatementEnd
+COMMENT ON FUNCTION countlimit_lease_batch(text[], text[], text[], timestamptz[], text[], bigint[], timestamptz[], timestamptz[]) IS
+    'countlimit: many calls of concurrency limits (acquire, release, extend, peek) in one statement (pgstore''s group commit): calls whose rows exist (acquire, extend) and are free are decided in order by the function each would call alone; the others come back with o_done false, nothing written, to be sent alone.';
+
 -- countlimit_allow_one_pooled: countlimit_allow_one with p_skip_locked
 -- (pgstore's pool), after one statement that decides a call whose row
 -- exists and is free.
@@ -1277,6 +1357,7 @@ COMMENT ON COLUMN count_limit_status.window_end IS 'When the current window ends
 COMMENT ON COLUMN count_limit_status.resets_in IS 'How long until the window ends and its count goes, while something is counted; NULL otherwise and for lifetime limits. For concurrent limits, until the last live lease expires.';
 
 DROP FUNCTION countlimit_apply(text, text, timestamptz, bigint, text[], bigint[], timestamptz[], bigint[], bigint[], bigint[], text[], bigint[], bigint[]);
+DROP FUNCTION countlimit_lease_batch(text[], text[], text[], timestamptz[], text[], bigint[], timestamptz[], timestamptz[]);
 DROP FUNCTION countlimit_apply_batch(text[], text[], timestamptz[], bigint[], int[], text[], bigint[], timestamptz[], bigint[], bigint[], bigint[], text[], bigint[], bigint[]);
 DROP FUNCTION countlimit_apply_locked(text, text, timestamptz, bigint, text[], bigint[], timestamptz[], bigint[], bigint[], bigint[], text[], bigint[], bigint[], text[], boolean[]);
 COMMENT ON FUNCTION countlimit_apply(text, text, timestamptz, bigint, text[], bigint[], timestamptz[], bigint[], bigint[], bigint[], text[]) IS

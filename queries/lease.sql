@@ -1,5 +1,5 @@
 -- Concurrency limits: leases in count_limit_lease. Every statement is one
--- call of a function of migrations/00001_countlimit.sql, where the SQL,
+-- call of a function of migrations/ (00001_countlimit.sql; LeaseBatch, 00002_v0_2_0.sql), where the SQL,
 -- its locking and its comments live.
 
 -- name: AcquireLease :one
@@ -38,3 +38,21 @@ FROM countlimit_extend_lease(@use_type::text, @unique_id::text, @now::timestampt
 SELECT r.o_allowed::boolean AS allowed, r.o_used::bigint AS used, r.o_first_expiry::timestamptz AS first_expiry,
     r.o_last_expiry::timestamptz AS last_expiry, r.o_blocked_until::timestamptz AS blocked_until
 FROM countlimit_peek_leases(@use_type::text, @unique_id::text, @now::timestamptz, @limit_value::bigint) AS r;
+
+-- name: LeaseBatch :many
+-- LeaseBatch is the four above for many calls at once, group commit
+-- (countlimit_lease_batch, of migrations/00002_v0_2_0.sql). A call it did
+-- not decide (its key row absent or held, or its lease row held) comes back
+-- as one row with done false: send it alone.
+SELECT
+    r.o_call::int                  AS call,
+    r.o_done::boolean              AS done,
+    coalesce(r.o_allowed, false)::boolean AS allowed,
+    coalesce(r.o_used, 0)::bigint  AS used,
+    r.o_first_expiry::timestamptz  AS first_expiry,
+    r.o_last_expiry::timestamptz   AS last_expiry,
+    r.o_blocked_until::timestamptz AS blocked_until
+FROM countlimit_lease_batch(
+    @ops::text[], @use_types::text[], @unique_ids::text[], @nows::timestamptz[], @lease_tokens::text[],
+    @limits::bigint[], @expires_ats::timestamptz[], @penalty_ends::timestamptz[]
+) AS r;

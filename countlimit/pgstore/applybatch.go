@@ -117,3 +117,80 @@ var idSeed = maphash.MakeSeed()
 func idHash(r *driver.Request) uint64 {
 	return maphash.String(idSeed, r.ID)
 }
+
+// leaseBatched reports whether r goes to the group commit of leases
+// (countlimit_lease_batch) on a pool: an Acquire, Release, Extend or Peek
+// of one Concurrent rule.
+func leaseBatched(r *driver.Request) bool {
+	return r.OnLeases() && len(r.Checks) == 1 &&
+		(r.Op == driver.OpAcquire || r.Op == driver.OpRelease || r.Op == driver.OpExtend || r.Op == driver.OpPeek)
+}
+
+// sendLeases is the group commit of leases: one countlimit_lease_batch
+// statement for all the calls. A batch of one is sent alone. Calls it did
+// not decide get errAlone, and their callers send them alone.
+func (s *Store) sendLeases(ctx context.Context, calls []*gather.Call) {
+	if len(calls) == 1 {
+		calls[0].Err = outcome(s.alone(ctx, &calls[0].Req))
+		return
+	}
+	s.leaseBatch(ctx, calls)
+}
+
+// leaseBatch sends calls as one countlimit_lease_batch statement, however
+// many they are.
+func (s *Store) leaseBatch(ctx context.Context, calls []*gather.Call) {
+	// Ids in lock order; calls of one id in arrival order.
+	order := lockOrder(calls, func(a, b *driver.Request) int { return strings.Compare(a.ID, b.ID) })
+	n := len(order)
+	p := db.LeaseBatchParams{
+		Ops:         make([]string, n),
+		UseTypes:    make([]string, n),
+		UniqueIds:   make([]string, n),
+		Nows:        make([]pgtype.Timestamptz, n),
+		LeaseTokens: make([]string, n),
+		Limits:      make([]int64, n),
+		ExpiresAts:  make([]pgtype.Timestamptz, n),
+		PenaltyEnds: make([]pgtype.Timestamptz, n),
+	}
+	for j, i := range order {
+		r := &calls[i].Req
+		c := &r.Checks[0]
+		p.Ops[j] = r.Op.String()
+		p.UseTypes[j] = string(c.UseType)
+		p.UniqueIds[j] = r.ID
+		p.Nows[j] = timestamptz(r.Now)
+		p.LeaseTokens[j] = r.Lease
+		p.Limits[j] = c.Limit
+		p.ExpiresAts[j] = timestamptz(r.Now.Add(c.TTL))
+		p.PenaltyEnds[j] = penaltyEnd(r, c)
+	}
+	sent := time.Now()
+	rows, err := s.q.LeaseBatch(ctx, s.db, p)
+	got := make([]int, len(calls)) // rows per call; -1: not decided
+	for _, row := range rows {
+		j := int(row.Call) - 1
+		if j < 0 || j >= n || got[order[j]] != 0 {
+			err = fmt.Errorf("pgstore: countlimit_lease_batch returned call %d, which it was not sent or had answered", row.Call)
+			break
+		}
+		i := order[j]
+		if !row.Done {
+			got[i] = -1
+			continue
+		}
+		got[i] = 1
+		calls[i].Req.Checks[0].State = state(row.Allowed, row.Used, row.FirstExpiry, row.LastExpiry, row.BlockedUntil)
+	}
+	done := make([]bool, len(calls))
+	for i, c := range calls {
+		if err == nil && got[i] == 0 {
+			err = fmt.Errorf("pgstore: countlimit_lease_batch did not answer call %d", i+1)
+		}
+		if got[i] < 0 {
+			c.Err = errAlone
+		}
+		done[i] = true
+	}
+	settle(calls, done, err, s.busy(ctx, err, sent))
+}

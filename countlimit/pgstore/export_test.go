@@ -120,3 +120,13 @@ func (s *Store) AloneForTest(ctx context.Context, r *driver.Request) error {
 
 // Batched reports whether the pool sends r to countlimit_apply_batch.
 func Batched(r *driver.Request) bool { return batched(r) }
+
+// LeaseBatchEachForTest sends reqs, in this order, as one
+// countlimit_lease_batch statement (one call too, which the pool sends
+// alone), as ApplyBatchEachForTest does.
+func (s *Store) LeaseBatchEachForTest(ctx context.Context, reqs []*driver.Request) []error {
+	return eachForTest(ctx, reqs, s.leaseBatch)
+}
+
+// LeaseBatched reports whether the pool sends r to countlimit_lease_batch.
+func LeaseBatched(r *driver.Request) bool { return leaseBatched(r) }

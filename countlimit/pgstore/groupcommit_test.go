@@ -543,20 +543,31 @@ func TestEveryKindGroupCommitIsolatesIds(t *testing.T) {
 		}
 		heldDone <- err
 	}()
-	var wg sync.WaitGroup
-	errs := make(chan error, 5*ids)
+	var calls []func() error
 	for i := range ids {
 		id := fmt.Sprint("id", i)
-		for _, call := range []func() error{
+		calls = append(calls,
 			func() error { _, err := l.Allow(ctx, sliding, id); return err },
 			func() error { _, err := l.Allow(ctx, smooth, id); return err },
 			func() error { _, err := l.AllowAll(ctx, id, sliding, smooth); return err },
 			func() error { _, err := l.Refund(ctx, sliding, id, 1); return err },
 			func() error { _, err := l.Peek(ctx, smooth, id); return err },
-		} {
-			wg.Add(1)
-			go func() { defer wg.Done(); errs <- call() }()
-		}
+		)
+	}
+	answeredWhileHeld(t, b, heldDone, calls)
+}
+
+// answeredWhileHeld runs calls at once and fails t unless every one
+// returns nil while b holds its rows and the call on them, which sends its
+// outcome to heldDone, is not answered; then it lets b go and holds that
+// call's outcome to nil.
+func answeredWhileHeld(t *testing.T, b *blocker, heldDone <-chan error, calls []func() error) {
+	t.Helper()
+	var wg sync.WaitGroup
+	errs := make(chan error, len(calls))
+	for _, call := range calls {
+		wg.Add(1)
+		go func() { defer wg.Done(); errs <- call() }()
 	}
 	wg.Wait()
 	close(errs)

@@ -11,8 +11,8 @@ import (
 )
 
 // lease runs a request of a Concurrent check as one statement (see
-// queries/lease.sql): never batched, on the pool, connection or
-// transaction d.
+// queries/lease.sql) on the pool, connection or transaction d: a call
+// alone, or one countlimit_lease_batch did not decide (sendLeases).
 func (s *Store) lease(ctx context.Context, d DBTX, r *driver.Request) error {
 	if len(r.Checks) != 1 {
 		return fmt.Errorf("pgstore: %s of a Concurrent rule takes 1 check, got %d", r.Op, len(r.Checks))

@@ -20,17 +20,20 @@
 //	tx.Commit(ctx)
 //
 // Acquire, Lease.Release and Lease.Extend of a Concurrent rule are one
-// statement each too, never batched; leases are rows of count_limit_lease.
+// statement each too (and Peek of one), or on a pool countlimit_lease_batch
+// for concurrent calls together; leases are rows of count_limit_lease.
 //
 // Apply the schema first with Migrate.
 //
 // # Group commit
 //
 // A Store on a *pgxpool.Pool gathers concurrent calls into batches, with
-// no timers, in two batchers: one for Allow, AllowN and CheckLimit of a
+// no timers, in three batchers: one for Allow, AllowN and CheckLimit of a
 // rule whose window is neither sliding nor smooth (countlimit_allow_batch
 // and countlimit_allow_distinct), one for every other Allow, AllowN,
-// AllowAll, Peek and Refund (countlimit_apply_batch). In each, a call that
+// AllowAll, Peek and Refund (countlimit_apply_batch), and one for
+// Acquire, Lease.Release, Lease.Extend and Peek of a Concurrent rule
+// (countlimit_lease_batch). In each, a call that
 // finds no batch in flight goes at once, with any calls that are waiting;
 // calls that arrive while batches are in flight leave together in the
 // next batch. A second batch (see WithMaxInFlight) leaves beside the
@@ -41,20 +44,20 @@
 // countlimit.ErrUnavailable and nothing of it is committed. Calls for the
 // same id and use type in one batch are decided one after another in
 // arrival order, and each gets the Result it would have had alone; in
-// countlimit_apply_batch the calls of one id are, each seeing the writes of
-// those before it. A call countlimit_apply_batch cannot decide there,
-// because a row of it is absent (a new key) or another transaction holds
-// one, is sent alone, and so are the later calls of its id in that batch:
+// countlimit_apply_batch and countlimit_lease_batch the calls of one id
+// are, each seeing the writes of those before it. A call either cannot
+// decide there, because a row of it is absent (a new key) or another
+// transaction holds one, is sent alone, and so are the later calls of its id in that batch:
 // nothing of them was written, and each is then a statement of its own
-// (countlimit_apply, which creates rows and waits for locks as below). A
+// (countlimit_apply or the lease's function, which create rows and wait
+// for locks as below). A
 // call whose context ends while it waits leaves the batch and is never
 // counted. A call that may leave at once and finds no call waiting runs
 // its statement on its caller's goroutine, with its caller's context: a
 // lone call costs no hand-off between goroutines.
 //
-// Reset and the calls of a Concurrent rule (Acquire, Lease.Release,
-// Lease.Extend, Peek) are not batched: each is one statement in its own
-// transaction. A Store on a *pgx.Conn or a pgx.Tx never batches.
+// Reset is not batched: it is one statement in its own transaction. A
+// Store on a *pgx.Conn or a pgx.Tx never batches.
 //
 // # Rows another transaction holds
 //
@@ -164,8 +167,11 @@ type Store struct {
 	// applies group-commits the calls batched reports (nil unless db is a
 	// pool).
 	applies *gather.Batcher
-	turns   turns       // of the rows calls on the pool wait for
-	stmt    stmtTimeout // the pool's statement_timeout, as last read
+	// leases group-commits the calls leaseBatched reports (nil unless db
+	// is a pool).
+	leases *gather.Batcher
+	turns  turns       // of the rows calls on the pool wait for
+	stmt   stmtTimeout // the pool's statement_timeout, as last read
 }
 
 // Option configures a Store.
@@ -180,7 +186,7 @@ type config struct {
 func WithMaxBatch(n int) Option { return func(c *config) { c.maxBatch = n } }
 
 // WithMaxInFlight sets how many group commits of each batcher (the fast
-// path's, countlimit_apply_batch's) may be in flight at once, each on its
+// path's, countlimit_apply_batch's, countlimit_lease_batch's) may be in flight at once, each on its
 // own connection (default 2, and never more than the pool's MaxConns). Calls gather while batches run and leave together when a slot
 // is free. Batches in flight never share a row, so none waits behind
 // another's row locks, and a second batch leaves only as big as the one it
@@ -212,6 +218,9 @@ func New(d DBTX, opts ...Option) *Store {
 			s.applies = gather.New(s.sendApplies, cfg.maxBatch, cfg.maxInFlight)
 			s.applies.SendAlone()
 			s.applies.Keyed(idHash)
+			s.leases = gather.New(s.sendLeases, cfg.maxBatch, cfg.maxInFlight)
+			s.leases.SendAlone()
+			s.leases.Keyed(idHash)
 		}
 	}
 	return s
@@ -240,6 +249,10 @@ func (s *Store) pooled(ctx context.Context, r *driver.Request) error {
 		return s.allowOne(ctx, s.db, r, onePooled)
 	case s.applies != nil && batched(r):
 		if err := s.applies.Do(ctx, r); err != errAlone {
+			return err
+		}
+	case s.leases != nil && leaseBatched(r):
+		if err := s.leases.Do(ctx, r); err != errAlone {
 			return err
 		}
 	}

@@ -116,6 +116,83 @@ func (q *Queries) ExtendLease(ctx context.Context, db DBTX, arg ExtendLeaseParam
 	return i, err
 }
 
+const leaseBatch = `-- name: LeaseBatch :many
+SELECT
+    r.o_call::int                  AS call,
+    r.o_done::boolean              AS done,
+    coalesce(r.o_allowed, false)::boolean AS allowed,
+    coalesce(r.o_used, 0)::bigint  AS used,
+    r.o_first_expiry::timestamptz  AS first_expiry,
+    r.o_last_expiry::timestamptz   AS last_expiry,
+    r.o_blocked_until::timestamptz AS blocked_until
+FROM countlimit_lease_batch(
+    $1::text[], $2::text[], $3::text[], $4::timestamptz[], $5::text[],
+    $6::bigint[], $7::timestamptz[], $8::timestamptz[]
+) AS r
+`
+
+type LeaseBatchParams struct {
+	Ops         []string
+	UseTypes    []string
+	UniqueIds   []string
+	Nows        []pgtype.Timestamptz
+	LeaseTokens []string
+	Limits      []int64
+	ExpiresAts  []pgtype.Timestamptz
+	PenaltyEnds []pgtype.Timestamptz
+}
+
+type LeaseBatchRow struct {
+	Call         int32
+	Done         bool
+	Allowed      bool
+	Used         int64
+	FirstExpiry  pgtype.Timestamptz
+	LastExpiry   pgtype.Timestamptz
+	BlockedUntil pgtype.Timestamptz
+}
+
+// LeaseBatch is the four above for many calls at once, group commit
+// (countlimit_lease_batch, of migrations/00002_v0_2_0.sql). A call it did
+// not decide (its key row absent or held, or its lease row held) comes back
+// as one row with done false: send it alone.
+func (q *Queries) LeaseBatch(ctx context.Context, db DBTX, arg LeaseBatchParams) ([]LeaseBatchRow, error) {
+	rows, err := db.Query(ctx, leaseBatch,
+		arg.Ops,
+		arg.UseTypes,
+		arg.UniqueIds,
+		arg.Nows,
+		arg.LeaseTokens,
+		arg.Limits,
+		arg.ExpiresAts,
+		arg.PenaltyEnds,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []LeaseBatchRow
+	for rows.Next() {
+		var i LeaseBatchRow
+		if err := rows.Scan(
+			&i.Call,
+			&i.Done,
+			&i.Allowed,
+			&i.Used,
+			&i.FirstExpiry,
+			&i.LastExpiry,
+			&i.BlockedUntil,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const peekLeases = `-- name: PeekLeases :one
 SELECT r.o_allowed::boolean AS allowed, r.o_used::bigint AS used, r.o_first_expiry::timestamptz AS first_expiry,
     r.o_last_expiry::timestamptz AS last_expiry, r.o_blocked_until::timestamptz AS blocked_until

@@ -360,6 +360,9 @@ func gen(seed uint64, n int, smooth bool) []Step {
 	// mix draws the calls of other kinds in batches (otherCall), apart
 	// from rng.
 	mix := rand.New(rand.NewPCG(seed, 0x6d6978))
+	// aside draws the lease calls beside a batch's Acquire (leaseCall):
+	// a stream of its own, so mix's draws stay as they were.
+	aside := rand.New(rand.NewPCG(seed, 0x6c65617365))
 	rec := newRecorder(seed)
 	loc, now, ids := setting(seed)
 	rs := rules(loc, smooth)
@@ -643,7 +646,7 @@ func gen(seed uint64, n int, smooth bool) []Step {
 					// A call of another kind beside them, as concurrent
 					// callers send every kind: PostgreSQL's group commit of
 					// countlimit_apply_batch takes it.
-					parts = append(parts, otherCall(ctx, mix, l, rs, bid, &leases))
+					parts = append(parts, otherCall(ctx, mix, aside, l, rs, bid, &leases))
 					continue
 				}
 				l.AllowN(ctx, b, bid, bn)
@@ -731,14 +734,15 @@ func gen(seed uint64, n int, smooth bool) []Step {
 // otherCall makes, through l, one call on id of a kind other than an
 // allow of a window's rule, for a batch: an allow of any rule (sliding,
 // smooth), a Peek, a Refund, an AllowAll of two or three rules, or an
-// Acquire of slots (its lease joins leases). It returns its description.
-func otherCall(ctx context.Context, rng *rand.Rand, l *countlimit.Limiter, rs []countlimit.Rule, id string, leases *[]countlimit.Lease) string {
+// Acquire of slots (its lease joins leases), and at times a lease call
+// beside it (leaseCall). It returns its description.
+func otherCall(ctx context.Context, rng, aside *rand.Rand, l *countlimit.Limiter, rs []countlimit.Rule, id string, leases *[]countlimit.Lease) string {
 	r := vary(rng, rs[rng.IntN(len(rs))])
 	if expose.WindowOf(r.Window).Concurrent {
 		if ls, _, _ := l.Acquire(ctx, r, id); ls.String() != "" {
 			*leases = append(*leases, ls)
 		}
-		return fmt.Sprintf("Acquire(%s, %s)", r.UseType, id)
+		return fmt.Sprintf("Acquire(%s, %s)", r.UseType, id) + leaseCall(ctx, aside, l, r, *leases)
 	}
 	n := int64(1 + rng.IntN(2))
 	switch rng.IntN(5) {
@@ -764,6 +768,34 @@ func otherCall(ctx context.Context, rng *rand.Rand, l *countlimit.Limiter, rs []
 	}
 	l.AllowN(ctx, r, id, n)
 	return fmt.Sprintf("AllowN(%s %v, %s, %d)", r.UseType, r.Window, id, n)
+}
+
+// leaseCall sends, half the time, a second call of a concurrency limit
+// after a batch's Acquire: a held lease given back or kept longer, or the
+// slots of r peeked at (PostgreSQL's group commit of
+// countlimit_lease_batch takes them all). It returns the call as a batch's
+// description shows it, or "".
+func leaseCall(ctx context.Context, rng *rand.Rand, l *countlimit.Limiter, r countlimit.Rule, leases []countlimit.Lease) string {
+	if len(leases) == 0 || rng.IntN(2) == 0 {
+		return ""
+	}
+	ls := leases[rng.IntN(len(leases))]
+	switch rng.IntN(3) {
+	case 0:
+		l.Peek(ctx, r, ls.ID())
+		return fmt.Sprintf(" Peek(%s, %s)", r.UseType, ls.ID())
+	case 1:
+		if rl, err := l.ParseLease(ls.String(), r); err == nil {
+			rl.Release(ctx)
+			return fmt.Sprintf(" Release(%s %s)", expose.LeaseUseType(rl), rl.ID())
+		}
+	default:
+		if rl, err := l.ParseLease(ls.String(), r); err == nil {
+			rl.Extend(ctx)
+			return fmt.Sprintf(" Extend(%s %s)", expose.LeaseUseType(rl), rl.ID())
+		}
+	}
+	return ""
 }
 
 // keyRule is a key, with a rule of a window on its use type.
