@@ -46,7 +46,7 @@ type AcquireLeaseRow struct {
 }
 
 // Concurrency limits: leases in count_limit_lease. Every statement is one
-// call of a function of migrations/00001_countlimit.sql, where the SQL,
+// call of a function of migrations/ (00001_countlimit.sql; LeaseBatch, 00002_v0_2_0.sql), where the SQL,
 // its locking and its comments live.
 // AcquireLease takes a lease when a slot is free, or counts the denial and
 // sets the penalty; see countlimit_acquire for why it is a function.
