@@ -24,6 +24,7 @@ var releases = []struct {
 	seed    func(ctx context.Context, pool *pgxpool.Pool, ut, id string, k model.Key) error
 }{
 	{"v0.1.0", 1, seedV010},
+	{"v0.2.0", 2, seedKey},
 }
 
 // TestUpgradeFromReleases brings a database from each release to the

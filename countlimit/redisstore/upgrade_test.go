@@ -19,16 +19,19 @@ import (
 // each with how it kept a key. v0.1.0 kept the layout the scripts still
 // keep for every kind but Smooth (a counter hash of fields c, b, e, l, d,
 // x, s and r, a sliding log and a lease set beside it: apply.lua's
-// header), and no smooth instant. The seed writes the fields that hold
-// state; l (the limit last applied, which only steers fast.lua to its
-// shortest path) and r (the last script's record, read only by a repeat
-// of that script) are left out, as a key written by hand would have them. A release whose key layout changes adds its line
-// with a seed of its own (docs/RELEASING.md).
+// header), and no smooth instant; v0.2.0 keeps every key as head does
+// (seedKey). The seeds write the fields that hold state; l (the limit
+// last applied, which only steers fast.lua to its shortest path) and r
+// (the last script's record, read only by a repeat of that script) are
+// left out, as a key written by hand would have them. A release whose
+// key layout changes adds its line with a seed of its own
+// (docs/RELEASING.md).
 var releases = []struct {
 	tag  string
 	seed func(ctx context.Context, client redis.Cmdable, ut, id string, k model.Key) error
 }{
 	{"v0.1.0", seedV010},
+	{"v0.2.0", seedKey},
 }
 
 // TestUpgradeFromReleases holds a Store on a Redis full of live keys
