@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/countlimit/countlimit/internal/service/clikit"
 )
@@ -358,7 +359,7 @@ func plotTitles(r benchReport) (string, []string) {
 		parts = append(parts, fmt.Sprintf("%gs per run", r.RunSeconds))
 	}
 	if !r.Started.IsZero() {
-		parts = append(parts, r.Started.Format("2006-01-02 15:04 UTC"))
+		parts = append(parts, r.Started.UTC().Format(time.DateOnly+" 15:04")+" UTC")
 	}
 	return title, parts
 }
