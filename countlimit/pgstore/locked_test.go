@@ -274,11 +274,17 @@ func TestEveryCallOfALockedIDIsLocked(t *testing.T) {
 	alone := countlimit.New(pgstore.New(pool, pgstore.WithMaxBatch(1)), opts(&aloneTally)...)
 	const id = "L"
 	var lease countlimit.Lease
+	// The rows, by a Limiter of no store timeout: the 750 ms are for the
+	// calls on locked rows, and a machine under load may take longer to
+	// create a row (a deadline of the test's own still ends a hang).
+	setupCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	setupL := countlimit.New(pgstore.New(pool))
 	setup := []func() error{
-		func() error { _, err := batched.Allow(ctx, fixed, id); return err },
-		func() error { _, err := batched.Allow(ctx, sliding, id); return err },
-		func() error { var err error; lease, _, err = batched.Acquire(ctx, slots, id); return err },
-		func() error { _, err := batched.Allow(ctx, smooth, id); return err },
+		func() error { _, err := setupL.Allow(setupCtx, fixed, id); return err },
+		func() error { _, err := setupL.Allow(setupCtx, sliding, id); return err },
+		func() error { var err error; lease, _, err = setupL.Acquire(setupCtx, slots, id); return err },
+		func() error { _, err := setupL.Allow(setupCtx, smooth, id); return err },
 	}
 	for _, f := range setup {
 		if err := f(); err != nil {
