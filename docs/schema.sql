@@ -623,6 +623,8 @@ $$;
 CREATE FUNCTION countlimit_allow_batch_pooled(p_use_types text[], p_unique_ids text[], p_key_of integer[], p_seq integer[], p_nows timestamp with time zone[], p_ns bigint[], p_limits bigint[], p_begins timestamp with time zone[], p_window_ends timestamp with time zone[], p_penalty_ends timestamp with time zone[], p_kinds text[]) RETURNS TABLE(o_key_of integer, o_seq integer, o_busy boolean, o_allowed boolean, o_used bigint, o_window_begin timestamp with time zone, o_window_end timestamp with time zone, o_blocked_until timestamp with time zone)
     LANGUAGE plpgsql
     SET enable_seqscan TO 'off'
+    SET enable_hashjoin TO 'off'
+    SET enable_mergejoin TO 'off'
     AS $$
 BEGIN
     PERFORM countlimit_lock_briefly();
@@ -672,7 +674,6 @@ BEGIN
             FROM (SELECT DISTINCT ON (d.k) d.k, d.used, d.lim FROM decided d ORDER BY d.k, d.seq DESC) f
             JOIN keys k ON k.k = f.k
             WHERE r.use_type = k.use_type AND r.unique_id = k.unique_id
-              AND r.unique_id = ANY (p_unique_ids)
             RETURNING f.k
         )
         SELECT d.k::int, d.seq::int, false, true, d.used::bigint,
@@ -810,6 +811,8 @@ $$;
 CREATE FUNCTION countlimit_allow_distinct_pooled(p_use_types text[], p_unique_ids text[], p_nows timestamp with time zone[], p_ns bigint[], p_limits bigint[], p_begins timestamp with time zone[], p_window_ends timestamp with time zone[], p_penalty_ends timestamp with time zone[], p_kinds text[]) RETURNS TABLE(o_key_of integer, o_busy boolean, o_allowed boolean, o_used bigint, o_window_begin timestamp with time zone, o_window_end timestamp with time zone, o_blocked_until timestamp with time zone)
     LANGUAGE plpgsql
     SET enable_seqscan TO 'off'
+    SET enable_hashjoin TO 'off'
+    SET enable_mergejoin TO 'off'
     AS $$
 BEGIN
     PERFORM countlimit_lock_briefly();
@@ -868,7 +871,6 @@ BEGIN
                 updated_at    = now()
             FROM decided d
             WHERE r.use_type = d.use_type AND r.unique_id = d.unique_id
-              AND r.unique_id = ANY (p_unique_ids)
             RETURNING d.k, d.allowed, d.used, d.ob, d.oe, d.obu
         )
         SELECT u.k::int, false, u.allowed::boolean, u.used::bigint,
@@ -1282,7 +1284,6 @@ DECLARE
     us      interval := interval '1 microsecond';
     created boolean[] := array_fill(false, ARRAY[cnt]);
     rc      bigint;
-    locked  boolean := false;
     got     text[] := '{}';
     k       int;
 BEGIN
@@ -1290,57 +1291,51 @@ BEGIN
         RAISE EXCEPTION 'countlimit_apply: unknown op %', p_op USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
-    -- Phases 1 and 2, for allow and refund; peek locks nothing.
+    -- Each row in key order, whose lock (or creation) every other
+    -- statement takes in that order too: for a refund, locked where it
+    -- exists; for an allow, locked, or created when absent. A peek locks
+    -- nothing. No subtransaction: a row created by another transaction
+    -- since this statement began, which ON CONFLICT waited for, is
+    -- locked at the next attempt.
     IF p_op = 'refund' THEN
-        got := ARRAY(SELECT c.use_type FROM count_limit c
-            WHERE c.use_type = ANY (p_use_types) AND c.unique_id = p_unique_id
-            ORDER BY c.use_type COLLATE "C"
-            FOR UPDATE);
+        got := countlimit_lock_rows(p_unique_id, p_use_types, false);
     ELSIF p_op = 'allow' THEN
-        FOR attempt IN 1 .. 8 LOOP
-            BEGIN
-                got := ARRAY(SELECT c.use_type FROM count_limit c
-                    WHERE c.use_type = ANY (p_use_types) AND c.unique_id = p_unique_id
-                    ORDER BY c.use_type COLLATE "C"
-                    FOR UPDATE);
-                FOR k IN SELECT i FROM generate_subscripts(p_use_types, 1) AS i ORDER BY p_use_types[i] COLLATE "C" LOOP
-                    CONTINUE WHEN p_use_types[k] = ANY (got);
-                    -- An empty window (begin = end) that only a counted
-                    -- event opens; for a smooth check, a TAT drained
-                    -- before any clock reading (the epoch), not at p_now:
-                    -- a check whose clock reads earlier than this one's
-                    -- would find one event there that was never counted,
-                    -- should this check be denied and leave the row.
-                    INSERT INTO count_limit (use_type, unique_id, begin_time, end_time, limit_value, window_kind,
-                        smooth_interval, smooth_burst)
-                    VALUES (p_use_types[k], p_unique_id,
-                        CASE WHEN p_intervals[k] > 0 THEN 'epoch' ELSE p_now END,
-                        CASE WHEN p_intervals[k] > 0 THEN 'epoch' ELSE p_now END,
-                        p_limits[k], nullif(p_kinds[k], ''),
-                        CASE WHEN p_intervals[k] > 0 THEN p_intervals[k] * us END,
-                        CASE WHEN p_intervals[k] > 0 THEN p_bursts[k] END)
-                    ON CONFLICT DO NOTHING;
-                    GET DIAGNOSTICS rc = ROW_COUNT;
-                    IF rc = 0 THEN
-                        -- Created concurrently: undo this attempt (its locks
-                        -- and inserts) and start again.
-                        RAISE EXCEPTION USING ERRCODE = 'CL001';
-                    END IF;
+        FOR k IN SELECT i FROM generate_subscripts(p_use_types, 1) AS i ORDER BY p_use_types[i] COLLATE "C" LOOP
+            FOR attempt IN 1 .. 8 LOOP
+                PERFORM FROM count_limit c WHERE c.use_type = p_use_types[k] AND c.unique_id = p_unique_id
+                FOR UPDATE;
+                IF FOUND THEN
+                    got := got || p_use_types[k];
+                    EXIT;
+                END IF;
+                -- An empty window (begin = end) that only a counted
+                -- event opens; for a smooth check, a TAT drained
+                -- before any clock reading (the epoch), not at p_now:
+                -- a check whose clock reads earlier than this one's
+                -- would find one event there that was never counted,
+                -- should this check be denied and leave the row.
+                INSERT INTO count_limit (use_type, unique_id, begin_time, end_time, limit_value, window_kind,
+                    smooth_interval, smooth_burst)
+                VALUES (p_use_types[k], p_unique_id,
+                    CASE WHEN p_intervals[k] > 0 THEN 'epoch' ELSE p_now END,
+                    CASE WHEN p_intervals[k] > 0 THEN 'epoch' ELSE p_now END,
+                    p_limits[k], nullif(p_kinds[k], ''),
+                    CASE WHEN p_intervals[k] > 0 THEN p_intervals[k] * us END,
+                    CASE WHEN p_intervals[k] > 0 THEN p_bursts[k] END)
+                ON CONFLICT DO NOTHING;
+                GET DIAGNOSTICS rc = ROW_COUNT;
+                IF rc > 0 THEN
                     created[k] := true;
-                END LOOP;
-                locked := true;
-            EXCEPTION WHEN SQLSTATE 'CL001' THEN
-                created := array_fill(false, ARRAY[cnt]);
-                got := '{}';
-            END;
-            EXIT WHEN locked;
+                    EXIT;
+                END IF;
+            END LOOP;
+            IF NOT (created[k] OR p_use_types[k] = ANY (got)) THEN
+                -- Under REPEATABLE READ or SERIALIZABLE the rows created
+                -- since this transaction's snapshot stay invisible to it.
+                RAISE EXCEPTION 'countlimit_apply: rows of % were created concurrently 8 times over', p_unique_id
+                    USING ERRCODE = 'serialization_failure';
+            END IF;
         END LOOP;
-        IF NOT locked THEN
-            -- Under REPEATABLE READ or SERIALIZABLE the rows created since
-            -- this transaction's snapshot stay invisible to it.
-            RAISE EXCEPTION 'countlimit_apply: rows of % were created concurrently 8 times over', p_unique_id
-                USING ERRCODE = 'serialization_failure';
-        END IF;
     END IF;
 
     RETURN QUERY SELECT * FROM countlimit_apply_locked(p_op, p_unique_id, p_now, p_n, p_use_types, p_limits, p_begins,
@@ -1350,7 +1345,7 @@ $$;
 
 -- Name: FUNCTION countlimit_apply(p_op text, p_unique_id text, p_now timestamp with time zone, p_n bigint, p_use_types text[], p_limits bigint[], p_begins timestamp with time zone[], p_lengths bigint[], p_spans bigint[], p_blocks bigint[], p_kinds text[], p_intervals bigint[], p_bursts bigint[]); Type: COMMENT
 
-COMMENT ON FUNCTION countlimit_apply(p_op text, p_unique_id text, p_now timestamp with time zone, p_n bigint, p_use_types text[], p_limits bigint[], p_begins timestamp with time zone[], p_lengths bigint[], p_spans bigint[], p_blocks bigint[], p_kinds text[], p_intervals bigint[], p_bursts bigint[]) IS 'countlimit: one atomic check of one id against one or more rules (allow, peek or refund), smooth rules (GCRA) included, taking row locks in key order (existing rows, then new ones, then writes) so that concurrent checks cannot deadlock. Reset is a plain DELETE.';
+COMMENT ON FUNCTION countlimit_apply(p_op text, p_unique_id text, p_now timestamp with time zone, p_n bigint, p_use_types text[], p_limits bigint[], p_begins timestamp with time zone[], p_lengths bigint[], p_spans bigint[], p_blocks bigint[], p_kinds text[], p_intervals bigint[], p_bursts bigint[]) IS 'countlimit: one atomic check of one id against one or more rules (allow, peek or refund), smooth rules (GCRA) included, locking (or creating) its rows one at a time in key order, then writing them, so that concurrent checks cannot deadlock. Reset is a plain DELETE.';
 
 -- Name: countlimit_apply_batch(text[], text[], timestamp with time zone[], bigint[], integer[], text[], bigint[], timestamp with time zone[], bigint[], bigint[], bigint[], text[], bigint[], bigint[]); Type: FUNCTION
 
@@ -1376,18 +1371,11 @@ BEGIN
         ELSIF p_ops[i] = 'peek' THEN
             ok := true;
         ELSE
-            got := ARRAY(SELECT c.use_type FROM count_limit c
-                WHERE c.use_type = ANY (uts) AND c.unique_id = p_unique_ids[i]
-                ORDER BY c.use_type COLLATE "C"
-                FOR UPDATE SKIP LOCKED);
-            IF p_ops[i] = 'allow' THEN
-                ok := cardinality(got) = cardinality(uts);
-            ELSE
-                -- A refund gives back nothing of a row that is absent,
-                -- but must wait for one that is held.
-                ok := NOT EXISTS (SELECT FROM count_limit c
-                    WHERE c.use_type = ANY (uts) AND c.unique_id = p_unique_ids[i] AND c.use_type <> ALL (got));
-            END IF;
+            -- NULL when a row is held. A refund gives back nothing of a
+            -- row that is absent, but must wait for one that is held.
+            got := countlimit_lock_rows(p_unique_ids[i], uts, true);
+            ok := got IS NOT NULL AND (p_ops[i] = 'refund' OR cardinality(got) = cardinality(uts));
+            got := coalesce(got, '{}');
         END IF;
         IF NOT ok THEN
             undone := undone || p_unique_ids[i];
@@ -1817,6 +1805,41 @@ BEGIN
 END
 $_$;
 
+-- Name: countlimit_lock_rows(text, text[], boolean); Type: FUNCTION
+
+CREATE FUNCTION countlimit_lock_rows(p_unique_id text, p_use_types text[], p_skip_locked boolean) RETURNS text[]
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    got text[] := '{}';
+    ut  text;
+    hit boolean;
+BEGIN
+    FOR ut IN SELECT u FROM unnest(p_use_types) AS u ORDER BY u COLLATE "C" LOOP
+        IF p_skip_locked THEN
+            PERFORM FROM count_limit c WHERE c.use_type = ut AND c.unique_id = p_unique_id
+            FOR UPDATE SKIP LOCKED;
+            hit := FOUND;
+            IF NOT hit AND EXISTS (SELECT FROM count_limit c WHERE c.use_type = ut AND c.unique_id = p_unique_id) THEN
+                RETURN NULL;
+            END IF;
+        ELSE
+            PERFORM FROM count_limit c WHERE c.use_type = ut AND c.unique_id = p_unique_id
+            FOR UPDATE;
+            hit := FOUND;
+        END IF;
+        IF hit THEN
+            got := got || ut;
+        END IF;
+    END LOOP;
+    RETURN got;
+END
+$$;
+
+-- Name: FUNCTION countlimit_lock_rows(p_unique_id text, p_use_types text[], p_skip_locked boolean); Type: COMMENT
+
+COMMENT ON FUNCTION countlimit_lock_rows(p_unique_id text, p_use_types text[], p_skip_locked boolean) IS 'countlimit: locks (FOR UPDATE) the rows of one id''s use types that exist, one at a time in key order, each found by its whole key; returns their use types in that order. With p_skip_locked, NULL as soon as a row that exists is held by another transaction (the rows before it stay locked).';
+
 -- Name: countlimit_most_denied(interval, integer); Type: FUNCTION
 
 CREATE FUNCTION countlimit_most_denied(written_within interval DEFAULT '01:00:00'::interval, max_rows integer DEFAULT 20) RETURNS TABLE(use_type text, unique_id text, denied_count bigint, window_kind text, used bigint, limit_value bigint, blocked_until timestamp with time zone, updated_at timestamp with time zone)
@@ -2006,22 +2029,15 @@ CREATE FUNCTION countlimit_reset(p_unique_id text, p_use_types text[]) RETURNS b
     SET enable_seqscan TO 'off'
     AS $$
 DECLARE
-    deleted bigint;
+    deleted bigint := 0;
+    rc      bigint;
+    ut      text;
 BEGIN
-    WITH gone AS (
-        DELETE FROM count_limit c
-        USING (
-            SELECT l.use_type, l.unique_id
-            FROM count_limit l
-            WHERE l.unique_id = p_unique_id AND l.use_type = ANY(p_use_types)
-            ORDER BY l.use_type COLLATE "C"
-            FOR UPDATE
-        ) d
-        WHERE c.use_type = d.use_type AND c.unique_id = d.unique_id
-          AND c.unique_id = p_unique_id AND c.use_type = ANY (p_use_types)
-        RETURNING 1
-    )
-    SELECT count(*) INTO deleted FROM gone;
+    FOR ut IN SELECT u FROM unnest(p_use_types) AS u ORDER BY u COLLATE "C" LOOP
+        DELETE FROM count_limit c WHERE c.use_type = ut AND c.unique_id = p_unique_id;
+        GET DIAGNOSTICS rc = ROW_COUNT;
+        deleted := deleted + rc;
+    END LOOP;
     RETURN deleted;
 END
 $$;

@@ -81,10 +81,9 @@ LIMIT @max_rows::int;
 -- SchemaReady reports whether countlimit's schema, at its latest migration,
 -- is on the search path: its tables and a function that only the newest
 -- migration makes (update it with every migration, docs/RELEASING.md).
--- For 00002_v0_2_0.sql, countlimit_lease_batch, which v0.1.0's schema
--- lacks, and so does a database migrated before v0.2.0 was released.
+-- For 00003_v0_3_0.sql, countlimit_lock_rows, which v0.2.0's schema lacks.
 SELECT (to_regclass('count_limit') IS NOT NULL AND to_regclass('count_limit_lease') IS NOT NULL
-    AND to_regprocedure('countlimit_lease_batch(text[], text[], text[], timestamptz[], text[], bigint[], timestamptz[], timestamptz[])') IS NOT NULL
+    AND to_regprocedure('countlimit_lock_rows(text, text[], boolean)') IS NOT NULL
 )::boolean AS ready;
 
 -- name: StoreTime :one

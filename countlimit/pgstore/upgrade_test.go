@@ -65,6 +65,37 @@ func TestUpgradeFromReleases(t *testing.T) {
 	}
 }
 
+// TestMigrationDownReturnsToEachRelease migrates a database to each
+// release, then to the latest migration and down again: the schema is the
+// release's exactly, as a rollback to that release's binary needs it.
+func TestMigrationDownReturnsToEachRelease(t *testing.T) {
+	for _, rel := range releases {
+		t.Run(rel.tag, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			pool, err := pgxpool.New(ctx, testbackend.FreshSchemaURL(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pool.Close()
+			p := migrator(t, pool)
+			if _, err := p.UpTo(ctx, rel.version); err != nil {
+				t.Fatalf("migrating to %s (version %d): %v", rel.tag, rel.version, err)
+			}
+			want := schemaText(t, pool)
+			if _, err := p.Up(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := p.DownTo(ctx, rel.version); err != nil {
+				t.Fatalf("down to %s (version %d): %v", rel.tag, rel.version, err)
+			}
+			if got := schemaText(t, pool); got != want {
+				t.Fatalf("after up and down, the schema is not %s's:\n%s", rel.tag, lineDiff(want, got))
+			}
+		})
+	}
+}
+
 // migrator is goose's provider of countlimit's migrations on pool, closed
 // when tb ends.
 func migrator(tb testing.TB, pool *pgxpool.Pool) *goose.Provider {

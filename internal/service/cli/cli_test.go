@@ -4,13 +4,16 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io/fs"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/countlimit/countlimit/internal/service/cli"
 	"github.com/countlimit/countlimit/internal/testkit/testbackend"
+	"github.com/countlimit/countlimit/migrations"
 )
 
 func TestMain(m *testing.M) { testbackend.Main(m) }
@@ -236,24 +239,39 @@ func TestVersion(t *testing.T) {
 
 func TestMigrate(t *testing.T) { migrateSteps(t, testbackend.FreshSchemaURL(t)) }
 
+// migrationNames are countlimit's migration files, oldest first.
+func migrationNames(t *testing.T) []string {
+	t.Helper()
+	names, err := fs.Glob(migrations.FS, "*.sql")
+	if err != nil || len(names) < 2 {
+		t.Fatalf("migrations: %v, %v", names, err)
+	}
+	slices.Sort(names)
+	return names
+}
+
 // migrateSteps runs migrate status, up and down on url, of a new schema.
 func migrateSteps(t *testing.T, url string) {
-	steps := []struct {
+	names := migrationNames(t)
+	type step struct {
 		args []string
 		want string
-	}{
-		{[]string{"migrate", "status", "--store", url}, "00001_countlimit.sql"},
-		{[]string{"migrate", "status", "--store", url}, "00002_v0_2_0.sql"},
+	}
+	steps := []step{
+		{[]string{"migrate", "status", "--store", url}, names[0]},
+		{[]string{"migrate", "status", "--store", url}, names[len(names)-1]},
 		{[]string{"migrate", "status", "--store", url}, "pending"},
-		{[]string{"migrate", "up", "--store", url}, "applied 00001_countlimit.sql"},
+		{[]string{"migrate", "up", "--store", url}, "applied " + names[0]},
 		{[]string{"migrate", "status", "--store", url}, "applied 20"},
 		{[]string{"migrate", "up", "--store", url}, "nothing to apply"},
-		// down rolls back the newest migration only.
-		{[]string{"migrate", "down", "--store", url}, "rolled back 00002_v0_2_0.sql"},
-		{[]string{"migrate", "down", "--store", url}, "rolled back 00001_countlimit.sql"},
-		{[]string{"migrate", "status", "--store", url}, "pending"},
-		{[]string{"migrate", "down", "--store", url}, "nothing to roll back"},
 	}
+	// down rolls back the newest migration only.
+	for i := len(names) - 1; i >= 0; i-- {
+		steps = append(steps, step{[]string{"migrate", "down", "--store", url}, "rolled back " + names[i]})
+	}
+	steps = append(steps,
+		step{[]string{"migrate", "status", "--store", url}, "pending"},
+		step{[]string{"migrate", "down", "--store", url}, "nothing to roll back"})
 	for i, s := range steps {
 		code, out, stderr := run(t, s.args...)
 		if code != cli.ExitOK || !strings.Contains(out, s.want) {
