@@ -276,14 +276,24 @@ func TestEveryCallOfALockedIDIsLocked(t *testing.T) {
 	var lease countlimit.Lease
 	// The rows, by a Limiter of no store timeout: the 750 ms are for the
 	// calls on locked rows, and a machine under load may take longer to
-	// create a row (a deadline of the test's own still ends a hang).
+	// create a row (a deadline of the test's own still ends a hang). The
+	// lease the test releases is batched's, taken once its row exists: a
+	// lease is released by the Limiter that acquired it, which would wait
+	// for the lock without a store timeout.
 	setupCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	setupL := countlimit.New(pgstore.New(pool))
 	setup := []func() error{
 		func() error { _, err := setupL.Allow(setupCtx, fixed, id); return err },
 		func() error { _, err := setupL.Allow(setupCtx, sliding, id); return err },
-		func() error { var err error; lease, _, err = setupL.Acquire(setupCtx, slots, id); return err },
+		func() error {
+			l, _, err := setupL.Acquire(setupCtx, slots, id)
+			if err != nil {
+				return err
+			}
+			return l.Release(setupCtx)
+		},
+		func() error { var err error; lease, _, err = batched.Acquire(ctx, slots, id); return err },
 		func() error { _, err := setupL.Allow(setupCtx, smooth, id); return err },
 	}
 	for _, f := range setup {
