@@ -27,10 +27,17 @@ CREATE FUNCTION countlimit_lock_rows(p_unique_id text, p_use_types text[], p_ski
 RETURNS text[] LANGUAGE plpgsql AS $fn$
 DECLARE
     got text[] := '{}';
+    uts text[] := p_use_types;
     ut  text;
     hit boolean;
 BEGIN
-    FOR ut IN SELECT u FROM unnest(p_use_types) AS u ORDER BY u COLLATE "C" LOOP
+    -- One statement a key, whose plan is the same for every key and every
+    -- id: PostgreSQL keeps it (a statement over the array would be planned
+    -- again at every call, its cached plan costed for ten keys).
+    IF cardinality(uts) > 1 THEN
+        uts := ARRAY(SELECT u FROM unnest(p_use_types) AS u ORDER BY u COLLATE "C");
+    END IF;
+    FOREACH ut IN ARRAY uts LOOP
         IF p_skip_locked THEN
             PERFORM FROM count_limit c WHERE c.use_type = ut AND c.unique_id = p_unique_id
             FOR UPDATE SKIP LOCKED;
@@ -355,6 +362,7 @@ DECLARE
     created boolean[] := array_fill(false, ARRAY[cnt]);
     rc      bigint;
     got     text[] := '{}';
+    ord     int[];
     k       int;
 BEGIN
     IF p_op NOT IN ('allow', 'peek', 'refund') THEN
@@ -370,7 +378,12 @@ BEGIN
     IF p_op = 'refund' THEN
         got := countlimit_lock_rows(p_unique_id, p_use_types, false);
     ELSIF p_op = 'allow' THEN
-        FOR k IN SELECT i FROM generate_subscripts(p_use_types, 1) AS i ORDER BY p_use_types[i] COLLATE "C" LOOP
+        IF cnt = 1 THEN
+            ord := '{1}';
+        ELSE
+            ord := ARRAY(SELECT i FROM generate_subscripts(p_use_types, 1) AS i ORDER BY p_use_types[i] COLLATE "C");
+        END IF;
+        FOREACH k IN ARRAY ord LOOP
             FOR attempt IN 1 .. 8 LOOP
                 PERFORM FROM count_limit c WHERE c.use_type = p_use_types[k] AND c.unique_id = p_unique_id
                 FOR UPDATE;

@@ -37,19 +37,7 @@ func TestUpgradeFromReleases(t *testing.T) {
 	for _, rel := range releases {
 		t.Run(rel.tag, func(t *testing.T) {
 			t.Parallel()
-			ctx := context.Background()
-			pool, err := pgxpool.New(ctx, testbackend.FreshSchemaURL(t))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer pool.Close()
-			p := migrator(t, pool)
-			if _, err := p.UpTo(ctx, rel.version); err != nil {
-				t.Fatalf("migrating to %s (version %d): %v", rel.tag, rel.version, err)
-			}
-			if v, err := p.GetDBVersion(ctx); err != nil || v != rel.version {
-				t.Fatalf("the database is at version %d (%v), want %s's %d", v, err, rel.tag, rel.version)
-			}
+			pool, p := atRelease(t, rel.tag, rel.version)
 			store := pgstore.New(pool)
 			modeltest.Upgrade(t, modeltest.Path{
 				Name: "pool after the upgrade from " + rel.tag,
@@ -73,15 +61,7 @@ func TestMigrationDownReturnsToEachRelease(t *testing.T) {
 		t.Run(rel.tag, func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
-			pool, err := pgxpool.New(ctx, testbackend.FreshSchemaURL(t))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer pool.Close()
-			p := migrator(t, pool)
-			if _, err := p.UpTo(ctx, rel.version); err != nil {
-				t.Fatalf("migrating to %s (version %d): %v", rel.tag, rel.version, err)
-			}
+			pool, p := atRelease(t, rel.tag, rel.version)
 			want := schemaText(t, pool)
 			if _, err := p.Up(ctx); err != nil {
 				t.Fatal(err)
@@ -94,6 +74,27 @@ func TestMigrationDownReturnsToEachRelease(t *testing.T) {
 			}
 		})
 	}
+}
+
+// atRelease returns a pool on a new schema migrated to a release's last
+// migration, and the migrator that took it there; the pool is closed when
+// t ends.
+func atRelease(t *testing.T, tag string, version int64) (*pgxpool.Pool, *goose.Provider) {
+	t.Helper()
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, testbackend.FreshSchemaURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	p := migrator(t, pool)
+	if _, err := p.UpTo(ctx, version); err != nil {
+		t.Fatalf("migrating to %s (version %d): %v", tag, version, err)
+	}
+	if v, err := p.GetDBVersion(ctx); err != nil || v != version {
+		t.Fatalf("the database is at version %d (%v), want %s's %d", v, err, tag, version)
+	}
+	return pool, p
 }
 
 // migrator is goose's provider of countlimit's migrations on pool, closed
